@@ -1,0 +1,219 @@
+"""c_ext: the per-page loops in C, each with a pure-Python twin.
+
+The C side (pm.c, behind pm.h) never calls Python and never allocates; this
+wrapper validates every argument first (types, counts against array sizes) so
+C cannot write outside a buffer, then calls the selected backend:
+
+    ops = c_ext.backend("c")        # or "python", or None: $PEERMEM_BACKEND
+    n = ops.gup_fast(mem, pgd, start, nr, need, deny, pfns, 0)
+
+Arrays that cross the boundary are `U64Array`s: one buffer that C reaches
+through a cached pointer and Python through a memoryview, so results (PFNs,
+segments, DMA addresses) stay in C memory and never become lists of tuples.
+"""
+
+from __future__ import annotations
+
+import os
+
+from c_ext import twins
+
+try:
+    from c_ext._pm import ffi, lib
+except ImportError:  # pragma: no cover - only when the build was skipped
+    ffi = lib = None
+
+__all__ = ["U64Array", "MemCtx", "backend", "default_backend_name", "UnpinUnderflow"]
+
+PTE_PRESENT = 1 << 0
+PTE_RW = 1 << 1
+PTE_USER = 1 << 2
+PTE_SPECIAL = 1 << 9
+PTE_ADDR_MASK = 0x000FFFFFFFFFF000
+PG_RESERVED = 1 << 0
+PG_BUDDY = 1 << 1
+PG_DIRTY = 1 << 2
+PAGE_STRUCT_WORDS = 4  # struct page: flags, refcount, pincount, mapcount (int32 each)
+
+
+class UnpinUnderflow(Exception):
+    """An unpin hit a page that holds no pin (the kernel would WARN)."""
+
+    def __init__(self, pfn: int):
+        super().__init__(f"unpin of pfn {pfn:#x} which holds no pin")
+        self.pfn = pfn
+
+
+class U64Array:
+    """A fixed-size array of uint64 shared by C (``ptr``) and Python (``view``)."""
+
+    __slots__ = ("buf", "view", "ptr", "n")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.buf = bytearray(8 * max(n, 1))
+        self.view = memoryview(self.buf).cast("Q")
+        self.ptr = ffi.from_buffer("uint64_t[]", self.buf) if ffi is not None else None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.view[: self.n][i].tolist()
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.view[i]
+
+    def __setitem__(self, i: int, v: int) -> None:
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        self.view[i] = v
+
+    def tolist(self) -> list[int]:
+        return self.view[: self.n].tolist()
+
+
+class MemCtx:
+    """One machine's RAM and mem_map as both backends see them."""
+
+    def __init__(self, ram, mem_map, nr_pages: int, page_shift: int, levels: int):
+        self.nr_pages = nr_pages
+        self.page_shift = page_shift
+        self.levels = levels
+        self.ram = memoryview(ram)
+        self.ram_q = self.ram.cast("Q")
+        self.pages = memoryview(mem_map).cast("i")
+        if len(self.pages) < nr_pages * PAGE_STRUCT_WORDS:
+            raise ValueError("mem_map too small")
+        self.c = None
+        if ffi is not None:
+            c = ffi.new("struct pm_mem *")
+            self._keep = (ffi.from_buffer(ram), ffi.from_buffer(mem_map))
+            c.ram = ffi.cast("uint8_t *", self._keep[0])
+            c.mem_map = ffi.cast("struct page *", self._keep[1])
+            c.nr_pages = nr_pages
+            c.page_shift = page_shift
+            c.levels = levels
+            self.c = c
+
+
+def _check(arr: U64Array, off: int, n: int, what: str) -> None:
+    if not isinstance(arr, U64Array):
+        raise TypeError(f"{what} must be a U64Array")
+    if off < 0 or n < 0 or off + n > arr.n:
+        raise ValueError(f"{what}: {n} entries at {off} overflow an array of {arr.n}")
+
+
+class _Backend:
+    """Validates, then runs a loop in C or in its Python twin."""
+
+    def __init__(self, name: str):
+        if name not in ("c", "python"):
+            raise ValueError(f"PEERMEM_BACKEND must be 'c' or 'python', not {name!r}")
+        if name == "c" and lib is None:
+            raise RuntimeError("c_ext._pm is not built: reinstall with `pip install -e .`")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<c_ext backend {self.name}>"
+
+    def gup_fast(self, mem: MemCtx, pgd: int, start: int, nr: int, need: int, deny: int,
+                 pfns: U64Array, off: int = 0) -> int:
+        _check(pfns, off, nr, "pfns")
+        if self.name == "python":
+            return twins.gup_fast(mem, pgd, start, nr, need, deny, pfns.view, off)
+        return lib.pm_gup_fast(mem.c, pgd, start, nr, need, deny, pfns.ptr + off)
+
+    def unpin(self, mem: MemCtx, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool,
+              freed: U64Array) -> int:
+        _check(pfns, 0, n, "pfns")
+        total = n
+        if counts is not None:
+            _check(counts, 0, n, "counts")
+            total = sum(counts.view[:n])
+        _check(freed, 0, total, "freed")
+        if self.name == "python":
+            r, bad = twins.unpin(mem, pfns.view, counts.view if counts else None, n, dirty,
+                                 freed.view)
+        else:
+            badp = ffi.new("uint64_t *")
+            r = lib.pm_unpin(mem.c, pfns.ptr, counts.ptr if counts else ffi.NULL, n,
+                             int(dirty), freed.ptr, badp)
+            bad = badp[0]
+        if r < 0:
+            raise UnpinUnderflow(bad)
+        return r
+
+    def sg_append(self, page_shift: int, pfns: U64Array, off: int, n: int, offset: int,
+                  size: int, max_seg: int, sg_pfn: U64Array, sg_off: U64Array,
+                  sg_len: U64Array, nents: int) -> int:
+        _check(pfns, off, n, "pfns")
+        for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len")):
+            _check(arr, 0, nents + n, name)
+        if max_seg < (1 << page_shift):
+            raise ValueError("max_seg below one page")
+        if self.name == "python":
+            return twins.sg_append(page_shift, pfns.view[off:], n, offset, size, max_seg,
+                                   sg_pfn.view, sg_off.view, sg_len.view, nents)
+        return lib.pm_sg_append(page_shift, pfns.ptr + off, n, offset, size, max_seg,
+                                sg_pfn.ptr, sg_off.ptr, sg_len.ptr, nents)
+
+    def dma_map_direct(self, page_shift: int, sg_pfn: U64Array, sg_off: U64Array,
+                       sg_len: U64Array, n: int, dma_mask: int, dma_addr: U64Array,
+                       dma_len: U64Array) -> int:
+        for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len"),
+                          (dma_addr, "dma_addr"), (dma_len, "dma_len")):
+            _check(arr, 0, n, name)
+        if self.name == "python":
+            return twins.dma_map_direct(page_shift, sg_pfn.view, sg_off.view, sg_len.view, n,
+                                        dma_mask, dma_addr.view, dma_len.view)
+        return lib.pm_dma_map_direct(page_shift, sg_pfn.ptr, sg_off.ptr, sg_len.ptr, n,
+                                     dma_mask, dma_addr.ptr, dma_len.ptr)
+
+    def dma_map_iova(self, page_shift: int, granule_shift: int, sg_pfn: U64Array,
+                     sg_off: U64Array, sg_len: U64Array, n: int, iova: int, max_seg: int,
+                     seg_iova: U64Array, dma_addr: U64Array, dma_len: U64Array) -> int:
+        for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len"),
+                          (seg_iova, "seg_iova"), (dma_addr, "dma_addr"),
+                          (dma_len, "dma_len")):
+            _check(arr, 0, n, name)
+        if self.name == "python":
+            return twins.dma_map_iova(page_shift, granule_shift, sg_pfn.view, sg_off.view,
+                                      sg_len.view, n, iova, max_seg, seg_iova.view,
+                                      dma_addr.view, dma_len.view)
+        return lib.pm_dma_map_iova(page_shift, granule_shift, sg_pfn.ptr, sg_off.ptr,
+                                   sg_len.ptr, n, iova, max_seg, seg_iova.ptr, dma_addr.ptr,
+                                   dma_len.ptr)
+
+    def scan_pages(self, mem: MemCtx, start: int, out: U64Array) -> int:
+        _check(out, 0, out.n, "out")
+        if self.name == "python":
+            return twins.scan_pages(mem, start, out.view, out.n)
+        return lib.pm_scan_pages(mem.c, start, out.ptr, out.n)
+
+    def baseline_pin_map(self, mem: MemCtx, pgd: int, start: int, nr: int, max_seg: int,
+                         pfns: U64Array, sg_pfn: U64Array, sg_len: U64Array,
+                         dma_addr: U64Array) -> int:
+        """Benchmark-only fused loop; C only (it is the yardstick, not a feature)."""
+        for arr, name in ((pfns, "pfns"), (sg_pfn, "sg_pfn"), (sg_len, "sg_len"),
+                          (dma_addr, "dma_addr")):
+            _check(arr, 0, nr, name)
+        return lib.pm_baseline_pin_map(mem.c, pgd, start, nr, max_seg, pfns.ptr, sg_pfn.ptr,
+                                       sg_len.ptr, dma_addr.ptr)
+
+
+_backends: dict[str, _Backend] = {}
+
+
+def default_backend_name() -> str:
+    """The backend named by $PEERMEM_BACKEND (default "c")."""
+    return os.environ.get("PEERMEM_BACKEND", "c")
+
+
+def backend(name: str | None = None) -> _Backend:
+    """Return the (shared) backend object for `name`, or the default one."""
+    name = name or default_backend_name()
+    if name not in _backends:
+        _backends[name] = _Backend(name)
+    return _backends[name]

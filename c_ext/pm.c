@@ -1,0 +1,290 @@
+/*
+ * pm.c - the per-page loops.  See pm.h for the memory layout.
+ *
+ * Each function mirrors one inner loop of the kernel: the gup fast-path walk
+ * (mm/gup.c), unpinning (unpin_user_page_range_dirty_lock), scatterlist
+ * coalescing (lib/scatterlist.c), and DMA address filling for a direct
+ * mapping (kernel/dma/direct.c) or an IOMMU (drivers/iommu/dma-iommu.c).
+ * The checks that need Python state (VMAs, rlimits, errno messages) are done
+ * by the callers before and after; these loops only stop, never fail loudly.
+ */
+#include <string.h>
+#include "pm.h"
+
+static inline uint64_t rd64(const struct pm_mem *m, uint64_t phys)
+{
+	uint64_t v;
+
+	memcpy(&v, m->ram + phys, sizeof(v));
+	return v;
+}
+
+/* Walk from the root table down to the PTE table covering va; 0 if absent. */
+static uint64_t walk_to_pte_table(const struct pm_mem *m, uint64_t pgd,
+				  uint64_t va)
+{
+	int bits = m->page_shift - 3;
+	uint64_t ram_size = m->nr_pages << m->page_shift;
+	uint64_t table = pgd;
+
+	for (int level = m->levels - 1; level >= 1; level--) {
+		int shift = m->page_shift + level * bits;
+		uint64_t idx = (va >> shift) & ((1ull << bits) - 1);
+		uint64_t e = rd64(m, table + idx * 8);
+
+		if (!(e & PM_PTE_PRESENT))
+			return 0;
+		table = e & PM_PTE_ADDR_MASK;
+		/* a corrupt entry must not let C read outside ram */
+		if (table == 0 || table >= ram_size)
+			return 0;
+	}
+	return table;
+}
+
+/*
+ * gup fast path: pin nr pages from start while each PTE has every bit of
+ * need and none of deny, maps RAM, and its page can take a reference.
+ * Returns how many were pinned; the caller's slow path takes over there.
+ */
+long pm_gup_fast(const struct pm_mem *m, uint64_t pgd, uint64_t start,
+		 long nr, uint64_t need, uint64_t deny, uint64_t *pfns)
+{
+	int shift = m->page_shift, bits = shift - 3;
+	uint64_t span = 1ull << (shift + bits);	/* bytes per PTE table */
+	uint64_t entries_mask = (1ull << bits) - 1;
+	uint64_t table = 0, table_base = ~0ull;
+
+	for (long i = 0; i < nr; i++) {
+		uint64_t va = start + ((uint64_t)i << shift);
+		uint64_t base = va & ~(span - 1);
+
+		if (base != table_base) {
+			table = walk_to_pte_table(m, pgd, va);
+			if (!table)
+				return i;
+			table_base = base;
+		}
+		uint64_t pte = rd64(m, table + ((va >> shift) & entries_mask) * 8);
+		if ((pte & need) != need || (pte & deny))
+			return i;
+		uint64_t pfn = (pte & PM_PTE_ADDR_MASK) >> shift;
+		if (pfn >= m->nr_pages)
+			return i;
+		struct page *p = &m->mem_map[pfn];
+		if (p->refcount <= 0 || (p->flags & PM_PG_BUDDY))
+			return i;	/* try_grab_folio() would fail */
+		p->refcount++;
+		p->pincount++;
+		pfns[i] = pfn;
+	}
+	return nr;
+}
+
+/*
+ * Drop one pin from each page of n ranges (counts NULL: one page each).
+ * Pages whose last reference goes are written to freed; the return value is
+ * how many.  An unpin of a page that holds no pin stops with -1 and *bad_pfn.
+ */
+long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
+	      const uint64_t *counts, long n, int dirty, uint64_t *freed,
+	      uint64_t *bad_pfn)
+{
+	long nfreed = 0;
+
+	for (long i = 0; i < n; i++) {
+		uint64_t cnt = counts ? counts[i] : 1;
+
+		for (uint64_t j = 0; j < cnt; j++) {
+			uint64_t pfn = pfns[i] + j;
+			struct page *p;
+
+			if (pfn >= m->nr_pages)
+				goto bad;
+			p = &m->mem_map[pfn];
+			if (p->pincount <= 0 || p->refcount <= 0)
+				goto bad;
+			p->pincount--;
+			if (dirty)
+				p->flags |= PM_PG_DIRTY;
+			if (--p->refcount == 0)
+				freed[nfreed++] = pfn;
+			continue;
+bad:
+			*bad_pfn = pfn;
+			return -1;
+		}
+	}
+	return nfreed;
+}
+
+/*
+ * sg_alloc_append_table_from_pages(): first extend the previous entry (if
+ * any) while the new pages follow it physically, then cut the rest into
+ * chunks of consecutive PFNs no longer than max_seg.  Returns the new count.
+ * The caller guarantees room for nents + n entries and max_seg >= page.
+ */
+long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
+		  uint64_t offset, uint64_t size, uint64_t max_seg,
+		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,
+		  long nents)
+{
+	uint64_t psize = 1ull << page_shift;
+	long i = 0;
+
+	if (nents > 0 && n > 0) {
+		long prv = nents - 1;
+		uint64_t next_pfn = ((sg_pfn[prv] << page_shift) + sg_off[prv] +
+				     sg_len[prv]) >> page_shift;
+
+		if (pfns[0] == next_pfn) {
+			uint64_t last = next_pfn - 1;
+
+			while (i < n && pfns[i] == last + 1) {
+				if (sg_len[prv] + psize > max_seg)
+					break;
+				sg_len[prv] += psize;
+				last = pfns[i++];
+			}
+		}
+	}
+	while (i < n) {
+		long j = i + 1;
+		uint64_t seg = 0, chunk;
+
+		for (; j < n; j++) {
+			seg += psize;
+			if (seg >= max_seg || pfns[j] != pfns[j - 1] + 1)
+				break;
+		}
+		chunk = ((uint64_t)(j - i) << page_shift) - offset;
+		sg_pfn[nents] = pfns[i];
+		sg_off[nents] = offset;
+		sg_len[nents] = size < chunk ? size : chunk;
+		nents++;
+		size = size > chunk ? size - chunk : 0;
+		offset = 0;
+		i = j;
+	}
+	return nents;
+}
+
+/*
+ * dma_direct_map_sg(): bus address = physical address, one DMA segment per
+ * CPU entry.  Returns n, or -(i + 1) for the first entry the mask can't reach.
+ */
+long pm_dma_map_direct(int page_shift, const uint64_t *sg_pfn,
+		       const uint64_t *sg_off, const uint64_t *sg_len, long n,
+		       uint64_t dma_mask, uint64_t *dma_addr, uint64_t *dma_len)
+{
+	for (long i = 0; i < n; i++) {
+		uint64_t addr = (sg_pfn[i] << page_shift) + sg_off[i];
+
+		if (sg_len[i] && addr + sg_len[i] - 1 > dma_mask)
+			return -(i + 1);
+		dma_addr[i] = addr;
+		dma_len[i] = sg_len[i];
+	}
+	return n;
+}
+
+/*
+ * iommu_dma_map_sg() + __finalise_sg(): lay the entries out back to back in
+ * one IOVA range starting at iova (each padded to the IOVA granule), record
+ * where each landed in seg_iova, and merge neighbours into DMA segments when
+ * the next one starts on a granule boundary and the result fits max_seg
+ * without crossing a 4 GiB segment boundary.  Returns the DMA segment count.
+ */
+long pm_dma_map_iova(int page_shift, int granule_shift,
+		     const uint64_t *sg_pfn, const uint64_t *sg_off,
+		     const uint64_t *sg_len, long n, uint64_t iova,
+		     uint64_t max_seg, uint64_t *seg_iova,
+		     uint64_t *dma_addr, uint64_t *dma_len)
+{
+	const uint64_t seg_mask = 0xffffffffull;
+	uint64_t gmask = (1ull << granule_shift) - 1;
+	uint64_t cur_len = 0;
+	long count = 0;
+
+	for (long i = 0; i < n; i++) {
+		uint64_t phys = (sg_pfn[i] << page_shift) + sg_off[i];
+		uint64_t s_off = phys & gmask;
+		uint64_t s_len = sg_len[i];
+		uint64_t s_iova_len = (s_off + s_len + gmask) & ~gmask;
+
+		seg_iova[i] = iova;
+		if (cur_len && !s_off && (iova & seg_mask) &&
+		    max_seg - cur_len >= s_len) {
+			cur_len += s_len;
+		} else {
+			count++;
+			cur_len = s_len;
+			dma_addr[count - 1] = iova + s_off;
+		}
+		dma_len[count - 1] = cur_len;
+		iova += s_iova_len;
+		if (s_len + s_off < s_iova_len)
+			cur_len = 0;
+	}
+	return count;
+}
+
+/* Collect up to cap PFNs from `from` on whose page holds any count. */
+long pm_scan_pages(const struct pm_mem *m, uint64_t from, uint64_t *out,
+		   long cap)
+{
+	long k = 0;
+
+	for (uint64_t pfn = from; pfn < m->nr_pages && k < cap; pfn++) {
+		const struct page *p = &m->mem_map[pfn];
+
+		if (p->refcount || p->pincount || p->mapcount)
+			out[k++] = pfn;
+	}
+	return k;
+}
+
+/*
+ * Benchmark baseline only: the same walk + pin + coalesce + direct DMA fill
+ * as pm_gup_fast, pm_sg_append and pm_dma_map_direct, fused into one loop
+ * with no Python around it.  Returns the entry count, or -1 if any page fails.
+ */
+long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
+			 long nr, uint64_t max_seg, uint64_t *pfns,
+			 uint64_t *sg_pfn, uint64_t *sg_len,
+			 uint64_t *dma_addr)
+{
+	int shift = m->page_shift, bits = shift - 3;
+	uint64_t span = 1ull << (shift + bits), psize = 1ull << shift;
+	uint64_t table = 0, table_base = ~0ull;
+	long nents = 0;
+
+	for (long i = 0; i < nr; i++) {
+		uint64_t va = start + ((uint64_t)i << shift);
+
+		if ((va & ~(span - 1)) != table_base) {
+			table = walk_to_pte_table(m, pgd, va);
+			if (!table)
+				return -1;
+			table_base = va & ~(span - 1);
+		}
+		uint64_t pte = rd64(m, table + ((va >> shift) & ((1ull << bits) - 1)) * 8);
+		uint64_t pfn = (pte & PM_PTE_ADDR_MASK) >> shift;
+
+		if (!(pte & PM_PTE_PRESENT) || pfn >= m->nr_pages)
+			return -1;
+		m->mem_map[pfn].refcount++;
+		m->mem_map[pfn].pincount++;
+		pfns[i] = pfn;
+		if (nents && sg_pfn[nents - 1] + (sg_len[nents - 1] >> shift) == pfn &&
+		    sg_len[nents - 1] + psize <= max_seg) {
+			sg_len[nents - 1] += psize;
+			continue;
+		}
+		sg_pfn[nents] = pfn;
+		sg_len[nents] = psize;
+		dma_addr[nents] = pfn << shift;
+		nents++;
+	}
+	return nents;
+}

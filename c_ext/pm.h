@@ -1,0 +1,62 @@
+/*
+ * pm.h - the per-page loops of peermem-model, behind one private header.
+ *
+ * Everything here is a bounded loop over pages or scatterlist entries.  The
+ * functions take pointers, counts and integers and never call back into
+ * Python; each has a pure-Python twin in c_ext/twins.py that the tests run
+ * against the same inputs.
+ *
+ * Emulated physical memory is a flat byte array (ram) plus a mem_map of
+ * struct page records.  Page tables are 64-bit words inside ram, in the x86-64
+ * layout: present/rw/user/special bits and the physical address in 12..51.
+ */
+#include <stdint.h>
+
+#define PM_PTE_PRESENT   (1ull << 0)
+#define PM_PTE_RW        (1ull << 1)
+#define PM_PTE_USER      (1ull << 2)
+#define PM_PTE_SPECIAL   (1ull << 9)
+#define PM_PTE_ADDR_MASK 0x000ffffffffff000ull
+
+#define PM_PG_RESERVED   (1u << 0)
+#define PM_PG_BUDDY      (1u << 1)
+#define PM_PG_DIRTY      (1u << 2)
+
+struct page {			/* the emulated struct page: 16 bytes */
+	uint32_t flags;
+	int32_t refcount;	/* page_ref_count() */
+	int32_t pincount;	/* FOLL_PIN references */
+	int32_t mapcount;	/* PTEs mapping it (0-based, see EMU note) */
+};
+
+struct pm_mem {			/* one machine's memory, shared by every call */
+	uint8_t *ram;
+	struct page *mem_map;
+	uint64_t nr_pages;	/* pages of RAM */
+	int page_shift;
+	int levels;		/* page-table levels */
+};
+
+long pm_gup_fast(const struct pm_mem *m, uint64_t pgd, uint64_t start,
+		 long nr, uint64_t need, uint64_t deny, uint64_t *pfns);
+long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
+	      const uint64_t *counts, long n, int dirty, uint64_t *freed,
+	      uint64_t *bad_pfn);
+long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
+		  uint64_t offset, uint64_t size, uint64_t max_seg,
+		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,
+		  long nents);
+long pm_dma_map_direct(int page_shift, const uint64_t *sg_pfn,
+		       const uint64_t *sg_off, const uint64_t *sg_len, long n,
+		       uint64_t dma_mask, uint64_t *dma_addr, uint64_t *dma_len);
+long pm_dma_map_iova(int page_shift, int granule_shift,
+		     const uint64_t *sg_pfn, const uint64_t *sg_off,
+		     const uint64_t *sg_len, long n, uint64_t iova,
+		     uint64_t max_seg, uint64_t *seg_iova,
+		     uint64_t *dma_addr, uint64_t *dma_len);
+long pm_scan_pages(const struct pm_mem *m, uint64_t from, uint64_t *out,
+		   long cap);
+long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
+			 long nr, uint64_t max_seg, uint64_t *pfns,
+			 uint64_t *sg_pfn, uint64_t *sg_len,
+			 uint64_t *dma_addr);

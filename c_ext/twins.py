@@ -1,0 +1,159 @@
+"""The pure-Python twins of pm.c, line for line.
+
+PEERMEM_BACKEND=python (or Machine(backend="python")) runs these instead of
+the C loops; the tests run both on the same inputs and demand equal results.
+`mem` is a c_ext.MemCtx: `ram_q` is RAM as 64-bit words, `pages` the
+mem_map as int32 words (flags, refcount, pincount, mapcount per page).
+"""
+
+PTE_PRESENT = 1 << 0
+PTE_ADDR_MASK = 0x000FFFFFFFFFF000
+PG_BUDDY = 1 << 1
+PG_DIRTY = 1 << 2
+_FLAGS, _REF, _PIN, _MAP = 0, 1, 2, 3
+
+
+def _walk_to_pte_table(mem, pgd: int, va: int) -> int:
+    bits = mem.page_shift - 3
+    ram_size = mem.nr_pages << mem.page_shift
+    table = pgd
+    for level in range(mem.levels - 1, 0, -1):
+        idx = (va >> (mem.page_shift + level * bits)) & ((1 << bits) - 1)
+        e = mem.ram_q[(table >> 3) + idx]
+        if not e & PTE_PRESENT:
+            return 0
+        table = e & PTE_ADDR_MASK
+        if table == 0 or table >= ram_size:
+            return 0
+    return table
+
+
+def gup_fast(mem, pgd, start, nr, need, deny, pfns, off):
+    shift = mem.page_shift
+    bits = shift - 3
+    span = 1 << (shift + bits)
+    emask = (1 << bits) - 1
+    pages = mem.pages
+    table, table_base = 0, -1
+    for i in range(nr):
+        va = start + (i << shift)
+        base = va & ~(span - 1)
+        if base != table_base:
+            table = _walk_to_pte_table(mem, pgd, va)
+            if not table:
+                return i
+            table_base = base
+        pte = mem.ram_q[(table >> 3) + ((va >> shift) & emask)]
+        if (pte & need) != need or (pte & deny):
+            return i
+        pfn = (pte & PTE_ADDR_MASK) >> shift
+        if pfn >= mem.nr_pages:
+            return i
+        p = pfn * 4
+        if pages[p + _REF] <= 0 or pages[p + _FLAGS] & PG_BUDDY:
+            return i
+        pages[p + _REF] += 1
+        pages[p + _PIN] += 1
+        pfns[off + i] = pfn
+    return nr
+
+
+def unpin(mem, pfns, counts, n, dirty, freed):
+    pages = mem.pages
+    nfreed = 0
+    for i in range(n):
+        cnt = counts[i] if counts is not None else 1
+        for j in range(cnt):
+            pfn = pfns[i] + j
+            p = pfn * 4
+            if pfn >= mem.nr_pages or pages[p + _PIN] <= 0 or pages[p + _REF] <= 0:
+                return -1, pfn
+            pages[p + _PIN] -= 1
+            if dirty:
+                pages[p + _FLAGS] |= PG_DIRTY
+            pages[p + _REF] -= 1
+            if pages[p + _REF] == 0:
+                freed[nfreed] = pfn
+                nfreed += 1
+    return nfreed, 0
+
+
+def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len, nents):
+    psize = 1 << page_shift
+    i = 0
+    if nents > 0 and n > 0:
+        prv = nents - 1
+        next_pfn = ((sg_pfn[prv] << page_shift) + sg_off[prv] + sg_len[prv]) >> page_shift
+        if pfns[0] == next_pfn:
+            last = next_pfn - 1
+            while i < n and pfns[i] == last + 1:
+                if sg_len[prv] + psize > max_seg:
+                    break
+                sg_len[prv] += psize
+                last = pfns[i]
+                i += 1
+    while i < n:
+        j = i + 1
+        seg = 0
+        while j < n:
+            seg += psize
+            if seg >= max_seg or pfns[j] != pfns[j - 1] + 1:
+                break
+            j += 1
+        chunk = ((j - i) << page_shift) - offset
+        sg_pfn[nents] = pfns[i]
+        sg_off[nents] = offset
+        sg_len[nents] = min(size, chunk)
+        nents += 1
+        size = size - chunk if size > chunk else 0
+        offset = 0
+        i = j
+    return nents
+
+
+def dma_map_direct(page_shift, sg_pfn, sg_off, sg_len, n, dma_mask, dma_addr, dma_len):
+    for i in range(n):
+        addr = (sg_pfn[i] << page_shift) + sg_off[i]
+        if sg_len[i] and addr + sg_len[i] - 1 > dma_mask:
+            return -(i + 1)
+        dma_addr[i] = addr
+        dma_len[i] = sg_len[i]
+    return n
+
+
+def dma_map_iova(page_shift, granule_shift, sg_pfn, sg_off, sg_len, n, iova, max_seg,
+                 seg_iova, dma_addr, dma_len):
+    seg_mask = 0xFFFFFFFF
+    gmask = (1 << granule_shift) - 1
+    cur_len = 0
+    count = 0
+    for i in range(n):
+        phys = (sg_pfn[i] << page_shift) + sg_off[i]
+        s_off = phys & gmask
+        s_len = sg_len[i]
+        s_iova_len = (s_off + s_len + gmask) & ~gmask
+        seg_iova[i] = iova
+        if cur_len and not s_off and (iova & seg_mask) and max_seg - cur_len >= s_len:
+            cur_len += s_len
+        else:
+            count += 1
+            cur_len = s_len
+            dma_addr[count - 1] = iova + s_off
+        dma_len[count - 1] = cur_len
+        iova += s_iova_len
+        if s_len + s_off < s_iova_len:
+            cur_len = 0
+    return count
+
+
+def scan_pages(mem, start, out, cap):
+    pages = mem.pages
+    k = 0
+    for pfn in range(start, mem.nr_pages):
+        if k >= cap:
+            break
+        p = pfn * 4
+        if pages[p + _REF] or pages[p + _PIN] or pages[p + _MAP]:
+            out[k] = pfn
+            k += 1
+    return k

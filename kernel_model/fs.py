@@ -1,0 +1,175 @@
+"""Mirrors fs/char_dev.c, fs/file_table.c, fs/file.c and fs/open.c.
+
+Drivers register character devices by path (`cdev_add`); open() finds the
+cdev, creates a struct file holding the driver's file_operations and calls
+->open.  Files are reference counted: the fd table holds one reference and
+every VMA mapping the file holds another (get_file in do_mmap), so ->release
+runs only when the last of them goes - closing a uverbs fd while its UAR is
+still mapped does not tear the context down, exactly as in the kernel.
+
+EMU: a cdev is named by its /dev path; the dev_t, the device class and udev
+creating the node are folded into that one step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from kernel_model.current import current
+from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelError
+
+FMODE_READ = 0x1
+FMODE_WRITE = 0x2
+O_ACCMODE = 0o3
+O_RDONLY, O_WRONLY, O_RDWR = 0, 1, 2
+O_NONBLOCK = 0o4000
+O_CLOEXEC = 0o2000000
+
+
+@attrs.define(eq=False)
+class file_operations:
+    """Mirrors struct file_operations: a driver's entry points for its files."""
+
+    owner: Any = None
+    open: Any = None
+    release: Any = None
+    read: Any = None
+    write: Any = None
+    unlocked_ioctl: Any = None
+    mmap: Any = None
+    poll: Any = None
+
+
+@attrs.define(eq=False)
+class cdev:
+    """Mirrors struct cdev: a character device's ops and (here) its path."""
+
+    ops: file_operations
+    owner: Any = None
+    path: str | None = None
+    private: Any = None
+
+
+@attrs.define(eq=False)
+class inode:
+    """Mirrors struct inode for a device node: the cdev it opens."""
+
+    i_cdev: cdev
+    i_private: Any = None
+
+
+@attrs.define(eq=False, repr=False)
+class file:
+    """Mirrors struct file."""
+
+    f_op: file_operations
+    f_path: str
+    f_inode: inode
+    f_flags: int
+    f_mode: int
+    private_data: Any = None
+    f_count: int = 1
+
+    def __repr__(self) -> str:
+        return f"file {self.f_path} count={self.f_count}"
+
+
+def chrdev_table() -> dict[str, cdev]:
+    """The machine's /dev: path -> cdev."""
+    return {}
+
+
+def cdev_init(cd: cdev, fops: file_operations) -> None:
+    """Mirrors cdev_init()."""
+    cd.ops = fops
+
+
+def cdev_add(cd: cdev, path: str) -> None:
+    """Mirrors cdev_add() + device_create(): make `path` open this cdev."""
+    table = current().machine.chrdevs
+    if path in table:
+        raise KernelError(EEXIST, f"cdev_add: {path} already registered")
+    cd.path = path
+    table[path] = cd
+
+
+def cdev_del(cd: cdev) -> None:
+    """Mirrors cdev_del(): new opens fail; open files keep working."""
+    current().machine.chrdevs.pop(cd.path, None)
+
+
+def get_file(f: file) -> file:
+    """Mirrors get_file(): take a reference."""
+    f.f_count += 1
+    return f
+
+
+def fput(f: file) -> None:
+    """Mirrors fput(): drop a reference; the last one calls ->release (__fput)."""
+    if f.f_count <= 0:
+        current().machine.report_bug("fput", f"{f} put below zero")
+        return
+    f.f_count -= 1
+    if f.f_count == 0 and f.f_op.release is not None:
+        f.f_op.release(f.f_inode, f)
+
+
+def do_filp_open(path: str, flags: int) -> file:
+    """Mirrors do_filp_open() for a device node: find the cdev, ->open."""
+    cd = current().machine.chrdevs.get(path)
+    if cd is None:
+        raise KernelError(ENOENT, f"do_filp_open: no such device {path}")
+    acc = flags & O_ACCMODE
+    mode = (FMODE_READ if acc in (O_RDONLY, O_RDWR) else 0) | (
+        FMODE_WRITE if acc in (O_WRONLY, O_RDWR) else 0)
+    ino = inode(cd)
+    f = file(cd.ops, path, ino, flags, mode)
+    if cd.ops.open is not None:
+        cd.ops.open(ino, f)  # an error leaves nothing behind: f was never installed
+    return f
+
+
+class files_struct:
+    """Mirrors struct files_struct: the fd table (lowest free fd first)."""
+
+    def __init__(self, max_fds: int):
+        self.fdt: list[file | None] = []
+        self.max_fds = max_fds
+
+    def alloc_fd(self) -> int:
+        """Mirrors alloc_fd(): the lowest unused descriptor."""
+        for fd, f in enumerate(self.fdt):
+            if f is None:
+                return fd
+        if len(self.fdt) >= self.max_fds:
+            raise KernelError(EMFILE, "alloc_fd: too many open files")
+        self.fdt.append(None)
+        return len(self.fdt) - 1
+
+    def fd_install(self, fd: int, f: file) -> None:
+        self.fdt[fd] = f
+
+    def fget(self, fd: int) -> file:
+        """Mirrors fget(): the file behind fd, with a reference taken."""
+        if not 0 <= fd < len(self.fdt) or self.fdt[fd] is None:
+            raise KernelError(EBADF, f"fget: bad file descriptor {fd}")
+        return get_file(self.fdt[fd])
+
+    def close_fd(self, fd: int) -> None:
+        """Mirrors close_fd(): remove from the table, then filp_close (fput)."""
+        if not 0 <= fd < len(self.fdt) or self.fdt[fd] is None:
+            raise KernelError(EBADF, f"close_fd: bad file descriptor {fd}")
+        f, self.fdt[fd] = self.fdt[fd], None
+        fput(f)
+
+    def close_all(self) -> None:
+        """Mirrors close_files(): every open fd, in fd order."""
+        for fd, f in enumerate(self.fdt):
+            if f is not None:
+                self.fdt[fd] = None
+                fput(f)
+
+    def open_fds(self) -> list[int]:
+        return [fd for fd, f in enumerate(self.fdt) if f is not None]

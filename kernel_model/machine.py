@@ -1,0 +1,204 @@
+"""Machine: one emulated host - RAM, mem_map, page allocator, PCI bus, tasks.
+
+Emulator-level (not kernel code): it builds what firmware and early boot
+would (memblock, the mem_map, the physical address map) and owns the
+per-machine state the kernel's globals hold.
+
+    m = Machine(ram_size=64 << 20)          # 64 MiB, 4 KiB pages, C loops
+    p = m.spawn("app")                      # a process with an empty mm
+    ...
+    m.shutdown(); m.check_leaks()           # every page, pin and mm accounted
+
+RAM is a lazily committed anonymous mapping, so a 4 GiB machine costs nothing
+until its pages are touched.  PAGE_SIZE is a machine parameter; nothing may
+hard-code 4096 for it (MLX5_ADAPTER_PAGE_SIZE is a different, fixed thing).
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import weakref
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable
+
+import c_ext
+from kernel_model.errno import EINVAL, KernelError
+from kernel_model.page_alloc import PG_reserved, zone
+
+GiB = 1 << 30
+MiB = 1 << 20
+VA_BITS = 48
+PAGE_SIZES = (4096, 16384, 65536)
+PCI_MMIO_BASE = 0x40_0000_0000  # 256 GiB: 64-bit BARs live above RAM
+
+#: every Machine built in this interpreter, for the per-test leak check
+live_machines: weakref.WeakSet[Machine] = weakref.WeakSet()
+
+
+class MachineCheck(Exception):
+    """A CPU or device access to a physical address nothing decodes."""
+
+
+class KernelBug(Exception):
+    """A WARN/BUG the emulated kernel hit, raised when panic_on_warn is set."""
+
+
+def pgtable_levels(page_shift: int) -> int:
+    """Page-table levels for a 48-bit VA: 4 with 4 KiB pages, 3 with 64 KiB."""
+    bits = page_shift - 3
+    return -(-(VA_BITS - page_shift) // bits)
+
+
+class MmioRegion:
+    """A physical address range decoded by a device: read/write callbacks."""
+
+    def __init__(self, name: str, start: int, size: int,
+                 read: Callable[[int, int], bytes], write: Callable[[int, bytes], None]):
+        self.name, self.start, self.size = name, start, size
+        self.read, self.write = read, write
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def __repr__(self) -> str:
+        return f"MMIO {self.name} [{self.start:#x}-{self.end - 1:#x}]"
+
+
+class Machine:
+    """One host.  See the module docstring."""
+
+    _ids = itertools.count()
+
+    def __init__(self, ram_size: int = 4 * GiB, page_size: int = 4096,
+                 backend: str | None = None, iommu: str = "identity", name: str | None = None,
+                 panic_on_warn: bool = False):
+        if page_size not in PAGE_SIZES:
+            raise ValueError(f"Machine: page_size must be one of {PAGE_SIZES}")
+        if ram_size < 16 * page_size or ram_size % page_size:
+            raise ValueError("Machine: ram_size must be a multiple of page_size, >= 16 pages")
+        if iommu not in ("identity", "translating"):
+            raise ValueError("Machine: iommu must be 'identity' or 'translating'")
+        self.name = name or f"host{next(self._ids)}"
+        self.page_size = page_size
+        self.page_shift = page_size.bit_length() - 1
+        self.ram_size = ram_size
+        self.nr_pages = ram_size >> self.page_shift
+        self.levels = pgtable_levels(self.page_shift)
+        self.panic_on_warn = panic_on_warn
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
+        self._ram = mmap.mmap(-1, ram_size, flags=flags)
+        self._mem_map = mmap.mmap(-1, self.nr_pages * 16, flags=flags)
+        self.mem = c_ext.MemCtx(self._ram, self._mem_map, self.nr_pages, self.page_shift,
+                                self.levels)
+        self.ops = c_ext.backend(backend)
+        self.zone = zone(self)
+        # pfn 0 stays reserved, as on x86: a zero physical address never names a page
+        self.mem.pages[0] = PG_reserved
+        self.mem.pages[1] = 1
+        self.zone.free_boot_range(1, self.nr_pages)
+        self.vmstat: Counter[str] = Counter()
+        self.bugs: list[str] = []
+        self.iomem: list[MmioRegion] = []  # sorted by start: the physical address map
+        self._iomem_starts: list[int] = []
+        self._mmio_next = max(PCI_MMIO_BASE, -(-ram_size // (256 * GiB)) * 256 * GiB)
+        self.leak_checks: list[Callable[[Machine], list[str]]] = []
+        from kernel_model.fs import chrdev_table
+        from kernel_model.iommu import make_iommu
+        from kernel_model.task import init_task
+        self.chrdevs = chrdev_table()
+        self.iommu = make_iommu(self, iommu)
+        self.tasks: dict[int, object] = {}
+        self._pids = itertools.count(1)
+        self.mms: weakref.WeakSet = weakref.WeakSet()
+        self.init_task = init_task(self)
+        self._shut_down = False
+        live_machines.add(self)
+
+    def __repr__(self) -> str:
+        return (f"Machine {self.name} {self.ram_size >> 20} MiB page {self.page_size} "
+                f"backend {self.ops.name} free {self.zone.nr_free}/{self.nr_pages}")
+
+    # -- processes -------------------------------------------------------
+    def spawn(self, comm: str = "proc", *, rlimit_memlock: int | None = None,
+              cap_ipc_lock: bool = False, uid: int = 1000):
+        """Start a user process with an empty address space (fork+exec, in short)."""
+        from kernel_model.process import Process
+        return Process(self, comm, rlimit_memlock=rlimit_memlock, cap_ipc_lock=cap_ipc_lock,
+                       uid=uid)
+
+    def alloc_pid(self) -> int:
+        return next(self._pids)
+
+    # -- physical address map --------------------------------------------
+    def alloc_mmio_window(self, size: int) -> int:
+        """Place a BAR: the next naturally aligned window above RAM (pci_assign_resource)."""
+        if size <= 0 or size & (size - 1):
+            raise KernelError(EINVAL, f"pci_assign_resource: BAR size {size:#x} not a power of 2")
+        start = -(-self._mmio_next // size) * size
+        self._mmio_next = start + size
+        return start
+
+    def register_mmio(self, region: MmioRegion) -> MmioRegion:
+        """request_mem_region + ioremap target: make `region` decode its addresses."""
+        i = bisect_right(self._iomem_starts, region.start)
+        if (i and self.iomem[i - 1].end > region.start) or (
+                i < len(self.iomem) and self.iomem[i].start < region.end) or (
+                region.start < self.ram_size):
+            raise KernelError(EINVAL, f"request_mem_region: {region} overlaps")
+        self.iomem.insert(i, region)
+        self._iomem_starts.insert(i, region.start)
+        return region
+
+    def unregister_mmio(self, region: MmioRegion) -> None:
+        i = self.iomem.index(region)
+        del self.iomem[i]
+        del self._iomem_starts[i]
+
+    def find_mmio(self, addr: int) -> MmioRegion | None:
+        i = bisect_right(self._iomem_starts, addr)
+        if i and addr < self.iomem[i - 1].end:
+            return self.iomem[i - 1]
+        return None
+
+    def phys_read(self, addr: int, n: int) -> bytes:
+        """A load of n bytes at a physical address: RAM or a device's MMIO."""
+        if 0 <= addr and addr + n <= self.ram_size:
+            return bytes(self.mem.ram[addr:addr + n])
+        r = self.find_mmio(addr)
+        if r is None or addr + n > r.end:
+            raise MachineCheck(f"{self.name}: read of {n} bytes at unmapped physical {addr:#x}")
+        return r.read(addr - r.start, n)
+
+    def phys_write(self, addr: int, data: bytes) -> None:
+        """A store to a physical address: RAM or a device's MMIO."""
+        n = len(data)
+        if 0 <= addr and addr + n <= self.ram_size:
+            self.mem.ram[addr:addr + n] = data
+            return
+        r = self.find_mmio(addr)
+        if r is None or addr + n > r.end:
+            raise MachineCheck(f"{self.name}: write of {n} bytes at unmapped physical {addr:#x}")
+        r.write(addr - r.start, bytes(data))
+
+    # -- debug -----------------------------------------------------------
+    def report_bug(self, function: str, message: str) -> None:
+        """WARN(): record a kernel bug; raise KernelBug when panic_on_warn is set."""
+        text = f"WARNING: {function}: {message}"
+        self.bugs.append(text)
+        if self.panic_on_warn:
+            raise KernelBug(text)
+
+    def shutdown(self) -> None:
+        """Exit every process (fds and mm released as do_exit does)."""
+        for task in list(self.tasks.values()):
+            if task.mm is not None or task.files is not None:
+                task.do_exit(0)
+        self._shut_down = True
+
+    def check_leaks(self, shutdown: bool = True) -> None:
+        """Shut down, then raise LeakError naming every page, pin, mm or object still held."""
+        from kernel_model.leakcheck import check_leaks
+        check_leaks(self, shutdown)

@@ -1,0 +1,207 @@
+"""Mirrors mm/memory.c: page faults, zapping, remap_pfn_range, user access.
+
+handle_mm_fault() is the only way a user page comes to exist: first touch of
+anonymous memory allocates a zeroed page and maps it (do_anonymous_page);
+a driver VMA with a ->fault handler is asked; a VM_PFNMAP VMA without one
+gets SIGBUS.  zap_pte_range() is the reverse: clear the PTE, drop the
+mapping and the reference - a page that is still pinned survives the unmap
+until its last unpin, which is the behaviour peer memory and ib_umem rely on.
+
+EMU: read faults on anonymous memory allocate a private zeroed page instead
+of mapping the shared zero page, so pins of untouched memory are ordinary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kernel_model.errno import EBUSY, EINVAL, KernelError
+from kernel_model.mm import (
+    VM_DONTDUMP,
+    VM_DONTEXPAND,
+    VM_IO,
+    VM_PFNMAP,
+    VM_READ,
+    VM_WRITE,
+    vm_area_struct,
+)
+from kernel_model.page_alloc import GFP_HIGHUSER_MOVABLE, PG_anon, __GFP_ZERO, page, put_page
+from kernel_model.pgtable import (
+    _PAGE_DIRTY,
+    _PAGE_PRESENT,
+    _PAGE_RW,
+    _PAGE_SPECIAL,
+    pte_addr,
+)
+
+if TYPE_CHECKING:
+    from kernel_model.mm import mm_struct
+
+# vm_fault_t (include/linux/mm_types.h)
+VM_FAULT_OOM = 0x000001
+VM_FAULT_SIGBUS = 0x000002
+VM_FAULT_SIGSEGV = 0x000040
+VM_FAULT_ERROR = VM_FAULT_OOM | VM_FAULT_SIGBUS | VM_FAULT_SIGSEGV
+# fault flags
+FAULT_FLAG_WRITE = 0x01
+FAULT_FLAG_REMOTE = 0x80
+
+
+class vm_fault:
+    """Mirrors struct vm_fault: what a ->fault handler is told."""
+
+    __slots__ = ("vma", "address", "flags", "pgoff")
+
+    def __init__(self, vma: vm_area_struct, address: int, flags: int):
+        self.vma, self.address, self.flags = vma, address, flags
+        ps = vma.vm_mm.machine.page_shift
+        self.pgoff = vma.vm_pgoff + ((address - vma.vm_start) >> ps)
+
+
+def handle_mm_fault(vma: vm_area_struct, address: int, flags: int) -> int:
+    """Mirrors handle_mm_fault(): make the page at address present; 0 or VM_FAULT_*.
+
+    The caller has already checked that the access is allowed (access_error()
+    for the CPU, check_vma_flags() for gup).
+    """
+    mm = vma.vm_mm
+    ps = mm.machine.page_size
+    address &= ~(ps - 1)
+    slot = mm.pgtable.pte_slot(address, True)
+    pte = mm.pgtable.ram_q[slot >> 3]
+    if pte & _PAGE_PRESENT:
+        if flags & FAULT_FLAG_WRITE and not pte & _PAGE_RW and vma.vm_flags & VM_WRITE:
+            mm.pgtable.set(slot, pte | _PAGE_RW | _PAGE_DIRTY)  # do_wp_page, no COW here
+        return 0
+    if vma.vm_ops is not None and vma.vm_ops.fault is not None:
+        return vma.vm_ops.fault(vm_fault(vma, address, flags))
+    if vma.vm_flags & VM_PFNMAP:
+        return VM_FAULT_SIGBUS
+    return do_anonymous_page(vma, address, slot, flags)
+
+
+def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) -> int:
+    """Mirrors do_anonymous_page(): a zeroed page, mapped with the VMA's prot."""
+    mm = vma.vm_mm
+    try:
+        pg = mm.machine.zone.alloc(GFP_HIGHUSER_MOVABLE | __GFP_ZERO, 0,
+                                   f"anon pid {mm.owner_pid}")
+    except KernelError:
+        return VM_FAULT_OOM
+    pg.flags |= PG_anon
+    pg._mapcount = 1
+    pte = (pg.pfn << mm.machine.page_shift) | vma.vm_page_prot
+    if flags & FAULT_FLAG_WRITE:
+        pte |= _PAGE_DIRTY  # a FOLL_FORCE write to a read-only VMA: dirty, not RW
+    mm.pgtable.set(slot, pte)
+    mm.rss += 1
+    return 0
+
+
+def unmap_vmas(vma: vm_area_struct, start: int, end: int) -> None:
+    """Mirrors unmap_vmas()/zap_pte_range(): clear PTEs, drop maps and references.
+
+    Whole missing page-table pages are skipped, so zapping sparse ranges is cheap.
+    """
+    mm = vma.vm_mm
+    m = mm.machine
+    pt = mm.pgtable
+    ram_q = pt.ram_q
+    ps = m.page_size
+    span = ps << pt.bits  # bytes one PTE table covers
+    zone = m.zone
+    special = vma.vm_flags & VM_PFNMAP
+    addr = start
+    while addr < end:
+        slot = pt.pte_slot(addr, False)
+        if slot is None:
+            addr = (addr // span + 1) * span
+            continue
+        table_end = min(end, (addr // span + 1) * span)
+        while addr < table_end:
+            pte = ram_q[slot >> 3]
+            if pte & _PAGE_PRESENT:
+                ram_q[slot >> 3] = 0
+                pfn = pte_addr(pte) >> m.page_shift
+                if not (pte & _PAGE_SPECIAL or special) and pfn < m.nr_pages:
+                    pg = page(zone, pfn)
+                    pg._mapcount -= 1
+                    if pte & _PAGE_DIRTY:
+                        pg.flags |= 1 << 2  # set_page_dirty
+                    mm.rss -= 1
+                    put_page(pg)
+            slot += 8
+            addr += ps
+
+
+def zap_vma_ptes(vma: vm_area_struct, address: int, size: int) -> None:
+    """Mirrors zap_vma_ptes(): drivers remove PFN mappings they installed."""
+    if address < vma.vm_start or address + size > vma.vm_end or not vma.vm_flags & VM_PFNMAP:
+        raise KernelError(EINVAL, "zap_vma_ptes: range outside a VM_PFNMAP vma")
+    unmap_vmas(vma, address, address + size)
+
+
+def remap_pfn_range(vma: vm_area_struct, addr: int, pfn: int, size: int, prot: int) -> None:
+    """Mirrors remap_pfn_range(): map raw PFNs (device pages) as special PTEs.
+
+    Marks the VMA VM_IO|VM_PFNMAP|VM_DONTEXPAND|VM_DONTDUMP, which is what makes
+    gup refuse it.  A PTE already present is a driver bug (the kernel BUG()s);
+    here it fails with EBUSY after undoing what this call mapped.
+    """
+    mm = vma.vm_mm
+    ps = mm.machine.page_size
+    if addr % ps or size % ps or size == 0:
+        raise KernelError(EINVAL, "remap_pfn_range: addr or size not page aligned")
+    if addr < vma.vm_start or addr + size > vma.vm_end:
+        raise KernelError(EINVAL, "remap_pfn_range: range outside the vma")
+    vma.vm_flags |= VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP
+    pt = mm.pgtable
+    for i in range(size // ps):
+        va = addr + i * ps
+        slot = pt.pte_slot(va, True)
+        if pt.ram_q[slot >> 3] & _PAGE_PRESENT:
+            mm.machine.report_bug("remap_pte_range", f"PTE at {va:#x} already present")
+            unmap_vmas(vma, addr, va)
+            raise KernelError(EBUSY, f"remap_pfn_range: PTE at {va:#x} already present")
+        pt.set(slot, ((pfn + i) << mm.machine.page_shift) | prot | _PAGE_SPECIAL)
+
+
+io_remap_pfn_range = remap_pfn_range  # x86: no I/O address translation
+
+
+def follow_pte(mm: mm_struct, address: int) -> int:
+    """Mirrors follow_pte(): the PTE mapping address (0 if none)."""
+    return mm.pgtable.get(address)
+
+
+def access_vm(mm: mm_struct, addr: int, length: int, write: bool,
+              chunk: Callable[[int, int, int], None], force: bool = False) -> int:
+    """Walk [addr, addr+len) page by page, faulting pages in as the CPU would.
+
+    For each piece calls chunk(phys, offset_in_request, n).  Returns the
+    number of bytes done before the first access that could not be satisfied
+    (no VMA, no permission, or a fault error) - the contract copy_*_user and
+    access_process_vm share.  `force` is FOLL_FORCE (ptrace-style access).
+    """
+    m = mm.machine
+    ps = m.page_size
+    done = 0
+    need = _PAGE_PRESENT | (_PAGE_RW if write else 0)
+    while done < length:
+        va = addr + done
+        n = min(ps - (va % ps), length - done)
+        pte = mm.pgtable.get(va)
+        if pte & need != need:
+            vma = mm.vma_lookup(va)
+            if vma is None or (write and not vma.vm_flags & VM_WRITE and not force) or (
+                    not write and not vma.vm_flags & VM_READ and not force):
+                break
+            if handle_mm_fault(vma, va, FAULT_FLAG_WRITE if write else 0) & VM_FAULT_ERROR:
+                break
+            pte = mm.pgtable.get(va)
+            if not pte & _PAGE_PRESENT or (write and not (pte & _PAGE_RW or force)):
+                break
+        chunk(pte_addr(pte) + va % ps, done, n)
+        done += n
+    return done

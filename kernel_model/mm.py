@@ -1,0 +1,314 @@
+"""Mirrors include/linux/mm_types.h and mm/mmap.c: mm_struct, VMAs, mmap/munmap.
+
+An mm is an address space: a sorted list of VMAs (the kernel keeps a maple
+tree; a sorted list with bisect answers the same find_vma() question), page
+tables in emulated RAM (kernel_model.pgtable), and the counters gup and
+ib_umem charge (`pinned_vm`, `locked_vm`).  Lifetime follows the kernel's two
+counts: mm_users (address space in use: mmget/mmput; the last mmput tears the
+mappings down) and mm_count (struct alive: mmgrab/mmdrop; ib_umem holds this
+one, so the counters outlive the process).
+
+Lock order: mmap_lock is implied (EMU: taken as a real rwsem once the
+scheduler issue lands; nothing here yields).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from kernel_model.errno import EBADF, EINVAL, ENODEV, ENOMEM, EOVERFLOW, KernelError
+from kernel_model.pgtable import PageTable, vm_get_page_prot
+
+if TYPE_CHECKING:
+    from kernel_model.fs import file
+    from kernel_model.machine import Machine
+
+# vm_flags (include/linux/mm.h)
+VM_READ = 0x00000001
+VM_WRITE = 0x00000002
+VM_EXEC = 0x00000004
+VM_SHARED = 0x00000008
+VM_MAYREAD = 0x00000010
+VM_MAYWRITE = 0x00000020
+VM_MAYEXEC = 0x00000040
+VM_MAYSHARE = 0x00000080
+VM_PFNMAP = 0x00000400
+VM_LOCKED = 0x00002000
+VM_IO = 0x00004000
+VM_DONTCOPY = 0x00020000
+VM_DONTEXPAND = 0x00040000
+VM_ACCOUNT = 0x00100000
+VM_NORESERVE = 0x00200000
+VM_DONTDUMP = 0x04000000
+
+# mmap(2)
+PROT_NONE, PROT_READ, PROT_WRITE, PROT_EXEC = 0, 1, 2, 4
+MAP_SHARED = 0x01
+MAP_PRIVATE = 0x02
+MAP_FIXED = 0x10
+MAP_ANONYMOUS = 0x20
+MAP_POPULATE = 0x8000
+
+TASK_SIZE = (1 << 47) - 4096  # x86-64 TASK_SIZE_MAX with 4-level paging
+MMAP_BASE = 0x7F80_0000_0000  # EMU: fixed, no ASLR, so traces repeat
+DEFAULT_MAX_MAP_COUNT = 65530
+
+
+@attrs.define(eq=False)
+class vm_operations_struct:
+    """Mirrors struct vm_operations_struct (the callbacks a driver's VMA may have)."""
+
+    open: Any = None
+    close: Any = None
+    fault: Any = None
+    may_split: Any = None
+    name: Any = None
+
+
+@attrs.define(eq=False, repr=False)
+class vm_area_struct:
+    """Mirrors struct vm_area_struct."""
+
+    vm_mm: mm_struct
+    vm_start: int
+    vm_end: int
+    vm_flags: int
+    vm_page_prot: int = 0
+    vm_pgoff: int = 0
+    vm_file: file | None = None
+    vm_ops: vm_operations_struct | None = None
+    vm_private_data: Any = None
+
+    def __repr__(self) -> str:
+        f = self.vm_flags
+        perms = "".join(c if f & b else "-" for c, b in (("r", VM_READ), ("w", VM_WRITE),
+                                                          ("x", VM_EXEC)))
+        perms += "s" if f & VM_SHARED else "p"
+        name = self.vm_file.f_path if self.vm_file else "[anon]"
+        return f"{self.vm_start:012x}-{self.vm_end:012x} {perms} {self.vm_pgoff:08x} {name}"
+
+
+class mm_struct:
+    """Mirrors struct mm_struct: the VMAs, page tables and pin counters."""
+
+    def __init__(self, machine: Machine, owner_pid: int):
+        self.machine = machine
+        self.owner_pid = owner_pid
+        self.mm_users = 1
+        self.mm_count = 1
+        self.pgtables_bytes = 0
+        self.pgtable = PageTable(self)
+        self.vmas: list[vm_area_struct] = []
+        self._starts: list[int] = []
+        self.pinned_vm = 0  # atomic64_t: pages pinned long-term (ib_umem_get)
+        self.locked_vm = 0
+        self.total_vm = 0
+        self.rss = 0
+        self.mmap_base = MMAP_BASE
+        self.task_size = TASK_SIZE
+        machine.mms.add(self)
+
+    def __repr__(self) -> str:
+        return (f"mm pid {self.owner_pid} users={self.mm_users} count={self.mm_count} "
+                f"vmas={len(self.vmas)} rss={self.rss} pinned_vm={self.pinned_vm}")
+
+    @property
+    def pgd(self) -> int:
+        return self.pgtable.pgd
+
+    # -- the VMA tree ------------------------------------------------------
+    def find_vma(self, addr: int) -> vm_area_struct | None:
+        """Mirrors find_vma(): the first VMA ending above addr."""
+        i = bisect_right(self._starts, addr)
+        if i and self.vmas[i - 1].vm_end > addr:
+            return self.vmas[i - 1]
+        return self.vmas[i] if i < len(self.vmas) else None
+
+    def vma_lookup(self, addr: int) -> vm_area_struct | None:
+        """Mirrors vma_lookup(): the VMA containing addr, if any."""
+        v = self.find_vma(addr)
+        return v if v is not None and v.vm_start <= addr else None
+
+    def link(self, vma: vm_area_struct) -> None:
+        i = bisect_right(self._starts, vma.vm_start)
+        self.vmas.insert(i, vma)
+        self._starts.insert(i, vma.vm_start)
+        self.total_vm += (vma.vm_end - vma.vm_start) >> self.machine.page_shift
+
+    def unlink(self, vma: vm_area_struct) -> None:
+        i = self.vmas.index(vma)
+        del self.vmas[i]
+        del self._starts[i]
+        self.total_vm -= (vma.vm_end - vma.vm_start) >> self.machine.page_shift
+
+    def overlapping(self, start: int, end: int) -> list[vm_area_struct]:
+        out = []
+        v = self.find_vma(start)
+        i = self.vmas.index(v) if v is not None else len(self.vmas)
+        while i < len(self.vmas) and self.vmas[i].vm_start < end:
+            out.append(self.vmas[i])
+            i += 1
+        return out
+
+
+# -- lifetime (kernel/fork.c) ------------------------------------------------
+def mmget(mm: mm_struct) -> None:
+    """Mirrors mmget(): pin the address space."""
+    mm.mm_users += 1
+
+
+def mmput(mm: mm_struct) -> None:
+    """Mirrors mmput(): the last user tears down every mapping (exit_mmap)."""
+    mm.mm_users -= 1
+    if mm.mm_users == 0:
+        exit_mmap(mm)
+        mmdrop(mm)
+
+
+def mmgrab(mm: mm_struct) -> None:
+    """Mirrors mmgrab(): keep the struct (not the mappings) alive."""
+    mm.mm_count += 1
+
+
+def mmdrop(mm: mm_struct) -> None:
+    """Mirrors mmdrop(): free the struct when the last reference goes."""
+    if mm.mm_count <= 0:
+        mm.machine.report_bug("mmdrop", f"mm_count underflow on {mm}")
+        return
+    mm.mm_count -= 1
+    if mm.mm_count == 0:
+        mm.machine.mms.discard(mm)
+
+
+def exit_mmap(mm: mm_struct) -> None:
+    """Mirrors exit_mmap(): unmap every VMA, then free the page tables."""
+    from kernel_model.memory import unmap_vmas
+    for vma in list(mm.vmas):
+        unmap_vmas(vma, vma.vm_start, vma.vm_end)
+        remove_vma(vma)
+    mm.pgtable.free_all()
+
+
+def remove_vma(vma: vm_area_struct) -> None:
+    """Mirrors remove_vma(): ->close, drop the file reference, unlink."""
+    from kernel_model.fs import fput
+    if vma.vm_ops is not None and vma.vm_ops.close is not None:
+        vma.vm_ops.close(vma)
+    if vma.vm_file is not None:
+        fput(vma.vm_file)
+        vma.vm_file = None
+    vma.vm_mm.unlink(vma)
+
+
+# -- mmap / munmap (mm/mmap.c, mm/vma.c) -------------------------------------
+def get_unmapped_area(mm: mm_struct, length: int) -> int:
+    """Mirrors the top-down allocator: highest gap below mmap_base that fits."""
+    end = mm.mmap_base
+    for vma in reversed(mm.vmas):
+        if vma.vm_start >= end:
+            continue
+        if vma.vm_end + length <= end:
+            return end - length
+        end = min(end, vma.vm_start)
+    if end - length >= mm.machine.page_size * 16:
+        return end - length
+    raise KernelError(ENOMEM, "get_unmapped_area: address space exhausted")
+
+
+def calc_vm_flags(prot: int, flags: int) -> int:
+    vm = (VM_READ if prot & PROT_READ else 0) | (VM_WRITE if prot & PROT_WRITE else 0)
+    vm |= (VM_EXEC if prot & PROT_EXEC else 0) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC
+    if flags & MAP_SHARED:
+        vm |= VM_SHARED | VM_MAYSHARE
+    return vm
+
+
+def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, flags: int,
+            pgoff: int) -> int:
+    """Mirrors do_mmap() + mmap_region(): validate, place, create the VMA, call ->mmap.
+
+    A failing ->mmap unwinds: PTEs it installed are zapped, the file reference
+    is dropped and the VMA never becomes visible (mmap_region's unmap_and_free_vma).
+    """
+    from kernel_model.fs import FMODE_WRITE, fput, get_file
+    from kernel_model.memory import unmap_vmas
+    ps = mm.machine.page_size
+    if length == 0:
+        raise KernelError(EINVAL, "do_mmap: length is 0")
+    if flags & (MAP_SHARED | MAP_PRIVATE) not in (MAP_SHARED, MAP_PRIVATE):
+        raise KernelError(EINVAL, "do_mmap: exactly one of MAP_SHARED / MAP_PRIVATE")
+    if f is None and not flags & MAP_ANONYMOUS:
+        raise KernelError(EBADF, "ksys_mmap_pgoff: not anonymous and no file")
+    length = -(-length // ps) * ps
+    if length > mm.task_size:
+        raise KernelError(ENOMEM, "do_mmap: length beyond TASK_SIZE")
+    if pgoff + (length >> mm.machine.page_shift) >= 1 << 64:
+        raise KernelError(EOVERFLOW, "do_mmap: pgoff + length overflows")
+    if len(mm.vmas) >= DEFAULT_MAX_MAP_COUNT:
+        raise KernelError(ENOMEM, "do_mmap: max_map_count reached")
+    vm_flags = calc_vm_flags(prot, flags)
+    if f is not None:
+        if f.f_op.mmap is None:
+            raise KernelError(ENODEV, "do_mmap: file has no mmap operation")
+        if flags & MAP_SHARED and prot & PROT_WRITE and not f.f_mode & FMODE_WRITE:
+            from kernel_model.errno import EACCES
+            raise KernelError(EACCES, "do_mmap: shared writable map of a read-only file")
+    if flags & MAP_FIXED:
+        if addr % ps or addr + length > mm.task_size or addr + length < addr:
+            raise KernelError(EINVAL, "do_mmap: MAP_FIXED address unaligned or out of range")
+        do_munmap(mm, addr, length)
+    else:
+        addr = get_unmapped_area(mm, length)
+    vma = vm_area_struct(mm, addr, addr + length, vm_flags, vm_get_page_prot(vm_flags), pgoff)
+    if f is not None:
+        vma.vm_file = get_file(f)
+        try:
+            f.f_op.mmap(f, vma)
+        except KernelError:
+            unmap_vmas(vma, vma.vm_start, vma.vm_end)  # unmap_and_free_vma:
+            fput(f)
+            raise
+    mm.link(vma)
+    return addr
+
+
+def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
+    """Mirrors __split_vma(): cut at addr; return the upper part (linked)."""
+    mm = vma.vm_mm
+    if vma.vm_ops is not None and vma.vm_ops.may_split is not None:
+        vma.vm_ops.may_split(vma, addr)
+    new = vm_area_struct(mm, addr, vma.vm_end, vma.vm_flags, vma.vm_page_prot,
+                         vma.vm_pgoff + ((addr - vma.vm_start) >> mm.machine.page_shift),
+                         vma.vm_file, vma.vm_ops, vma.vm_private_data)
+    if new.vm_file is not None:
+        from kernel_model.fs import get_file
+        get_file(new.vm_file)
+    if new.vm_ops is not None and new.vm_ops.open is not None:
+        new.vm_ops.open(new)
+    mm.unlink(vma)
+    vma.vm_end = addr
+    mm.link(vma)
+    mm.link(new)
+    return new
+
+
+def do_munmap(mm: mm_struct, start: int, length: int) -> None:
+    """Mirrors do_vmi_munmap(): split the edge VMAs, zap and remove what is inside."""
+    from kernel_model.memory import unmap_vmas
+    ps = mm.machine.page_size
+    if start % ps or start > mm.task_size or length > mm.task_size - start:
+        raise KernelError(EINVAL, "do_munmap: start unaligned or range out of TASK_SIZE")
+    length = -(-length // ps) * ps
+    if length == 0:
+        raise KernelError(EINVAL, "do_munmap: length is 0")
+    end = start + length
+    for vma in mm.overlapping(start, end):
+        if vma.vm_start < start:
+            vma = split_vma(vma, start)
+        if vma.vm_end > end:
+            split_vma(vma, end)
+        unmap_vmas(vma, vma.vm_start, vma.vm_end)
+        remove_vma(vma)

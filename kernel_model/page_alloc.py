@@ -1,0 +1,251 @@
+"""Mirrors mm/page_alloc.c: struct page, the buddy allocator, get/put_page.
+
+Physical memory is one zone of RAM pages.  Each page has a `struct page`
+record in a C array (c_ext pm.h: flags, refcount, pincount, mapcount) so the
+gup loops in C and their Python twins read and write the same counts.  The
+`page` class here is a thin view (zone, pfn) over one record.
+
+The allocator is the kernel's buddy system: free blocks of 2^order pages on
+per-order free lists (MAX_ORDER 10), split on allocation (`expand`) and merged
+with their buddy on free.  Freed pages are poisoned (0xaa, as page_poisoning
+does) and user pages are zeroed on allocation, so a use of freed memory shows.
+
+Lock order: none yet (the zone lock arrives with the scheduler issue; every
+operation here runs without a scheduling point, which is what zone->lock buys).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from kernel_model.errno import ENOMEM, KernelError
+
+if TYPE_CHECKING:
+    from kernel_model.machine import Machine
+
+MAX_ORDER = 10  # MAX_PAGE_ORDER: the largest block is 2^10 pages
+PAGE_POISON = 0xAA
+
+# gfp flags (include/linux/gfp_types.h); only what changes behaviour here.
+__GFP_ZERO = 0x100
+_GFP_ZERO = __GFP_ZERO  # usable inside class bodies (no name mangling)
+GFP_KERNEL = 0xCC0
+GFP_HIGHUSER_MOVABLE = 0x100CCA
+
+# page flags (pm.h)
+PG_reserved = 1 << 0
+PG_buddy = 1 << 1
+PG_dirty = 1 << 2
+PG_pgtable = 1 << 3
+PG_anon = 1 << 4
+
+_FLAGS, _REF, _PIN, _MAP = 0, 1, 2, 3
+
+
+class page:
+    """A view of one struct page: `pfn` plus its counters in the mem_map."""
+
+    __slots__ = ("zone", "pfn")
+
+    def __init__(self, zone: zone, pfn: int):
+        self.zone = zone
+        self.pfn = pfn
+
+    def _get(self, field: int) -> int:
+        return self.zone.pages[self.pfn * 4 + field]
+
+    def _set(self, field: int, value: int) -> None:
+        self.zone.pages[self.pfn * 4 + field] = value
+
+    flags = property(lambda self: self._get(_FLAGS), lambda self, v: self._set(_FLAGS, v))
+    _refcount = property(lambda self: self._get(_REF), lambda self, v: self._set(_REF, v))
+    _pincount = property(lambda self: self._get(_PIN), lambda self, v: self._set(_PIN, v))
+    # EMU: the kernel's _mapcount starts at -1; ours counts mappings from 0.
+    _mapcount = property(lambda self: self._get(_MAP), lambda self, v: self._set(_MAP, v))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, page) and other.zone is self.zone and other.pfn == self.pfn
+
+    def __hash__(self) -> int:
+        return hash(self.pfn)
+
+    def __repr__(self) -> str:
+        return (f"page pfn={self.pfn:#x} ref={self._refcount} pin={self._pincount} "
+                f"map={self._mapcount} flags={self.flags:#x}")
+
+
+class zone:
+    """The buddy allocator over one machine's RAM (struct zone + free_area)."""
+
+    def __init__(self, machine: Machine):
+        self.machine = machine
+        self.pages = machine.mem.pages
+        self.ram = machine.mem.ram
+        self.page_shift = machine.page_shift
+        self.page_size = 1 << machine.page_shift
+        self.nr_pages = machine.nr_pages
+        # free_area[order]: head pfn -> None; a dict keeps kernel LIFO order and
+        # removes a buddy in O(1).
+        self.free_area: list[dict[int, None]] = [dict() for _ in range(MAX_ORDER + 1)]
+        self.nr_free = 0
+        # allocated head pfn -> (order, owner, where): what the leak check names
+        self.allocated: dict[int, tuple[int, str, str]] = {}
+        self._zero = bytes(self.page_size)
+        self._poison = bytes([PAGE_POISON]) * self.page_size
+
+    # -- boot: memblock_free_all() hands every usable range to the buddy lists
+    def free_boot_range(self, start: int, end: int) -> None:
+        """Free [start, end) as the largest naturally aligned blocks."""
+        pfn = start
+        while pfn < end:
+            order = MAX_ORDER
+            while order and (pfn & ((1 << order) - 1) or pfn + (1 << order) > end):
+                order -= 1
+            self._add_free(pfn, order)
+            pfn += 1 << order
+
+    def _add_free(self, pfn: int, order: int) -> None:
+        self.free_area[order][pfn] = None
+        self.pages[pfn * 4 + _FLAGS] |= PG_buddy
+        self.nr_free += 1 << order
+
+    def _del_free(self, pfn: int, order: int) -> None:
+        del self.free_area[order][pfn]
+        self.pages[pfn * 4 + _FLAGS] &= ~PG_buddy
+        self.nr_free -= 1 << order
+
+    # -- __rmqueue_smallest + expand
+    def rmqueue(self, order: int) -> int | None:
+        for current_order in range(order, MAX_ORDER + 1):
+            area = self.free_area[current_order]
+            if area:
+                pfn, _ = area.popitem()
+                self.pages[pfn * 4 + _FLAGS] &= ~PG_buddy
+                self.nr_free -= 1 << current_order
+                while current_order > order:  # expand(): keep the low half
+                    current_order -= 1
+                    self._add_free(pfn + (1 << current_order), current_order)
+                return pfn
+        return None
+
+    def alloc(self, gfp: int, order: int, owner: str) -> page:
+        """__alloc_pages(): take a block, set the head's refcount to 1."""
+        if not 0 <= order <= MAX_ORDER:
+            raise KernelError(ENOMEM, f"__alloc_pages: order {order} above MAX_ORDER")
+        pfn = self.rmqueue(order)
+        if pfn is None:
+            raise KernelError(ENOMEM, f"__alloc_pages: out of memory for order {order}")
+        self.pages[pfn * 4 + _REF] = 1
+        self.pages[pfn * 4 + _FLAGS] &= ~(PG_dirty | PG_anon | PG_pgtable)
+        if gfp & _GFP_ZERO:
+            base = pfn << self.page_shift
+            for i in range(1 << order):
+                off = base + (i << self.page_shift)
+                self.ram[off:off + self.page_size] = self._zero
+        self.allocated[pfn] = (order, owner, _caller())
+        return page(self, pfn)
+
+    def free(self, pfn: int, order: int) -> None:
+        """__free_pages_ok(): check, poison, and merge with free buddies."""
+        rec = self.allocated.pop(pfn, None)
+        if rec is None:
+            self.machine.report_bug("__free_pages", f"pfn {pfn:#x} freed but not allocated "
+                                    "(double free?)")
+            return
+        if rec[0] != order:
+            self.machine.report_bug("__free_pages", f"pfn {pfn:#x} allocated at order "
+                                    f"{rec[0]} freed at order {order}")
+        p = pfn * 4
+        if self.pages[p + _PIN] or self.pages[p + _MAP]:
+            self.machine.report_bug("free_pages_check", f"Bad page state pfn {pfn:#x}: "
+                                    f"pincount {self.pages[p + _PIN]} mapcount "
+                                    f"{self.pages[p + _MAP]}")
+        self.pages[p + _REF] = 0
+        base = pfn << self.page_shift
+        for i in range(1 << order):
+            off = base + (i << self.page_shift)
+            self.ram[off:off + self.page_size] = self._poison
+        while order < MAX_ORDER:
+            buddy = pfn ^ (1 << order)
+            if buddy not in self.free_area[order]:
+                break
+            self._del_free(buddy, order)
+            pfn = min(pfn, buddy)
+            order += 1
+        self._add_free(pfn, order)
+
+    def owner_of(self, pfn: int) -> tuple[int, str, str] | None:
+        """(head pfn, owner, where) of the allocated block containing pfn."""
+        for order in range(MAX_ORDER + 1):
+            head = pfn & ~((1 << order) - 1)
+            rec = self.allocated.get(head)
+            if rec and rec[0] >= order and pfn < head + (1 << rec[0]):
+                return head, rec[1], rec[2]
+        return None
+
+
+def _caller() -> str:
+    """file:line of the first frame outside the allocator, for leak reports."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename == __file__:
+        f = f.f_back
+    if f is None:
+        return "?"
+    return f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}"
+
+
+def _zone() -> zone:
+    from kernel_model.current import current
+    return current().machine.zone
+
+
+def alloc_pages(gfp: int, order: int, owner: str = "kernel") -> page:
+    """Mirrors alloc_pages(): 2^order pages from the current machine, refcount 1.
+
+    `owner` (EMU) tags the block so the leak check can say who allocated it.
+    """
+    return _zone().alloc(gfp, order, owner)
+
+
+def __free_pages(pg: page, order: int) -> None:
+    """Mirrors __free_pages(): drop a reference; free the block when it was the last."""
+    put_page(pg, order)
+
+
+def get_page(pg: page) -> None:
+    """Mirrors get_page(): take a reference on a page that already has one."""
+    if pg._refcount <= 0:
+        pg.zone.machine.report_bug("get_page", f"reference taken on free pfn {pg.pfn:#x}")
+    pg._refcount += 1
+
+
+def put_page(pg: page, order: int = 0) -> None:
+    """Mirrors put_page(): drop a reference and free the page when it reaches 0."""
+    ref = pg._refcount
+    if ref <= 0:
+        pg.zone.machine.report_bug("put_page", f"refcount underflow on pfn {pg.pfn:#x}")
+        return
+    pg._refcount = ref - 1
+    if ref == 1:
+        pg.zone.free(pg.pfn, order)
+
+
+def page_ref_count(pg: page) -> int:
+    """Mirrors page_ref_count()."""
+    return pg._refcount
+
+
+def page_maybe_dma_pinned(pg: page) -> bool:
+    """Mirrors folio_maybe_dma_pinned() (exact here: pins are counted apart)."""
+    return pg._pincount > 0
+
+
+def page_to_pfn(pg: page) -> int:
+    """Mirrors page_to_pfn()."""
+    return pg.pfn
+
+
+def page_to_phys(pg: page) -> int:
+    """Mirrors page_to_phys()."""
+    return pg.pfn << pg.zone.page_shift

@@ -1,0 +1,137 @@
+"""Process: a user program's view of the machine - system calls and a CPU.
+
+Emulator-level (CapWords).  A Process owns one task_struct with its own mm
+and fd table.  Its methods are the only things user code may do to the
+kernel: the system calls (returning -errno like the raw syscall) and plain
+loads and stores to its own virtual memory, which go through its page tables
+like the MMU - faulting pages in, hitting MMIO for a mapped device page, and
+raising SegmentationFault (SIGSEGV) where the real CPU would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernel_model import syscalls
+from kernel_model.current import running
+from kernel_model.fs import files_struct
+from kernel_model.mm import MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, mm_struct
+from kernel_model.task import (
+    CAP_IPC_LOCK,
+    INR_OPEN_CUR,
+    MLOCK_LIMIT,
+    RLIMIT_MEMLOCK,
+    RLIMIT_NOFILE,
+    cred,
+    task_struct,
+)
+
+if TYPE_CHECKING:
+    from kernel_model.machine import Machine
+
+
+class SegmentationFault(Exception):
+    """SIGSEGV: a user access the MMU and the fault handler could not satisfy."""
+
+
+class Process:
+    """A user process on a Machine.  See the module docstring."""
+
+    def __init__(self, machine: Machine, comm: str, *, rlimit_memlock: int | None = None,
+                 cap_ipc_lock: bool = False, uid: int = 1000):
+        self.machine = machine
+        pid = machine.alloc_pid()
+        memlock = MLOCK_LIMIT if rlimit_memlock is None else rlimit_memlock
+        caps = 1 << CAP_IPC_LOCK if cap_ipc_lock else 0
+        mm = mm_struct(machine, pid)
+        self.task = task_struct(machine, pid, comm, mm, files_struct(INR_OPEN_CUR),
+                                cred(uid, caps),
+                                {RLIMIT_MEMLOCK: [memlock, memlock],
+                                 RLIMIT_NOFILE: [INR_OPEN_CUR, INR_OPEN_CUR]})
+        machine.tasks[pid] = self.task
+
+    def __repr__(self) -> str:
+        return f"Process {self.pid} {self.task.comm} on {self.machine.name}"
+
+    @property
+    def pid(self) -> int:
+        return self.task.pid
+
+    @property
+    def mm(self) -> mm_struct | None:
+        return self.task.mm
+
+    @property
+    def alive(self) -> bool:
+        return self.task.exit_code is None
+
+    def kernel(self):
+        """Run kernel code as this process (a context manager entering current)."""
+        return running(self.task)
+
+    # -- system calls: return value or -errno, like syscall(2) ---------------
+    def _sys(self, fn, *args):
+        if not self.alive:
+            raise RuntimeError(f"{self} has exited")
+        with running(self.task):
+            return fn(*args)
+
+    def open(self, path: str, flags: int = 2) -> int:
+        return self._sys(syscalls.sys_open, path, flags)
+
+    def close(self, fd: int) -> int:
+        return self._sys(syscalls.sys_close, fd)
+
+    def read(self, fd: int, buf: int, count: int) -> int:
+        return self._sys(syscalls.sys_read, fd, buf, count)
+
+    def write(self, fd: int, buf: int, count: int) -> int:
+        return self._sys(syscalls.sys_write, fd, buf, count)
+
+    def ioctl(self, fd: int, cmd: int, arg: int = 0) -> int:
+        return self._sys(syscalls.sys_ioctl, fd, cmd, arg)
+
+    def mmap(self, addr: int, length: int, prot: int = PROT_READ | PROT_WRITE,
+             flags: int = MAP_PRIVATE | MAP_ANONYMOUS, fd: int = -1, offset: int = 0) -> int:
+        return self._sys(syscalls.sys_mmap, addr, length, prot, flags, fd, offset)
+
+    def munmap(self, addr: int, length: int) -> int:
+        return self._sys(syscalls.sys_munmap, addr, length)
+
+    def exit(self, code: int = 0) -> None:
+        self._sys(syscalls.sys_exit, code)
+
+    # -- the CPU: loads and stores through the page tables ---------------------
+    def _access(self, va: int, n: int, write: bool, chunk) -> None:
+        from kernel_model.memory import access_vm
+        if not self.alive:
+            raise RuntimeError(f"{self} has exited")
+        with running(self.task):
+            if va < 0 or va + n > self.task.mm.task_size:
+                raise SegmentationFault(f"pid {self.pid}: access at {va:#x} beyond TASK_SIZE")
+            done = access_vm(self.task.mm, va, n, write, chunk)
+        if done < n:
+            kind = "write" if write else "read"
+            raise SegmentationFault(f"pid {self.pid}: {kind} at {va + done:#x} "
+                                    f"({n} bytes from {va:#x})")
+
+    def load(self, va: int, n: int) -> bytes:
+        """Read n bytes at va as the program's CPU would."""
+        out = bytearray(n)
+        m = self.machine
+
+        def chunk(phys: int, off: int, k: int) -> None:
+            out[off:off + k] = m.phys_read(phys, k)
+
+        self._access(va, n, False, chunk)
+        return bytes(out)
+
+    def store(self, va: int, data: bytes) -> None:
+        """Write data at va as the program's CPU would (MMIO pages reach the device)."""
+        src = memoryview(bytes(data))
+        m = self.machine
+
+        def chunk(phys: int, off: int, k: int) -> None:
+            m.phys_write(phys, src[off:off + k])
+
+        self._access(va, len(src), True, chunk)

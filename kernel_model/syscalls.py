@@ -1,0 +1,114 @@
+"""Mirrors the system-call entry points (fs/open.c, fs/read_write.c, fs/ioctl.c,
+mm/mmap.c, kernel/exit.c): the one door from userspace into the kernel.
+
+Each sys_* runs in the calling task's context (current), calls into the
+kernel, and turns a KernelError into -errno, as the syscall return path
+does.  Userspace (userspace/) never imports drivers: everything it does to
+the kernel goes through here.  Buffers are user addresses; the kernel side
+reads and writes them with copy_from_user / copy_to_user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+
+from kernel_model.current import current
+from kernel_model.errno import EBADF, EINVAL, ENOTTY, KernelError
+from kernel_model.fs import do_filp_open, fput
+from kernel_model.mm import MAP_ANONYMOUS, do_mmap, do_munmap
+
+
+def syscall(fn: Callable[..., int]) -> Callable[..., int]:
+    """Run fn; a KernelError becomes -errno (the syscall exit path)."""
+
+    @wraps(fn)
+    def entry(*args: object) -> int:
+        try:
+            return fn(*args)
+        except KernelError as e:
+            current().last_error = e  # what the last failing call said, for diagnostics
+            return -e.errno
+
+    return entry
+
+
+@syscall
+def sys_open(path: str, flags: int) -> int:
+    """open(2) of a device node: a new fd or -errno."""
+    files = current().files
+    fd = files.alloc_fd()
+    f = do_filp_open(path, flags)
+    files.fd_install(fd, f)
+    return fd
+
+
+@syscall
+def sys_close(fd: int) -> int:
+    """close(2)."""
+    current().files.close_fd(fd)
+    return 0
+
+
+def _with_file(fd: int, body: Callable[[object], int]) -> int:
+    f = current().files.fget(fd)
+    try:
+        return body(f)
+    finally:
+        fput(f)
+
+
+@syscall
+def sys_write(fd: int, buf: int, count: int) -> int:
+    """write(2): the driver's ->write reads `count` bytes at user address buf."""
+    def body(f) -> int:
+        if f.f_op.write is None:
+            raise KernelError(EINVAL, "vfs_write: file has no write operation")
+        return f.f_op.write(f, buf, count)
+    return _with_file(fd, body)
+
+
+@syscall
+def sys_read(fd: int, buf: int, count: int) -> int:
+    """read(2): the driver's ->read fills user address buf."""
+    def body(f) -> int:
+        if f.f_op.read is None:
+            raise KernelError(EINVAL, "vfs_read: file has no read operation")
+        return f.f_op.read(f, buf, count)
+    return _with_file(fd, body)
+
+
+@syscall
+def sys_ioctl(fd: int, cmd: int, arg: int) -> int:
+    """ioctl(2): ->unlocked_ioctl, ENOTTY when the file has none."""
+    def body(f) -> int:
+        if f.f_op.unlocked_ioctl is None:
+            raise KernelError(ENOTTY, "vfs_ioctl: file has no ioctl operation")
+        return f.f_op.unlocked_ioctl(f, cmd, arg)
+    return _with_file(fd, body)
+
+
+@syscall
+def sys_mmap(addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
+    """mmap(2): the new mapping's address, or -errno."""
+    t = current()
+    if offset % t.machine.page_size:
+        raise KernelError(EINVAL, "ksys_mmap_pgoff: offset not page aligned")
+    pgoff = offset >> t.machine.page_shift
+    if flags & MAP_ANONYMOUS:
+        return do_mmap(t.mm, None, addr, length, prot, flags, pgoff)
+    if fd < 0:
+        raise KernelError(EBADF, "ksys_mmap_pgoff: bad file descriptor")
+    return _with_file(fd, lambda f: do_mmap(t.mm, f, addr, length, prot, flags, pgoff))
+
+
+@syscall
+def sys_munmap(addr: int, length: int) -> int:
+    """munmap(2)."""
+    do_munmap(current().mm, addr, length)
+    return 0
+
+
+def sys_exit(code: int) -> None:
+    """exit(2): never fails, never returns to the caller's program."""
+    current().do_exit(code)

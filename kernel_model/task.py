@@ -1,0 +1,106 @@
+"""Mirrors include/linux/sched.h, include/linux/cred.h and kernel/exit.c.
+
+A task_struct is what `current` points to: its machine, mm, open files,
+credentials and resource limits.  do_exit() tears a task down in the
+kernel's order: exit_mm() first (the last mmput unmaps everything - pinned
+pages survive, held by their pins), then exit_files(), which closes the fd
+table in fd order.  So a test chooses which file is released first (say the
+GPU's or the uverbs file) by the order it opened them.
+
+EMU: since v5.x the last fput of a file at exit runs from task_work, whose
+order the kernel does not promise; we release in fd order so the order is
+the test's to choose and the same every run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernel_model.current import current, running
+
+if TYPE_CHECKING:
+    from kernel_model.fs import files_struct
+    from kernel_model.machine import Machine
+    from kernel_model.mm import mm_struct
+
+RLIMIT_NOFILE = 7
+RLIMIT_MEMLOCK = 8
+RLIM_INFINITY = (1 << 64) - 1
+MLOCK_LIMIT = 8 << 20  # include/uapi/linux/resource.h default since 5.16
+INR_OPEN_CUR = 1024
+
+CAP_IPC_LOCK = 14
+CAP_SYS_RAWIO = 17
+CAP_SYS_ADMIN = 21
+
+PF_EXITING = 0x00000004
+PF_KTHREAD = 0x00200000
+
+
+class cred:
+    """Mirrors struct cred: ids and the effective capability set."""
+
+    def __init__(self, uid: int = 0, caps: int = 0):
+        self.uid = self.euid = uid
+        self.cap_effective = caps
+
+    def __repr__(self) -> str:
+        return f"cred uid={self.uid} caps={self.cap_effective:#x}"
+
+
+class task_struct:
+    """Mirrors struct task_struct (the parts this model uses)."""
+
+    def __init__(self, machine: Machine, pid: int, comm: str, mm: mm_struct | None,
+                 files: files_struct | None, cred_: cred, rlim: dict[int, list[int]],
+                 flags: int = 0):
+        self.machine = machine
+        self.pid = pid
+        self.comm = comm
+        self.mm = mm
+        self.files = files
+        self.cred = cred_
+        self.rlim = rlim  # signal->rlim: resource -> [cur, max]
+        self.flags = flags
+        self.exit_code: int | None = None
+        self.last_error = None  # the KernelError behind the last -errno (diagnostics)
+
+    def __repr__(self) -> str:
+        state = "running" if self.exit_code is None else f"exited({self.exit_code})"
+        return f"task {self.pid} {self.comm} {state}"
+
+    def do_exit(self, code: int) -> None:
+        """Mirrors do_exit(): exit_mm(), then exit_files() in fd order."""
+        from kernel_model.mm import mmput
+        with running(self):
+            self.flags |= PF_EXITING
+            mm, self.mm = self.mm, None
+            if mm is not None:
+                mmput(mm)  # exit_mm()
+            files, self.files = self.files, None
+            if files is not None:
+                files.close_all()  # exit_files()
+            self.exit_code = code
+            self.machine.tasks.pop(self.pid, None)
+
+
+def init_task(machine: Machine) -> task_struct:
+    """Mirrors init_task (pid 0, "swapper"): the context boot and module init run in."""
+    return task_struct(machine, 0, "swapper", None, None, cred(0, ~0 & ((1 << 41) - 1)),
+                       {RLIMIT_MEMLOCK: [MLOCK_LIMIT, MLOCK_LIMIT],
+                        RLIMIT_NOFILE: [INR_OPEN_CUR, INR_OPEN_CUR]}, PF_KTHREAD)
+
+
+def capable(cap: int) -> bool:
+    """Mirrors capable(): does current hold `cap` in its effective set?"""
+    return bool(current().cred.cap_effective >> cap & 1)
+
+
+def rlimit(resource: int) -> int:
+    """Mirrors rlimit(): current's soft limit."""
+    return current().rlim[resource][0]
+
+
+def can_do_mlock() -> bool:
+    """Mirrors can_do_mlock(): a non-zero RLIMIT_MEMLOCK or CAP_IPC_LOCK."""
+    return rlimit(RLIMIT_MEMLOCK) != 0 or capable(CAP_IPC_LOCK)

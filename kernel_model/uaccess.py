@@ -1,0 +1,76 @@
+"""Mirrors include/linux/uaccess.h: the only way kernel code touches user memory.
+
+copy_from_user()/copy_to_user() return the number of bytes NOT copied, as the
+kernel's do; callers turn a non-zero result into -EFAULT.  Pages not yet
+present are faulted in (the exception-table path of the real copy), and a
+copy stops at the first page that has no VMA or forbids the access.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from kernel_model.current import current
+from kernel_model.errno import EFAULT, KernelError
+
+
+def access_ok(addr: int, size: int) -> bool:
+    """Mirrors access_ok(): the range lies below TASK_SIZE."""
+    mm = current().mm
+    limit = mm.task_size if mm is not None else 0
+    return addr >= 0 and size >= 0 and addr + size <= limit
+
+
+def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
+    """Mirrors copy_from_user(): user bytes into a kernel buffer; returns bytes left."""
+    from kernel_model.memory import access_vm
+    if n == 0:
+        return 0
+    if not access_ok(from_, n):
+        return n
+    t = current()
+    dst = memoryview(to)
+    read = t.machine.phys_read
+    m = t.machine
+
+    def chunk(phys: int, off: int, k: int) -> None:
+        if phys + k <= m.ram_size:
+            dst[off:off + k] = m.mem.ram[phys:phys + k]
+        else:
+            dst[off:off + k] = read(phys, k)
+
+    return n - access_vm(t.mm, from_, n, False, chunk)
+
+
+def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
+    """Mirrors copy_to_user(): kernel bytes into user memory; returns bytes left."""
+    from kernel_model.memory import access_vm
+    if n == 0:
+        return 0
+    if not access_ok(to, n):
+        return n
+    t = current()
+    src = memoryview(from_)
+    m = t.machine
+
+    def chunk(phys: int, off: int, k: int) -> None:
+        if phys + k <= m.ram_size:
+            m.mem.ram[phys:phys + k] = src[off:off + k]
+        else:
+            m.phys_write(phys, bytes(src[off:off + k]))
+
+    return n - access_vm(t.mm, to, n, True, chunk)
+
+
+def get_user_u64(addr: int) -> int:
+    """get_user() of a u64; KernelError(EFAULT) on failure."""
+    buf = bytearray(8)
+    if copy_from_user(buf, addr, 8):
+        raise KernelError(EFAULT, f"get_user: fault at {addr:#x}")
+    return struct.unpack("<Q", buf)[0]
+
+
+def put_user_u64(value: int, addr: int) -> None:
+    """put_user() of a u64; KernelError(EFAULT) on failure."""
+    if copy_to_user(addr, struct.pack("<Q", value), 8):
+        raise KernelError(EFAULT, f"put_user: fault at {addr:#x}")
