@@ -23,6 +23,9 @@ try:
 except ImportError:  # pragma: no cover - only when the build was skipped
     ffi = lib = None
 
+_alloc = ffi.new if ffi is not None else None
+_alloc_noclear = ffi.new_allocator(should_clear_after_alloc=False) if ffi is not None else None
+
 __all__ = ["U64Array", "MemCtx", "backend", "default_backend_name", "UnpinUnderflow"]
 
 PTE_PRESENT = 1 << 0
@@ -49,11 +52,17 @@ class U64Array:
 
     __slots__ = ("buf", "view", "ptr", "n")
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, zero: bool = True):
+        """n entries, zeroed unless zero=False (for arrays about to be filled:
+        skipping the clear saves a pass over megabytes on the 1 GiB paths)."""
         self.n = n
-        self.buf = bytearray(8 * max(n, 1))
+        if ffi is None:
+            self.buf = bytearray(8 * max(n, 1))
+            self.ptr = None
+        else:
+            self.ptr = (_alloc if zero else _alloc_noclear)("uint64_t[]", max(n, 1))
+            self.buf = ffi.buffer(self.ptr)
         self.view = memoryview(self.buf).cast("Q")
-        self.ptr = ffi.from_buffer("uint64_t[]", self.buf) if ffi is not None else None
 
     def __len__(self) -> int:
         return self.n
@@ -147,17 +156,30 @@ class _Backend:
 
     def sg_append(self, page_shift: int, pfns: U64Array, off: int, n: int, offset: int,
                   size: int, max_seg: int, sg_pfn: U64Array, sg_off: U64Array,
-                  sg_len: U64Array, nents: int) -> int:
+                  sg_len: U64Array, nents: int, count_only: bool = False) -> int:
+        """Coalesce n PFNs onto an sg table of nents entries; the new entry count.
+
+        count_only: write nothing, return how many entries the batch would add
+        (the kernel's counting pass; size the table with it before filling).
+        A fill that would overflow the arrays raises ValueError, having written
+        nothing past them.
+        """
         _check(pfns, off, n, "pfns")
         for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len")):
-            _check(arr, 0, nents + n, name)
+            _check(arr, 0, nents, name)
         if max_seg < (1 << page_shift):
             raise ValueError("max_seg below one page")
+        cap = min(sg_pfn.n, sg_off.n, sg_len.n)
         if self.name == "python":
-            return twins.sg_append(page_shift, pfns.view[off:], n, offset, size, max_seg,
-                                   sg_pfn.view, sg_off.view, sg_len.view, nents)
-        return lib.pm_sg_append(page_shift, pfns.ptr + off, n, offset, size, max_seg,
-                                sg_pfn.ptr, sg_off.ptr, sg_len.ptr, nents)
+            r = twins.sg_append(page_shift, pfns.view[off:], n, offset, size, max_seg,
+                                sg_pfn.view, sg_off.view, sg_len.view, nents, cap, count_only)
+        else:
+            r = lib.pm_sg_append(page_shift, pfns.ptr + off, n, offset, size, max_seg,
+                                 sg_pfn.ptr, sg_off.ptr, sg_len.ptr, nents, cap,
+                                 int(count_only))
+        if r < 0:
+            raise ValueError(f"sg_append: table of {cap} entries too small")
+        return r
 
     def dma_map_direct(self, page_shift: int, sg_pfn: U64Array, sg_off: U64Array,
                        sg_len: U64Array, n: int, dma_mask: int, dma_addr: U64Array,

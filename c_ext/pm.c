@@ -122,30 +122,39 @@ bad:
  * sg_alloc_append_table_from_pages(): first extend the previous entry (if
  * any) while the new pages follow it physically, then cut the rest into
  * chunks of consecutive PFNs no longer than max_seg.  Returns the new count.
- * The caller guarantees room for nents + n entries and max_seg >= page.
+ * With count_only nothing is written: it returns how many entries the batch
+ * would add (the kernel's counting pass, so the table is sized before filling).
+ * Writing stops with -1 if the entries would not fit in cap (the caller
+ * sizes the table with the counting pass first); max_seg must be >= a page.
  */
 long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 		  uint64_t offset, uint64_t size, uint64_t max_seg,
 		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,
-		  long nents)
+		  long nents, long cap, int count_only)
 {
 	uint64_t psize = 1ull << page_shift;
 	long i = 0;
+
+	uint64_t prv_len = 0;
+	long added = 0;
 
 	if (nents > 0 && n > 0) {
 		long prv = nents - 1;
 		uint64_t next_pfn = ((sg_pfn[prv] << page_shift) + sg_off[prv] +
 				     sg_len[prv]) >> page_shift;
 
+		prv_len = sg_len[prv];
 		if (pfns[0] == next_pfn) {
 			uint64_t last = next_pfn - 1;
 
 			while (i < n && pfns[i] == last + 1) {
-				if (sg_len[prv] + psize > max_seg)
+				if (prv_len + psize > max_seg)
 					break;
-				sg_len[prv] += psize;
+				prv_len += psize;
 				last = pfns[i++];
 			}
+			if (!count_only)
+				sg_len[prv] = prv_len;
 		}
 	}
 	while (i < n) {
@@ -158,15 +167,19 @@ long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 				break;
 		}
 		chunk = ((uint64_t)(j - i) << page_shift) - offset;
-		sg_pfn[nents] = pfns[i];
-		sg_off[nents] = offset;
-		sg_len[nents] = size < chunk ? size : chunk;
-		nents++;
+		if (!count_only) {
+			if (nents + added >= cap)
+				return -1;
+			sg_pfn[nents + added] = pfns[i];
+			sg_off[nents + added] = offset;
+			sg_len[nents + added] = size < chunk ? size : chunk;
+		}
+		added++;
 		size = size > chunk ? size - chunk : 0;
 		offset = 0;
 		i = j;
 	}
-	return nents;
+	return count_only ? added : nents + added;
 }
 
 /*

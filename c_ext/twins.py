@@ -78,20 +78,26 @@ def unpin(mem, pfns, counts, n, dirty, freed):
     return nfreed, 0
 
 
-def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len, nents):
+def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len, nents, cap,
+              count_only):
+    """count_only: only count the entries the batch would add (see pm.c)."""
     psize = 1 << page_shift
     i = 0
+    added = 0
     if nents > 0 and n > 0:
         prv = nents - 1
         next_pfn = ((sg_pfn[prv] << page_shift) + sg_off[prv] + sg_len[prv]) >> page_shift
+        prv_len = sg_len[prv]
         if pfns[0] == next_pfn:
             last = next_pfn - 1
             while i < n and pfns[i] == last + 1:
-                if sg_len[prv] + psize > max_seg:
+                if prv_len + psize > max_seg:
                     break
-                sg_len[prv] += psize
+                prv_len += psize
                 last = pfns[i]
                 i += 1
+            if not count_only:
+                sg_len[prv] = prv_len
     while i < n:
         j = i + 1
         seg = 0
@@ -101,14 +107,17 @@ def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len
                 break
             j += 1
         chunk = ((j - i) << page_shift) - offset
-        sg_pfn[nents] = pfns[i]
-        sg_off[nents] = offset
-        sg_len[nents] = min(size, chunk)
-        nents += 1
+        if not count_only:
+            if nents + added >= cap:
+                return -1
+            sg_pfn[nents + added] = pfns[i]
+            sg_off[nents + added] = offset
+            sg_len[nents + added] = min(size, chunk)
+        added += 1
         size = size - chunk if size > chunk else 0
         offset = 0
         i = j
-    return nents
+    return added if count_only else nents + added
 
 
 def dma_map_direct(page_shift, sg_pfn, sg_off, sg_len, n, dma_mask, dma_addr, dma_len):

@@ -19,6 +19,7 @@ import attrs
 
 from kernel_model.current import current
 from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelError
+from kernel_model.module import module_put, try_module_get
 
 FMODE_READ = 0x1
 FMODE_WRITE = 0x2
@@ -112,8 +113,10 @@ def fput(f: file) -> None:
         current().machine.report_bug("fput", f"{f} put below zero")
         return
     f.f_count -= 1
-    if f.f_count == 0 and f.f_op.release is not None:
-        f.f_op.release(f.f_inode, f)
+    if f.f_count == 0:  # __fput()
+        if f.f_op.release is not None:
+            f.f_op.release(f.f_inode, f)
+        module_put(f.f_op.owner)
 
 
 def do_filp_open(path: str, flags: int) -> file:
@@ -126,8 +129,13 @@ def do_filp_open(path: str, flags: int) -> file:
         FMODE_WRITE if acc in (O_WRONLY, O_RDWR) else 0)
     ino = inode(cd)
     f = file(cd.ops, path, ino, flags, mode)
+    try_module_get(cd.ops.owner)  # fops_get(): the driver stays loaded while open
     if cd.ops.open is not None:
-        cd.ops.open(ino, f)  # an error leaves nothing behind: f was never installed
+        try:
+            cd.ops.open(ino, f)
+        except KernelError:
+            module_put(cd.ops.owner)  # f was never installed: nothing else to undo
+            raise
     return f
 
 

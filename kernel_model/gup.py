@@ -123,6 +123,22 @@ def pin_user_pages_fast(start: int, nr_pages: int, gup_flags: int, pages: U64Arr
     return _pin_pages(mm, start, nr_pages, gup_flags | FOLL_PIN, pages, pages_off)
 
 
+def pin_user_pages(start: int, nr_pages: int, gup_flags: int, pages: U64Array,
+                   pages_off: int = 0) -> int:
+    """Mirrors pin_user_pages(): the slow path only (__gup_longterm_locked), under mmap_lock."""
+    mm = current().mm
+    if mm is None:
+        raise KernelError(EFAULT, "pin_user_pages: kernel thread has no mm")
+    if nr_pages <= 0:
+        return 0
+    if pages_off < 0 or pages_off + nr_pages > len(pages):
+        raise KernelError(EINVAL, "pin_user_pages: pages array too small")
+    nr = __get_user_pages(mm, start & ~(mm.machine.page_size - 1), nr_pages,
+                          gup_flags | FOLL_PIN, pages, pages_off)
+    mm.machine.vmstat["nr_foll_pin_acquired"] += nr
+    return nr
+
+
 def pin_user_pages_remote(mm: mm_struct, start: int, nr_pages: int, gup_flags: int,
                           pages: U64Array, pages_off: int = 0) -> int:
     """Mirrors pin_user_pages_remote(): the same, for another process's mm."""
@@ -162,7 +178,9 @@ def _pin_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int, pages: 
 def _unpin(m, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool) -> None:
     from c_ext import UnpinUnderflow
     total = n if counts is None else sum(counts.view[:n])
-    freed = U64Array(total)
+    freed = getattr(m, "_unpin_scratch", None)  # reused: a 1 GiB unpin needs 2 MiB of it
+    if freed is None or freed.n < total:
+        freed = m._unpin_scratch = U64Array(total, zero=False)
     try:
         nfreed = m.ops.unpin(m.mem, pfns, counts, n, dirty, freed)
     except UnpinUnderflow as e:

@@ -70,7 +70,7 @@ class MmioRegion:
 class Machine:
     """One host.  See the module docstring."""
 
-    _ids = itertools.count()
+    next_serial = 0  # the serial the next Machine gets (the leak fixture reads it)
 
     def __init__(self, ram_size: int = 4 * GiB, page_size: int = 4096,
                  backend: str | None = None, iommu: str = "identity", name: str | None = None,
@@ -81,7 +81,9 @@ class Machine:
             raise ValueError("Machine: ram_size must be a multiple of page_size, >= 16 pages")
         if iommu not in ("identity", "translating"):
             raise ValueError("Machine: iommu must be 'identity' or 'translating'")
-        self.name = name or f"host{next(self._ids)}"
+        self.serial = Machine.next_serial
+        Machine.next_serial += 1
+        self.name = name or f"host{self.serial}"
         self.page_size = page_size
         self.page_shift = page_size.bit_length() - 1
         self.ram_size = ram_size
@@ -115,6 +117,7 @@ class Machine:
         self.mms: weakref.WeakSet = weakref.WeakSet()
         self.init_task = init_task(self)
         self._shut_down = False
+        self.modules: dict = {}  # name -> kernel_model.module.module, load order
         live_machines.add(self)
 
     def __repr__(self) -> str:
@@ -192,11 +195,22 @@ class Machine:
             raise KernelBug(text)
 
     def shutdown(self) -> None:
-        """Exit every process (fds and mm released as do_exit does)."""
+        """Exit every process (as do_exit does), then unload modules newest first."""
+        from kernel_model.module import unload_all
         for task in list(self.tasks.values()):
-            if task.mm is not None or task.files is not None:
-                task.do_exit(0)
+            task.do_exit(0)
+        unload_all(self)
         self._shut_down = True
+
+    def load_module(self, name: str, **params):
+        """insmod: run the named module's module_init (see kernel_model.module)."""
+        from kernel_model.module import load_module
+        return load_module(self, name, **params)
+
+    def unload_module(self, name: str) -> None:
+        """rmmod: EBUSY while in use."""
+        from kernel_model.module import delete_module
+        delete_module(self, name)
 
     def check_leaks(self, shutdown: bool = True) -> None:
         """Shut down, then raise LeakError naming every page, pin, mm or object still held."""

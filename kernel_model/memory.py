@@ -26,7 +26,7 @@ from kernel_model.mm import (
     VM_WRITE,
     vm_area_struct,
 )
-from kernel_model.page_alloc import GFP_HIGHUSER_MOVABLE, PG_anon, __GFP_ZERO, page, put_page
+from kernel_model.page_alloc import __GFP_ZERO, GFP_HIGHUSER_MOVABLE, PG_anon, page, put_page
 from kernel_model.pgtable import (
     _PAGE_DIRTY,
     _PAGE_PRESENT,
@@ -68,11 +68,19 @@ def handle_mm_fault(vma: vm_area_struct, address: int, flags: int) -> int:
     mm = vma.vm_mm
     ps = mm.machine.page_size
     address &= ~(ps - 1)
-    slot = mm.pgtable.pte_slot(address, True)
+    try:
+        slot = mm.pgtable.pte_slot(address, True)
+    except KernelError:
+        return VM_FAULT_OOM  # __handle_mm_fault: a pud/pmd/pte_alloc failed
     pte = mm.pgtable.ram_q[slot >> 3]
     if pte & _PAGE_PRESENT:
-        if flags & FAULT_FLAG_WRITE and not pte & _PAGE_RW and vma.vm_flags & VM_WRITE:
-            mm.pgtable.set(slot, pte | _PAGE_RW | _PAGE_DIRTY)  # do_wp_page, no COW here
+        if flags & FAULT_FLAG_WRITE and not pte & _PAGE_RW:
+            # do_wp_page() -> wp_page_reuse(): pte_mkdirty(), and maybe_mkwrite() adds
+            # RW only in a VM_WRITE vma, so a FOLL_FORCE write to a present page of a
+            # read-only private mapping leaves it dirty, which gup then follows.
+            # EMU: no COW; the (exclusive, anonymous) page is reused in place.
+            rw = _PAGE_RW if vma.vm_flags & VM_WRITE else 0
+            mm.pgtable.set(slot, pte | rw | _PAGE_DIRTY)
         return 0
     if vma.vm_ops is not None and vma.vm_ops.fault is not None:
         return vma.vm_ops.fault(vm_fault(vma, address, flags))

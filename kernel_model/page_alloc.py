@@ -96,14 +96,21 @@ class zone:
 
     # -- boot: memblock_free_all() hands every usable range to the buddy lists
     def free_boot_range(self, start: int, end: int) -> None:
-        """Free [start, end) as the largest naturally aligned blocks."""
+        """Free [start, end) as the largest naturally aligned blocks.
+
+        Blocks are added highest first so that the LIFO free lists hand out low
+        addresses first, in ascending order, as a freshly booted kernel does.
+        """
+        blocks = []
         pfn = start
         while pfn < end:
             order = MAX_ORDER
             while order and (pfn & ((1 << order) - 1) or pfn + (1 << order) > end):
                 order -= 1
-            self._add_free(pfn, order)
+            blocks.append((pfn, order))
             pfn += 1 << order
+        for pfn, order in reversed(blocks):
+            self._add_free(pfn, order)
 
     def _add_free(self, pfn: int, order: int) -> None:
         self.free_area[order][pfn] = None

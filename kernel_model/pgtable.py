@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from c_ext import PTE_ADDR_MASK
-from kernel_model.page_alloc import GFP_KERNEL, PG_pgtable, __GFP_ZERO
+from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, PG_pgtable
 
 if TYPE_CHECKING:
     from kernel_model.mm import mm_struct

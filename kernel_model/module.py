@@ -1,0 +1,106 @@
+"""Mirrors kernel/module/main.c: loading and unloading modules by name.
+
+A module is a Python module under drivers/ or peermem_clients/ (or any
+importable name) defining `module_init()` and, optionally, `module_exit()`,
+the two ends of module_init()/module_exit().  Loading runs init in the
+machine's init task context and keeps the module's state per machine; a
+module's refcount (try_module_get from open files) makes unloading fail with
+EBUSY, as delete_module does.
+
+Names are resolved at run time (importlib), as modprobe finds a .ko, so the
+code that asks for a module - a CLI, a test - never imports drivers itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kernel_model.current import running
+from kernel_model.errno import EBUSY, EEXIST, ENOENT, KernelError
+
+if TYPE_CHECKING:
+    from kernel_model.machine import Machine
+
+SEARCH_PATH = ("drivers.", "peermem_clients.", "")
+
+
+class module:
+    """Mirrors struct module: name, refcount, and the per-machine instance state."""
+
+    def __init__(self, name: str, code: Any, machine: Machine):
+        self.name = name
+        self.code = code
+        self.machine = machine
+        self.refcnt = 0
+        self.state: Any = None  # what module_init returned: the driver's globals
+
+    def __repr__(self) -> str:
+        return f"module {self.name} refcnt={self.refcnt}"
+
+
+def _find(name: str) -> Any:
+    for prefix in SEARCH_PATH:
+        try:
+            return importlib.import_module(prefix + name)
+        except ModuleNotFoundError as e:
+            if e.name not in (prefix + name, (prefix + name).rsplit(".", 1)[0]):
+                raise
+    raise KernelError(ENOENT, f"request_module: module {name} not found")
+
+
+def load_module(machine: Machine, name: str, **params: Any) -> module:
+    """Mirrors load_module() (insmod/modprobe): import, then run module_init(params)."""
+    mods = machine_modules(machine)
+    if name in mods:
+        raise KernelError(EEXIST, f"load_module: module {name} already loaded")
+    code = _find(name)
+    mod = module(name, code, machine)
+    with running(machine.init_task):
+        mod.state = code.module_init(mod, **params)
+    mods[name] = mod
+    return mod
+
+
+def delete_module(machine: Machine, name: str) -> None:
+    """Mirrors delete_module() (rmmod): EBUSY while in use, else module_exit()."""
+    mods = machine_modules(machine)
+    mod = mods.get(name)
+    if mod is None:
+        raise KernelError(ENOENT, f"delete_module: module {name} not loaded")
+    if mod.refcnt:
+        raise KernelError(EBUSY, f"delete_module: module {name} in use (refcnt {mod.refcnt})")
+    exit_fn = getattr(mod.code, "module_exit", None)
+    with running(machine.init_task):
+        if exit_fn is not None:
+            exit_fn(mod)
+    del mods[name]
+
+
+def try_module_get(mod: module | None) -> bool:
+    """Mirrors try_module_get(): pin a module while its code may run."""
+    if mod is not None:
+        mod.refcnt += 1
+    return True
+
+
+def module_put(mod: module | None) -> None:
+    """Mirrors module_put()."""
+    if mod is not None:
+        if mod.refcnt <= 0:
+            mod.machine.report_bug("module_put", f"{mod} refcount underflow")
+            return
+        mod.refcnt -= 1
+
+
+def machine_modules(machine: Machine) -> dict[str, module]:
+    """The machine's loaded modules, in load order."""
+    if not hasattr(machine, "modules"):
+        machine.modules = {}
+    return machine.modules
+
+
+def unload_all(machine: Machine) -> None:
+    """rmmod everything in reverse load order (machine shutdown)."""
+    for name in reversed(list(machine_modules(machine))):
+        delete_module(machine, name)

@@ -1,0 +1,262 @@
+"""Mirrors drivers/pci (probe.c, setup-res.c, pci.c) and include/linux/pci.h: PCI functions.
+
+A `pci_dev` is one PCI function on the machine's bus: vendor/device IDs, a
+name like "0000:03:00.0", six BAR resources and an embedded `struct device`
+for DMA.  Firmware/pci_assign_resource places each BAR in the MMIO window
+above RAM (Machine.alloc_mmio_window: naturally aligned, never overlapping)
+and the device model decodes it through an MmioRegion with read/write
+callbacks.  `MemoryBar` is a BAR that behaves as plain memory (an NVMe CMB, a
+GPU BAR1 aperture's backing), committed lazily.
+
+Emulator-level pieces (the device model side) are pci_register_bar,
+pci_add_device/pci_remove_device and MemoryBar; the rest mirrors the kernel's
+accessors.
+
+Lock order: none (pci_bus_sem is not modelled; the bus list changes only
+from test or machine setup code).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from kernel_model import dma
+from kernel_model.errno import EEXIST, EINVAL, KernelError
+from kernel_model.machine import MmioRegion
+
+if TYPE_CHECKING:
+    from kernel_model.machine import Machine
+
+PCI_STD_NUM_BARS = 6
+IORESOURCE_MEM = 0x00000200
+IORESOURCE_PREFETCH = 0x00002000
+IORESOURCE_MEM_64 = 0x00100000
+
+
+def PCI_DEVFN(slot: int, func: int) -> int:
+    """Mirrors PCI_DEVFN()."""
+    return ((slot & 0x1F) << 3) | (func & 0x07)
+
+
+def PCI_SLOT(devfn: int) -> int:
+    """Mirrors PCI_SLOT()."""
+    return (devfn >> 3) & 0x1F
+
+
+def PCI_FUNC(devfn: int) -> int:
+    """Mirrors PCI_FUNC()."""
+    return devfn & 0x07
+
+
+class resource:
+    """Mirrors struct resource: [start, end] inclusive, flags, name."""
+
+    def __init__(self, start: int = 0, end: int = 0, flags: int = 0, name: str = ""):
+        self.start, self.end, self.flags, self.name = start, end, flags, name
+
+    def __repr__(self) -> str:
+        return f"resource {self.name} [{self.start:#x}-{self.end:#x}] flags {self.flags:#x}"
+
+
+def resource_size(res: resource) -> int:
+    """Mirrors resource_size(): end - start + 1."""
+    return res.end - res.start + 1
+
+
+class pci_dev:
+    """Mirrors struct pci_dev."""
+
+    def __init__(self, machine: Machine, vendor: int, device: int, bus: int | None = None,
+                 devfn: int = 0, domain: int = 0):
+        self.machine = machine
+        self.vendor = vendor
+        self.device = device
+        self.bus = _next_bus(machine) if bus is None else bus
+        self.devfn = devfn
+        self.name = f"{domain:04x}:{self.bus:02x}:{PCI_SLOT(devfn):02x}.{PCI_FUNC(devfn)}"
+        self.resource = [resource() for _ in range(PCI_STD_NUM_BARS)]
+        self.regions: dict[int, MmioRegion] = {}  # bar -> decoder (device model side)
+        self.dev = dma.device(self.name, machine, bus="pci")
+        # pci_setup_device(): 32-bit DMA masks until the driver's dma_set_mask,
+        # 64 KiB segments, 4 GiB segment boundary
+        self.dev.dma_mask = dma.DMA_BIT_MASK(32)
+        self.dev.coherent_dma_mask = dma.DMA_BIT_MASK(32)
+        self.dev.dma_parms = dma.device_dma_parameters(0x10000, 0xFFFFFFFF)
+        self.enable_cnt = 0
+        self.is_busmaster = False
+        self.is_added = False
+
+    def __repr__(self) -> str:
+        return f"pci {self.name} [{self.vendor:04x}:{self.device:04x}]"
+
+
+def _next_bus(machine: Machine) -> int:
+    """One bus per device, as behind its own root port: the next free bus number."""
+    used = {p.bus for p in _bus_list(machine)}
+    return next(b for b in range(1, 256) if b not in used)
+
+
+def _bus_list(machine: Machine) -> list[pci_dev]:
+    """The machine's bus list (pci_root_buses flattened), created on first use."""
+    devs = getattr(machine, "pci_devices", None)
+    if devs is None:
+        devs = machine.pci_devices = []
+    return devs
+
+
+def for_each_pci_dev(machine: Machine) -> Iterator[pci_dev]:
+    """Mirrors for_each_pci_dev(): every function on the machine's bus, in add order."""
+    yield from list(_bus_list(machine))
+
+
+# -- resources --------------------------------------------------------------
+def pci_resource_start(pdev: pci_dev, bar: int) -> int:
+    """Mirrors pci_resource_start()."""
+    return pdev.resource[bar].start
+
+
+def pci_resource_end(pdev: pci_dev, bar: int) -> int:
+    """Mirrors pci_resource_end()."""
+    return pdev.resource[bar].end
+
+
+def pci_resource_flags(pdev: pci_dev, bar: int) -> int:
+    """Mirrors pci_resource_flags()."""
+    return pdev.resource[bar].flags
+
+
+def pci_resource_len(pdev: pci_dev, bar: int) -> int:
+    """Mirrors pci_resource_len(): 0 for an unassigned BAR."""
+    res = pdev.resource[bar]
+    return resource_size(res) if res.end else 0
+
+
+def pci_register_bar(pdev: pci_dev, bar: int, size: int, read: Callable[[int, int], bytes],
+                     write: Callable[[int, bytes], None], prefetch: bool = False) -> resource:
+    """Give `pdev` a 64-bit memory BAR of `size` bytes decoded by read/write(offset, ...).
+
+    Device-model side (what config space plus pci_assign_resource produce).  A
+    64-bit BAR takes two BAR registers, so `bar + 1` stays empty (pci_read_bases).
+    """
+    if not 0 <= bar < PCI_STD_NUM_BARS - 1 or pdev.resource[bar].flags or (
+            bar and pdev.resource[bar - 1].flags & IORESOURCE_MEM_64):
+        raise KernelError(EINVAL, f"pci_register_bar: {pdev.name}: BAR{bar} unavailable")
+    if pdev.resource[bar + 1].flags:
+        raise KernelError(EINVAL, f"pci_register_bar: {pdev.name}: BAR{bar + 1} in use")
+    start = pdev.machine.alloc_mmio_window(size)
+    flags = IORESOURCE_MEM | IORESOURCE_MEM_64 | (IORESOURCE_PREFETCH if prefetch else 0)
+    res = pdev.resource[bar]
+    res.start, res.end, res.flags, res.name = start, start + size - 1, flags, pdev.name
+    region = MmioRegion(f"{pdev.name} BAR{bar}", start, size, read, write)
+    pdev.regions[bar] = region
+    if pdev.is_added:
+        pdev.machine.register_mmio(region)
+    return res
+
+
+# -- drvdata, enable --------------------------------------------------------
+def pci_set_drvdata(pdev: pci_dev, data: object) -> None:
+    """Mirrors pci_set_drvdata()."""
+    pdev.dev.driver_data = data
+
+
+def pci_get_drvdata(pdev: pci_dev) -> object:
+    """Mirrors pci_get_drvdata()."""
+    return pdev.dev.driver_data
+
+
+def pci_enable_device(pdev: pci_dev) -> int:
+    """Mirrors pci_enable_device(): count enables (memory decoding is always on here)."""
+    pdev.enable_cnt += 1
+    return 0
+
+
+def pci_disable_device(pdev: pci_dev) -> None:
+    """Mirrors pci_disable_device()."""
+    if pdev.enable_cnt <= 0:
+        pdev.machine.report_bug("pci_disable_device", f"{pdev.name}: disabling disabled device")
+        return
+    pdev.enable_cnt -= 1
+    if not pdev.enable_cnt:
+        pdev.is_busmaster = False
+
+
+def pci_set_master(pdev: pci_dev) -> None:
+    """Mirrors pci_set_master(): allow the function to initiate DMA."""
+    pdev.is_busmaster = True
+
+
+def pci_clear_master(pdev: pci_dev) -> None:
+    """Mirrors pci_clear_master()."""
+    pdev.is_busmaster = False
+
+
+# -- the bus ----------------------------------------------------------------
+def pci_add_device(machine: Machine, pdev: pci_dev) -> pci_dev:
+    """Mirrors pci_device_add() + pci_bus_add_device(): put pdev on the bus, decode BARs."""
+    devs = _bus_list(machine)
+    if pdev.machine is not machine or any(p.name == pdev.name for p in devs):
+        raise KernelError(EEXIST, f"pci_device_add: {pdev.name} already on the bus")
+    for region in pdev.regions.values():
+        machine.register_mmio(region)
+    devs.append(pdev)
+    pdev.is_added = True
+    return pdev
+
+
+def pci_remove_device(pdev: pci_dev) -> None:
+    """Mirrors pci_stop_and_remove_bus_device(): stop decoding BARs, leave the bus.
+
+    Live DMA mappings are not torn down: the dma-debug leak check reports them.
+    """
+    if not pdev.is_added:
+        raise KernelError(EINVAL, f"pci_stop_and_remove_bus_device: {pdev.name} not added")
+    for region in pdev.regions.values():
+        pdev.machine.unregister_mmio(region)
+    _bus_list(pdev.machine).remove(pdev)
+    pdev.is_added = False
+
+
+def pci_get_device(machine: Machine, vendor: int, device: int) -> pci_dev | None:
+    """Mirrors pci_get_device(vendor, device, NULL): the first match on the bus.
+
+    # EMU: no reference is taken, so there is no pci_dev_put().
+    """
+    return next((p for p in _bus_list(machine)
+                 if p.vendor == vendor and p.device == device), None)
+
+
+# -- device-model helper ------------------------------------------------------
+class MemoryBar:
+    """A BAR that reads and writes as memory, backed by a lazily committed mapping.
+
+    `buf` is the backing store as the device itself sees it (e.g. GPU memory
+    behind a BAR1 aperture); the host reaches it through machine.phys_read/write.
+    """
+
+    def __init__(self, pdev: pci_dev, bar: int, size: int, prefetch: bool = True):
+        self.pdev, self.bar, self.size = pdev, bar, size
+        self._buf: memoryview | None = None
+        self.res = pci_register_bar(pdev, bar, size, self.read, self.write, prefetch)
+
+    @property
+    def start(self) -> int:
+        return self.res.start
+
+    @property
+    def buf(self) -> memoryview:
+        if self._buf is None:
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
+            self._buf = memoryview(mmap.mmap(-1, self.size, flags=flags))
+        return self._buf
+
+    def read(self, off: int, n: int) -> bytes:
+        return bytes(self.buf[off:off + n])
+
+    def write(self, off: int, data: bytes) -> None:
+        self.buf[off:off + len(data)] = data
+
+    def __repr__(self) -> str:
+        return f"MemoryBar {self.pdev.name} BAR{self.bar} [{self.start:#x}+{self.size:#x}]"

@@ -1,0 +1,66 @@
+"""Shared set-ups for the benchmarks: 1 GiB of faulted anonymous memory.
+
+Building it (faulting 262,144 pages, fragmenting physical memory) takes
+seconds, so each layout is built once per module and both backends share it:
+`machine.ops` is swapped between the C loops and the Python twins, which
+work on the same RAM and mem_map.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from c_ext import U64Array
+from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
+from kernel_model.machine import GiB, Machine
+
+GIB_PAGES = GiB // 4096
+
+
+class Faulted:
+    """A process with `size` bytes of anonymous memory, every page present."""
+
+    def __init__(self, size: int, fragmented: bool):
+        self.machine = m = Machine(ram_size=3 * GiB)
+        self.size = size
+        self.nr_pages = size >> m.page_shift
+        self.holes: list[int] = []
+        if fragmented:
+            # take 2x the pages and give back every other one: the buddy allocator
+            # can no longer hand out two physically adjacent pages
+            # (+2048 pairs so the page-table pages come from the holes too)
+            count = 2 * (self.nr_pages + 2048)
+            taken = [m.zone.alloc(0, 0, "bench fragmenter").pfn for _ in range(count)]
+            for pfn in taken[::2]:
+                m.zone.free(pfn, 0)
+            self.holes = taken[1::2]
+            for pfn in self.holes:
+                m.zone.pages[pfn * 4 + 1] = 1  # keep them referenced until teardown
+        self.proc = p = m.spawn("bench")
+        self.addr = p.mmap(0, size)
+        if not fragmented:
+            # build the page tables first, so table pages don't interleave with data
+            span = m.page_size << (m.page_shift - 3)
+            for va in range(self.addr, self.addr + size, span):
+                p.mm.pgtable.pte_slot(va, True)
+        pages = U64Array(self.nr_pages)
+        with p.kernel():  # fault everything in through gup's slow path, then unpin
+            n = pin_user_pages_fast(self.addr, self.nr_pages, FOLL_WRITE | FOLL_LONGTERM, pages)
+            assert n == self.nr_pages
+            unpin_user_pages(pages, n)
+
+    def teardown(self) -> None:
+        m = self.machine
+        self.proc.exit()
+        for pfn in self.holes:
+            m.zone.pages[pfn * 4 + 1] = 0
+            m.zone.free(pfn, 0)
+        m.check_leaks()
+
+
+@pytest.fixture(scope="module", params=["contiguous", "fragmented"])
+def gib(request):
+    f = Faulted(GiB, request.param == "fragmented")
+    f.layout = request.param
+    yield f
+    f.teardown()

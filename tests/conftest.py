@@ -1,0 +1,31 @@
+"""Suite-wide fixtures: the leak check after every test that builds a Machine.
+
+Every Machine registers itself in kernel_model.machine.live_machines.  After
+each test, each machine built during it is shut down (its processes exit in
+the kernel's order) and must pass check_leaks(): no page, pin, mm or object
+left behind.  A test that deliberately leaves a leak marks the machine with
+`machine.leak_check_expected = False` after asserting on it itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_model.machine import Machine, live_machines
+
+
+@pytest.fixture(autouse=True)
+def _leak_check_every_machine():
+    first = Machine.next_serial
+    yield
+    for m in sorted(live_machines, key=lambda m: m.serial):
+        if m.serial < first or not getattr(m, "leak_check_expected", True):
+            continue
+        m.leak_check_expected = False  # check once, even if the check raises
+        m.check_leaks()
+
+
+@pytest.fixture(params=["c", "python"])
+def backend(request) -> str:
+    """Run a test on the C loops and on their Python twins."""
+    return request.param
