@@ -40,11 +40,15 @@ PAGE_STRUCT_WORDS = 4  # struct page: flags, refcount, pincount, mapcount (int32
 
 
 class UnpinUnderflow(Exception):
-    """An unpin hit a page that holds no pin (the kernel would WARN)."""
+    """An unpin hit a page that holds no pin (the kernel would WARN).
 
-    def __init__(self, pfn: int):
+    `nfreed` pages (the first entries of the freed array) and `done` unpins
+    happened before it; the caller must still account for them.
+    """
+
+    def __init__(self, pfn: int, nfreed: int, done: int):
         super().__init__(f"unpin of pfn {pfn:#x} which holds no pin")
-        self.pfn = pfn
+        self.pfn, self.nfreed, self.done = pfn, nfreed, done
 
 
 class U64Array:
@@ -143,15 +147,15 @@ class _Backend:
             total = sum(counts.view[:n])
         _check(freed, 0, total, "freed")
         if self.name == "python":
-            r, bad = twins.unpin(mem, pfns.view, counts.view if counts else None, n, dirty,
+            r, err = twins.unpin(mem, pfns.view, counts.view if counts else None, n, dirty,
                                  freed.view)
         else:
-            badp = ffi.new("uint64_t *")
+            errp = ffi.new("uint64_t[3]")
             r = lib.pm_unpin(mem.c, pfns.ptr, counts.ptr if counts else ffi.NULL, n,
-                             int(dirty), freed.ptr, badp)
-            bad = badp[0]
+                             int(dirty), freed.ptr, errp)
+            err = tuple(errp)
         if r < 0:
-            raise UnpinUnderflow(bad)
+            raise UnpinUnderflow(*err)
         return r
 
     def sg_append(self, page_shift: int, pfns: U64Array, off: int, n: int, offset: int,

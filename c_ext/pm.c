@@ -34,8 +34,12 @@ static uint64_t walk_to_pte_table(const struct pm_mem *m, uint64_t pgd,
 
 		if (!(e & PM_PTE_PRESENT))
 			return 0;
-		table = e & PM_PTE_ADDR_MASK;
-		/* a corrupt entry must not let C read outside ram */
+		/*
+		 * A table is one page: address bits below the page size are
+		 * ignored (as the arm64 64K-granule descriptor does), so a
+		 * corrupt entry can't point the next read past the end of ram.
+		 */
+		table = e & PM_PTE_ADDR_MASK & ~((1ull << m->page_shift) - 1);
 		if (table == 0 || table >= ram_size)
 			return 0;
 	}
@@ -84,18 +88,21 @@ long pm_gup_fast(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 /*
  * Drop one pin from each page of n ranges (counts NULL: one page each).
  * Pages whose last reference goes are written to freed; the return value is
- * how many.  An unpin of a page that holds no pin stops with -1 and *bad_pfn.
+ * how many.  An unpin of a page that holds no pin stops with -1, leaving
+ * err[0] = that pfn, err[1] = pages freed and err[2] = pages unpinned before
+ * it, so the caller can still account for the work already done.
  */
 long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 	      const uint64_t *counts, long n, int dirty, uint64_t *freed,
-	      uint64_t *bad_pfn)
+	      uint64_t *err)
 {
 	long nfreed = 0;
+	uint64_t done = 0;
 
 	for (long i = 0; i < n; i++) {
 		uint64_t cnt = counts ? counts[i] : 1;
 
-		for (uint64_t j = 0; j < cnt; j++) {
+		for (uint64_t j = 0; j < cnt; j++, done++) {
 			uint64_t pfn = pfns[i] + j;
 			struct page *p;
 
@@ -111,7 +118,9 @@ long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 				freed[nfreed++] = pfn;
 			continue;
 bad:
-			*bad_pfn = pfn;
+			err[0] = pfn;
+			err[1] = nfreed;
+			err[2] = done;
 			return -1;
 		}
 	}

@@ -41,7 +41,7 @@ long pm_gup_fast(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 		 long nr, uint64_t need, uint64_t deny, uint64_t *pfns);
 long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 	      const uint64_t *counts, long n, int dirty, uint64_t *freed,
-	      uint64_t *bad_pfn);
+	      uint64_t *err);
 long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 		  uint64_t offset, uint64_t size, uint64_t max_seg,
 		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,

@@ -11,6 +11,7 @@ PTE_ADDR_MASK = 0x000FFFFFFFFFF000
 PG_BUDDY = 1 << 1
 PG_DIRTY = 1 << 2
 _FLAGS, _REF, _PIN, _MAP = 0, 1, 2, 3
+_U64 = (1 << 64) - 1  # C's uint64_t arithmetic wraps modulo 2^64
 
 
 def _walk_to_pte_table(mem, pgd: int, va: int) -> int:
@@ -22,7 +23,7 @@ def _walk_to_pte_table(mem, pgd: int, va: int) -> int:
         e = mem.ram_q[(table >> 3) + idx]
         if not e & PTE_PRESENT:
             return 0
-        table = e & PTE_ADDR_MASK
+        table = e & PTE_ADDR_MASK & ~((1 << mem.page_shift) - 1)
         if table == 0 or table >= ram_size:
             return 0
     return table
@@ -61,13 +62,15 @@ def gup_fast(mem, pgd, start, nr, need, deny, pfns, off):
 def unpin(mem, pfns, counts, n, dirty, freed):
     pages = mem.pages
     nfreed = 0
+    done = 0
     for i in range(n):
         cnt = counts[i] if counts is not None else 1
         for j in range(cnt):
             pfn = pfns[i] + j
             p = pfn * 4
             if pfn >= mem.nr_pages or pages[p + _PIN] <= 0 or pages[p + _REF] <= 0:
-                return -1, pfn
+                return -1, (pfn, nfreed, done)
+            done += 1
             pages[p + _PIN] -= 1
             if dirty:
                 pages[p + _FLAGS] |= PG_DIRTY
@@ -75,7 +78,7 @@ def unpin(mem, pfns, counts, n, dirty, freed):
             if pages[p + _REF] == 0:
                 freed[nfreed] = pfn
                 nfreed += 1
-    return nfreed, 0
+    return nfreed, None
 
 
 def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len, nents, cap,
@@ -142,7 +145,9 @@ def dma_map_iova(page_shift, granule_shift, sg_pfn, sg_off, sg_len, n, iova, max
         s_len = sg_len[i]
         s_iova_len = (s_off + s_len + gmask) & ~gmask
         seg_iova[i] = iova
-        if cur_len and not s_off and (iova & seg_mask) and max_seg - cur_len >= s_len:
+        # (max_seg - cur_len) is unsigned in C (and in the kernel): when one entry alone
+        # is longer than max_seg the difference wraps, and the next entry still merges
+        if cur_len and not s_off and (iova & seg_mask) and (max_seg - cur_len) & _U64 >= s_len:
             cur_len += s_len
         else:
             count += 1

@@ -184,11 +184,17 @@ def _unpin(m, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool) -> N
     try:
         nfreed = m.ops.unpin(m.mem, pfns, counts, n, dirty, freed)
     except UnpinUnderflow as e:
+        # account for what was done before the bad page, then WARN and fail
+        _free_unpinned(m, freed, e.nfreed, e.done)
         m.report_bug("unpin_user_page", f"pfn {e.pfn:#x} was not pinned")
         raise KernelError(EINVAL, f"unpin_user_pages: pfn {e.pfn:#x} was not pinned") from None
+    _free_unpinned(m, freed, nfreed, total)
+
+
+def _free_unpinned(m, freed: U64Array, nfreed: int, unpinned: int) -> None:
     for i in range(nfreed):
         m.zone.free(freed.view[i], 0)  # the unpin dropped the last reference
-    m.vmstat["nr_foll_pin_released"] += total
+    m.vmstat["nr_foll_pin_released"] += unpinned
 
 
 def unpin_user_pages(pages: U64Array, npages: int) -> None:

@@ -205,7 +205,10 @@ def remove_vma(vma: vm_area_struct) -> None:
 
 # -- mmap / munmap (mm/mmap.c, mm/vma.c) -------------------------------------
 def get_unmapped_area(mm: mm_struct, length: int) -> int:
-    """Mirrors the top-down allocator: highest gap below mmap_base that fits."""
+    """Mirrors the top-down allocator: highest gap below mmap_base that fits.
+
+    EMU: a non-MAP_FIXED hint address is ignored (the kernel uses it when free).
+    """
     end = mm.mmap_base
     for vma in reversed(mm.vmas):
         if vma.vm_start >= end:
@@ -257,8 +260,11 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
             from kernel_model.errno import EACCES
             raise KernelError(EACCES, "do_mmap: shared writable map of a read-only file")
     if flags & MAP_FIXED:
-        if addr % ps or addr + length > mm.task_size or addr + length < addr:
-            raise KernelError(EINVAL, "do_mmap: MAP_FIXED address unaligned or out of range")
+        # __get_unmapped_area(): the range check comes first and is ENOMEM
+        if addr < 0 or addr > mm.task_size - length:
+            raise KernelError(ENOMEM, "__get_unmapped_area: MAP_FIXED range beyond TASK_SIZE")
+        if addr % ps:
+            raise KernelError(EINVAL, "__get_unmapped_area: MAP_FIXED address not page aligned")
         do_munmap(mm, addr, length)
     else:
         addr = get_unmapped_area(mm, length)

@@ -1,0 +1,545 @@
+"""Differential tests: every C loop in c_ext/pm.c against its Python twin.
+
+The machine-level tests build two identical machines, one per backend, drive
+both through the same random history - fragment physical memory, lay out
+VMAs with holes and read-only or MMIO parts, fault pages in in a random order,
+pin and unpin random ranges - and demand the same return values, PFN arrays
+and struct page counters after every step.  The other tests feed the loops
+random raw inputs (corrupt page tables, arbitrary pin states, scatterlists)
+inside the domain their callers guarantee.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import c_ext
+from c_ext import U64Array, UnpinUnderflow
+from kernel_model.current import running
+from kernel_model.errno import KernelError
+from kernel_model.fs import cdev, cdev_add, file_operations
+from kernel_model.gup import (
+    FOLL_FORCE,
+    FOLL_LONGTERM,
+    FOLL_WRITE,
+    pin_user_pages_fast,
+    unpin_user_page_range_dirty_lock,
+    unpin_user_pages,
+    unpin_user_pages_dirty_lock,
+)
+from kernel_model.machine import Machine
+from kernel_model.memory import remap_pfn_range
+from kernel_model.mm import (
+    MAP_ANONYMOUS,
+    MAP_FIXED,
+    MAP_PRIVATE,
+    MAP_SHARED,
+    PROT_NONE,
+    PROT_READ,
+    PROT_WRITE,
+)
+from kernel_model.page_alloc import GFP_KERNEL, put_page
+from kernel_model.pgtable import (
+    _PAGE_DIRTY,
+    _PAGE_PRESENT,
+    _PAGE_RW,
+    _PAGE_SPECIAL,
+    _PAGE_USER,
+)
+from kernel_model.process import SegmentationFault
+
+RAM = 32 << 20
+BACKENDS = ("c", "python")
+LAYOUT_BASE = 0x7000_0000_0000  # aligned to every page-table span
+PTE_BITS = (_PAGE_PRESENT, _PAGE_RW, _PAGE_USER, _PAGE_DIRTY, _PAGE_SPECIAL)
+TWIN = settings(max_examples=30, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+pytestmark = pytest.mark.skipif(c_ext.lib is None, reason="c_ext._pm is not built")
+
+
+def flag_sets(bits: tuple[int, ...]) -> st.SearchStrategy[int]:
+    return st.lists(st.sampled_from(bits), unique=True).map(sum)
+
+
+def assert_same_pages(mc: Machine, mp: Machine, step: str) -> None:
+    """Both machines' mem_maps (flags, refcount, pincount, mapcount) are byte-equal."""
+    if mc.mem.pages != mp.mem.pages:
+        diff = [pfn for pfn in range(mc.nr_pages)
+                if mc.mem.pages[pfn * 4:pfn * 4 + 4] != mp.mem.pages[pfn * 4:pfn * 4 + 4]]
+        raise AssertionError(f"{step}: mem_maps differ at pfns {diff[:10]}")
+
+
+def finish(machines: list[Machine]) -> None:
+    """The per-example leak check (the suite's fixture runs only once per test)."""
+    for m in machines:
+        m.check_leaks()
+        m.leak_check_expected = False
+
+
+# -- whole machines: fragmentation, VMA layouts, touches, pins, unpins, scans ------------
+REGION_KINDS = ("rw", "rw", "rw", "rw", "ro", "ro", "none", "shared_ro", "io")
+PIN_FLAGS = (0, FOLL_WRITE, FOLL_WRITE | FOLL_LONGTERM, FOLL_WRITE | FOLL_FORCE, FOLL_FORCE)
+
+
+@st.composite
+def histories(draw):
+    page_size = draw(st.sampled_from([4096, 4096, 65536]))
+    nfrag = draw(st.integers(0, 200 if page_size == 4096 else 20))
+    pattern = draw(st.sampled_from(["alternate", "random", "none"]))
+    if pattern == "alternate":
+        free_mask = [i % 2 == 1 for i in range(nfrag)]
+    elif pattern == "random":
+        free_mask = draw(st.lists(st.booleans(), min_size=nfrag, max_size=nfrag))
+    else:
+        free_mask = [False] * nfrag
+    regions = draw(st.lists(st.tuples(st.integers(1, 10), st.sampled_from(REGION_KINDS),
+                                      st.sampled_from([0, 0, 0, 1, 3])), min_size=1, max_size=5))
+    total = sum(n + gap for n, _, gap in regions)
+    # start a few pages below a PTE-table boundary so walks cross tables
+    lead = draw(st.integers(0, min(total, 12)))
+    # a random fault order scatters the pages physically; some are left for gup to fault
+    touches = draw(st.lists(st.tuples(st.integers(0, total - 1), st.booleans()),
+                            min_size=total // 2, max_size=2 * total))
+    pins = draw(st.lists(st.tuples(st.integers(-2, total - 1), st.integers(0, total + 2),
+                                   st.sampled_from(PIN_FLAGS)), min_size=1, max_size=8))
+    unpin_modes = draw(st.lists(st.sampled_from(["pages", "dirty", "ranges", "keep"]),
+                                min_size=len(pins), max_size=len(pins)))
+    scans = draw(st.lists(st.tuples(st.integers(0, RAM // page_size), st.integers(1, 40)),
+                          max_size=4))
+    return dict(page_size=page_size, free_mask=free_mask, regions=regions, lead=lead,
+                touches=touches, pins=pins, unpin_modes=unpin_modes, scans=scans)
+
+
+class Host:
+    """One machine of the pair and the history's state on it."""
+
+    def __init__(self, backend: str, h: dict):
+        self.m = m = Machine(ram_size=RAM, page_size=h["page_size"], backend=backend)
+        ps = m.page_size
+        self.frag = [m.zone.alloc(GFP_KERNEL, 0, "frag") for _ in h["free_mask"]]
+        for pg, free in zip(self.frag, h["free_mask"], strict=True):
+            if free:
+                put_page(pg)
+        self.frag = [pg for pg, free in zip(self.frag, h["free_mask"], strict=True)
+                     if not free]
+        bar = m.alloc_mmio_window(1 << 20)
+
+        def bar_mmap(f, vma):
+            remap_pfn_range(vma, vma.vm_start, bar >> m.page_shift,
+                            vma.vm_end - vma.vm_start, vma.vm_page_prot)
+
+        with running(m.init_task):
+            cdev_add(cdev(file_operations(mmap=bar_mmap)), "/dev/bar")
+        self.p = p = m.spawn("twin")
+        fd = p.open("/dev/bar")
+        span = ps << (m.page_shift - 3)
+        self.base = LAYOUT_BASE + span - h["lead"] * ps
+        addr = self.base
+        self.io: set[int] = set()
+        for npages, kind, gap in h["regions"]:
+            length = npages * ps
+            if kind == "io":
+                r = p.mmap(addr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd)
+            else:
+                prot = {"rw": PROT_READ | PROT_WRITE, "ro": PROT_READ, "none": PROT_NONE,
+                        "shared_ro": PROT_READ}[kind]
+                share = MAP_SHARED if kind == "shared_ro" else MAP_PRIVATE
+                r = p.mmap(addr, length, prot, share | MAP_ANONYMOUS | MAP_FIXED)
+            assert r == addr
+            if kind == "io":
+                first = (addr - self.base) // ps
+                self.io.update(range(first, first + npages))
+            addr += length + gap * ps
+        assert p.close(fd) == 0
+        self.pinned: list[tuple[U64Array, int]] = []
+
+    def va(self, idx: int) -> int:
+        return self.base + idx * self.m.page_size
+
+    def touch(self, idx: int, write: bool) -> str:
+        if idx in self.io:
+            return "bar"  # nothing decodes the BAR: an access would be a MachineCheck
+        try:
+            if write:
+                self.p.store(self.va(idx) + 8, b"w")
+            else:
+                self.p.load(self.va(idx), 1)
+            return "ok"
+        except SegmentationFault:
+            return "segv"
+
+    def pin(self, idx: int, nr: int, flags: int) -> tuple[int, list[int]]:
+        pfns = U64Array(max(nr, 1))
+        with self.p.kernel():
+            try:
+                n = pin_user_pages_fast(self.va(idx), nr, flags, pfns)
+            except KernelError as e:
+                return -e.errno, []
+        if n > 0:
+            self.pinned.append((pfns, n))
+        return n, pfns[:n]
+
+    def unpin(self, i: int, mode: str) -> None:
+        pfns, n = self.pinned[i]
+        with running(self.m.init_task):
+            if mode == "pages":
+                unpin_user_pages(pfns, n)
+            elif mode == "dirty":
+                unpin_user_pages_dirty_lock(pfns, n, True)
+            else:  # "ranges": physically consecutive runs, as ib_umem_release passes them
+                runs: list[list[int]] = []
+                for pfn in pfns[:n]:
+                    if runs and runs[-1][0] + runs[-1][1] == pfn:
+                        runs[-1][1] += 1
+                    else:
+                        runs.append([pfn, 1])
+                firsts, counts = U64Array(len(runs)), U64Array(len(runs))
+                for k, (first, count) in enumerate(runs):
+                    firsts[k], counts[k] = first, count
+                unpin_user_page_range_dirty_lock(firsts, counts, len(runs), False)
+        self.pinned[i] = (pfns, 0)
+
+    def scan(self, start: int, cap: int) -> list[int]:
+        out = U64Array(cap)
+        k = self.m.ops.scan_pages(self.m.mem, start, out)
+        return out[:k]
+
+    def scan_all(self, cap: int) -> list[int]:
+        found, start = [], 0
+        while True:
+            chunk = self.scan(start, cap)
+            found += chunk
+            if len(chunk) < cap:
+                return found
+            start = chunk[-1] + 1
+
+    def teardown(self) -> None:
+        self.p.exit()
+        with running(self.m.init_task):
+            for pfns, n in self.pinned:
+                if n:
+                    unpin_user_pages(pfns, n)
+        for pg in self.frag:
+            put_page(pg)
+
+
+@TWIN
+@given(h=histories())
+def test_machines_agree_through_a_random_history(h):
+    hosts = [Host(b, h) for b in BACKENDS]
+    c, py = hosts
+    mc, mp = c.m, py.m
+    assert_same_pages(mc, mp, "after layout")
+    for idx, write in h["touches"]:
+        assert c.touch(idx, write) == py.touch(idx, write), (idx, write)
+    assert_same_pages(mc, mp, "after touches")
+    assert mc.mem.ram == mp.mem.ram  # page tables and data, word for word
+    for idx, nr, flags in h["pins"]:
+        rc, rp = c.pin(idx, nr, flags), py.pin(idx, nr, flags)
+        assert rc == rp, (idx, nr, flags)
+        assert_same_pages(mc, mp, f"after pin {idx} {nr} {flags:#x}")
+    # scan_pages, in random windows and paged through with a small buffer
+    for start, cap in h["scans"]:
+        assert c.scan(start, cap) == py.scan(start, cap)
+    every = c.scan_all(37)
+    pages = mc.mem.pages
+    assert every == [pfn for pfn in range(mc.nr_pages)
+                     if pages[pfn * 4 + 1] or pages[pfn * 4 + 2] or pages[pfn * 4 + 3]]
+    assert py.scan_all(4096) == every
+    for i, mode in enumerate(h["unpin_modes"][:len(c.pinned)]):
+        if mode != "keep":
+            c.unpin(i, mode)
+            py.unpin(i, mode)
+            assert_same_pages(mc, mp, f"after unpin {i} {mode}")
+    for host in hosts:
+        host.teardown()  # exit with pins held; the last unpins free the pages
+    assert_same_pages(mc, mp, "after teardown")
+    assert [sorted(a) for a in mc.zone.free_area] == [sorted(a) for a in mp.zone.free_area]
+    assert mc.vmstat == mp.vmstat
+    finish([mc, mp])
+
+
+# -- gup_fast on corrupt page tables ---------------------------------------------------
+@st.composite
+def corruptions(draw):
+    page_size = draw(st.sampled_from([4096, 65536]))
+    nr_pages = RAM // page_size
+    targets = st.sampled_from(["pte", "pte", "pte", "table"])
+    pfn_kinds = st.sampled_from(["data", "free", "zero", "end", "beyond", "huge"])
+    edits = draw(st.lists(st.tuples(targets, st.integers(0, 7), st.integers(1, 2), pfn_kinds,
+                                    st.integers(0, 7), flag_sets(PTE_BITS),
+                                    st.integers(0, (1 << 12) - 1), st.integers(0, 4095)),
+                          max_size=6))
+    words = draw(st.lists(st.integers(0, (1 << 64) - 1), min_size=8, max_size=8))
+    calls = draw(st.lists(st.tuples(st.integers(-2, 9), st.integers(0, 12),
+                                    flag_sets(PTE_BITS), flag_sets(PTE_BITS),
+                                    st.integers(0, 3)), min_size=1, max_size=4))
+    return dict(page_size=page_size, nr_pages=nr_pages, edits=edits, words=words,
+                calls=calls)
+
+
+def _slot_of(m: Machine, pgd: int, va: int, level: int) -> int:
+    """Physical address of va's entry at `level` (0 = the PTE)."""
+    bits = m.page_shift - 3
+    table = pgd
+    for lv in range(m.levels - 1, level, -1):
+        e = m.mem.ram_q[(table >> 3) + ((va >> (m.page_shift + lv * bits)) & ((1 << bits) - 1))]
+        table = e & 0x000FFFFFFFFFF000
+    return table + 8 * ((va >> (m.page_shift + level * bits)) & ((1 << bits) - 1))
+
+
+@TWIN
+@given(k=corruptions())
+def test_gup_fast_agrees_on_corrupt_page_tables(k):
+    machines, procs, data_pfns = [], [], []
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, page_size=k["page_size"], backend=b)
+        p = m.spawn("corrupt")
+        ps = m.page_size
+        base = LAYOUT_BASE + (ps << (m.page_shift - 3)) - 4 * ps  # 4 pages below a table edge
+        assert p.mmap(base, 8 * ps, flags=MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED) == base
+        garbage = b"".join(w.to_bytes(8, "little") for w in k["words"]) * (ps // 64)
+        for i in range(8):  # data pages full of random words: garbage tables to point at
+            p.store(base + i * ps, garbage)
+        machines.append(m)
+        procs.append(p)
+        data_pfns.append([(p.mm.pgtable.get(base + i * ps) & 0x000FFFFFFFFFF000) >> m.page_shift
+                          for i in range(8)])
+    assert data_pfns[0] == data_pfns[1]
+    mc, mp = machines
+    ps, nr_pages, pfns_of_data = mc.page_size, k["nr_pages"], data_pfns[0]
+    va0 = LAYOUT_BASE + (ps << (mc.page_shift - 3)) - 4 * ps
+    # where each edit lands, from the pristine tables (both machines' are identical)
+    slots = [_slot_of(mc, procs[0].mm.pgd, va0 + page_idx * ps, 0 if t == "pte" else level)
+             for t, page_idx, level, *_ in k["edits"]]
+    saved = [(slot, mc.mem.ram_q[slot >> 3]) for slot in slots]  # restored in reverse
+    for slot, (target, _, _, kind, which, bits, low, high) in zip(slots, k["edits"],
+                                                                   strict=True):
+        pfn = {"data": pfns_of_data[which], "free": nr_pages - 1 - which, "zero": 0,
+               "end": nr_pages, "beyond": nr_pages + which, "huge": (1 << 40) - 1}[kind]
+        if target == "pte":
+            word = (pfn << mc.page_shift) | bits | (low << 3 & 0xFF8) | (high << 52)
+        else:  # point an upper-level entry somewhere odd, even unaligned near RAM's end
+            addr = (pfn << mc.page_shift) if kind != "end" else mc.ram_size - 4096
+            word = addr | bits | _PAGE_PRESENT
+        for m in machines:
+            m.mem.ram_q[slot >> 3] = word
+    for start, nr, need, deny, off in k["calls"]:
+        results = []
+        for m, p in zip(machines, procs, strict=True):
+            pfns = U64Array(nr + off)
+            n = m.ops.gup_fast(m.mem, p.mm.pgd, va0 + start * ps, nr, need, deny, pfns, off)
+            results.append((n, pfns.tolist()))
+        assert results[0] == results[1], (start, nr, need, deny, off)
+        assert_same_pages(mc, mp, "after gup_fast")
+        n, got = results[0]
+        for m in machines:  # give the pins back so both machines can be torn down
+            pinned, freed = U64Array(n), U64Array(n)
+            for i in range(n):
+                pinned[i] = got[off + i]
+            assert m.ops.unpin(m.mem, pinned, None, n, False, freed) == 0
+        assert_same_pages(mc, mp, "after unpin")
+    for slot, old in reversed(saved):
+        for m in machines:
+            m.mem.ram_q[slot >> 3] = old
+    finish(machines)
+
+
+# -- unpin on arbitrary pin states -----------------------------------------------------
+@TWIN
+@given(state=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2)), min_size=1, max_size=24),
+       entries=st.lists(st.tuples(st.integers(-1, 26), st.integers(0, 3)), min_size=1,
+                        max_size=10),
+       ranged=st.booleans(), dirty=st.booleans())
+def test_unpin_agrees_including_underflow(state, entries, ranged, dirty):
+    """state: (base reference, pins) per page; entries: (page index, count) to unpin."""
+    machines, results = [], []
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, backend=b)
+        pages = [m.zone.alloc(GFP_KERNEL, 0, "pinned") for _ in state]
+        for pg, (ref, pins) in zip(pages, state, strict=True):
+            pg._refcount, pg._pincount = ref + pins, pins
+        n = len(entries)
+        pfns, counts = U64Array(n), U64Array(n)
+        for i, (idx, cnt) in enumerate(entries):
+            # -1: a free page; past the list: pages after them (free) or past RAM
+            pfns[i] = (pages[idx].pfn if 0 <= idx < len(pages)
+                       else m.nr_pages - 1 if idx < 0 else pages[-1].pfn + idx)
+            counts[i] = cnt
+        freed = U64Array(sum(c for _, c in entries) if ranged else n)
+        try:
+            r = m.ops.unpin(m.mem, pfns, counts if ranged else None, n, dirty, freed)
+            results.append(("ok", r, freed[:r]))
+        except UnpinUnderflow as e:
+            results.append(("underflow", e.pfn))
+        machines.append((m, pages))
+    assert results[0] == results[1]
+    assert_same_pages(machines[0][0], machines[1][0], "after unpin")
+    for _, pages in machines:  # back to one plain reference each, then free
+        for pg in pages:
+            pg._refcount, pg._pincount = 1, 0
+            put_page(pg)
+    finish([m for m, _ in machines])
+
+
+def test_unpin_range_past_ram_is_an_underflow():
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, backend=b)
+        pfns, counts, freed = U64Array(1), U64Array(1), U64Array(2)
+        pfns[0], counts[0] = m.nr_pages - 1, 2
+        with pytest.raises(UnpinUnderflow) as ei:
+            m.ops.unpin(m.mem, pfns, counts, 1, False, freed)
+        assert ei.value.pfn == m.nr_pages - 1  # a free page: no pin
+        finish([m])
+
+
+# -- scatterlist and DMA loops: pure functions ------------------------------------------
+@st.composite
+def page_runs(draw, max_pages: int = 40) -> list[int]:
+    runs = draw(st.lists(st.tuples(st.integers(1, 1 << 20), st.integers(1, 8)), min_size=1,
+                         max_size=8))
+    pfns = [start + i for start, n in runs for i in range(n)]
+    return pfns[:max_pages]
+
+
+def _arr(values: list[int], n: int | None = None) -> U64Array:
+    a = U64Array(len(values) if n is None else n)
+    for i, v in enumerate(values):
+        a[i] = v
+    return a
+
+
+@TWIN
+@given(shift=st.sampled_from([12, 16]), first=page_runs(), second=page_runs(),
+       offset_frac=st.floats(0, 1, exclude_max=True), trim=st.integers(0, 1 << 17),
+       max_pages=st.sampled_from([1, 2, 3, 16, 1 << 20]), second_batch=st.booleans())
+def test_sg_append_agrees(shift, first, second, offset_frac, trim, max_pages, second_batch):
+    ps = 1 << shift
+    offset = int(offset_frac * ps)
+    size = max(1, len(first) * ps - offset - trim)
+    max_seg = max_pages * ps
+    out = []
+    for b in BACKENDS:
+        ops = c_ext.backend(b)
+        cap = len(first) + len(second)
+        sg_pfn, sg_off, sg_len = U64Array(cap), U64Array(cap), U64Array(cap)
+        n = ops.sg_append(shift, _arr(first), 0, len(first), offset, size, max_seg,
+                          sg_pfn, sg_off, sg_len, 0)
+        if second_batch:  # an append batch: may extend the last entry
+            n = ops.sg_append(shift, _arr(second), 0, len(second), 0, len(second) * ps,
+                              max_seg, sg_pfn, sg_off, sg_len, n)
+        out.append((n, sg_pfn[:n], sg_off[:n], sg_len[:n]))
+    assert out[0] == out[1]
+
+
+@st.composite
+def sg_entries(draw, shift: int):
+    ps = 1 << shift
+    n = draw(st.integers(1, 12))
+    pfn = draw(st.lists(st.integers(0, 1 << 30), min_size=n, max_size=n))
+    # mostly page-aligned, whole-page entries (what pinned user pages give), so that
+    # neighbours merge; some ragged ones
+    off = draw(st.lists(st.just(0) | st.integers(0, ps - 1), min_size=n, max_size=n))
+    length = draw(st.lists(st.integers(1, 8).map(lambda k: k * ps) | st.integers(1, 4 * ps),
+                           min_size=n, max_size=n))
+    return pfn, off, length
+
+
+@TWIN
+@given(data=st.data(), shift=st.sampled_from([12, 16]),
+       mask_bits=st.sampled_from([32, 36, 40, 64]))
+def test_dma_map_direct_agrees(data, shift, mask_bits):
+    pfn, off, length = data.draw(sg_entries(shift))
+    n = len(pfn)
+    out = []
+    for b in BACKENDS:
+        addr, dlen = U64Array(n), U64Array(n)
+        r = c_ext.backend(b).dma_map_direct(shift, _arr(pfn), _arr(off), _arr(length), n,
+                                            (1 << mask_bits) - 1, addr, dlen)
+        out.append((r, addr.tolist(), dlen.tolist()))
+    assert out[0] == out[1]
+
+
+@TWIN
+@given(data=st.data(), shift=st.sampled_from([12, 16]), granule=st.sampled_from([12, 16]),
+       iova_pages=st.integers(0, 1 << 24), max_seg=st.sampled_from([1 << 16, 1 << 20,
+                                                                    (1 << 32) - 1]))
+def test_dma_map_iova_agrees(data, shift, granule, iova_pages, max_seg):
+    pfn, off, length = data.draw(sg_entries(shift))
+    n = len(pfn)
+    out = []
+    for b in BACKENDS:
+        seg, addr, dlen = U64Array(n), U64Array(n), U64Array(n)
+        count = c_ext.backend(b).dma_map_iova(shift, granule, _arr(pfn), _arr(off),
+                                              _arr(length), n, iova_pages << granule,
+                                              max_seg, seg, addr, dlen)
+        out.append((count, seg.tolist(), addr[:count], dlen[:count]))
+    assert out[0] == out[1]
+
+
+def test_dma_map_iova_entry_longer_than_max_seg():
+    """Regression: the twin once compared a negative (max_seg - cur_len) where C wraps."""
+    out = []
+    for b in BACKENDS:
+        seg, addr, dlen = U64Array(2), U64Array(2), U64Array(2)
+        count = c_ext.backend(b).dma_map_iova(12, 12, _arr([10, 100]), _arr([0, 0]),
+                                              _arr([3 << 12, 1 << 12]), 2, 1 << 20, 2 << 12,
+                                              seg, addr, dlen)
+        out.append((count, seg.tolist(), addr[:count], dlen[:count]))
+    assert out[0] == out[1] == (1, [1 << 20, (1 << 20) + (3 << 12)], [1 << 20], [4 << 12])
+
+
+@pytest.mark.parametrize("page_size", [4096, 65536])
+def test_walk_ignores_sub_page_bits_of_a_table_address(page_size):
+    """Regression: an upper entry pointing inside RAM's last page, not page aligned,
+    once made C read past the end of RAM (and the twin raise IndexError)."""
+    results = []
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, page_size=page_size, backend=b)
+        p = m.spawn()
+        ps = m.page_size
+        va = LAYOUT_BASE + (ps << (m.page_shift - 3)) - ps  # the last PTE of its table
+        p.mmap(va, ps, flags=MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED)
+        p.store(va, b"x")
+        slot = _slot_of(m, p.mm.pgd, va, 1)
+        old = m.mem.ram_q[slot >> 3]
+        m.mem.ram_q[slot >> 3] = (m.ram_size - 4096) | _PAGE_PRESENT
+        pfns = U64Array(1)
+        results.append(m.ops.gup_fast(m.mem, p.mm.pgd, va, 1, _PAGE_PRESENT, 0, pfns, 0))
+        m.mem.ram_q[slot >> 3] = old
+        finish([m])
+    # 4 KiB: the last RAM page is a table of zero PTEs; 64 KiB: the address rounds
+    # down to the last page, zero too
+    assert results == [0, 0]
+
+
+# -- the wrapper checks what C would trust --------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrapper_refuses_what_would_overflow_c(backend):
+    m = Machine(ram_size=RAM, backend=backend)
+    ops = m.ops
+    with pytest.raises(ValueError, match="overflow"):
+        ops.gup_fast(m.mem, 0, 0, 4, 0, 0, U64Array(3), 0)
+    with pytest.raises(ValueError, match="overflow"):
+        ops.gup_fast(m.mem, 0, 0, 2, 0, 0, U64Array(3), 2)
+    with pytest.raises(TypeError):
+        ops.gup_fast(m.mem, 0, 0, 1, 0, 0, [0], 0)
+    counts = _arr([3])
+    with pytest.raises(ValueError, match="freed"):
+        ops.unpin(m.mem, _arr([1]), counts, 1, False, U64Array(2))
+    with pytest.raises(ValueError, match="max_seg below one page"):
+        ops.sg_append(12, _arr([1]), 0, 1, 0, 4096, 100, U64Array(1), U64Array(1),
+                      U64Array(1), 0)
+    with pytest.raises(ValueError):
+        c_ext.backend("fortran")
+    arr = U64Array(2)
+    with pytest.raises(IndexError):
+        arr[2] = 1
+    with pytest.raises(IndexError):
+        arr[-3]
+    arr[-1] = 7
+    assert arr[1] == 7 and arr[:] == [0, 7] and len(arr) == 2
+    finish([m])
