@@ -160,13 +160,11 @@ class _Backend:
 
     def sg_append(self, page_shift: int, pfns: U64Array, off: int, n: int, offset: int,
                   size: int, max_seg: int, sg_pfn: U64Array, sg_off: U64Array,
-                  sg_len: U64Array, nents: int, count_only: bool = False) -> int:
+                  sg_len: U64Array, nents: int) -> int:
         """Coalesce n PFNs onto an sg table of nents entries; the new entry count.
 
-        count_only: write nothing, return how many entries the batch would add
-        (the kernel's counting pass; size the table with it before filling).
         A fill that would overflow the arrays raises ValueError, having written
-        nothing past them.
+        nothing past them (callers reserve room for one entry per page).
         """
         _check(pfns, off, n, "pfns")
         for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len")):
@@ -176,11 +174,10 @@ class _Backend:
         cap = min(sg_pfn.n, sg_off.n, sg_len.n)
         if self.name == "python":
             r = twins.sg_append(page_shift, pfns.view[off:], n, offset, size, max_seg,
-                                sg_pfn.view, sg_off.view, sg_len.view, nents, cap, count_only)
+                                sg_pfn.view, sg_off.view, sg_len.view, nents, cap)
         else:
             r = lib.pm_sg_append(page_shift, pfns.ptr + off, n, offset, size, max_seg,
-                                 sg_pfn.ptr, sg_off.ptr, sg_len.ptr, nents, cap,
-                                 int(count_only))
+                                 sg_pfn.ptr, sg_off.ptr, sg_len.ptr, nents, cap)
         if r < 0:
             raise ValueError(f"sg_append: table of {cap} entries too small")
         return r

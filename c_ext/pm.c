@@ -131,15 +131,13 @@ bad:
  * sg_alloc_append_table_from_pages(): first extend the previous entry (if
  * any) while the new pages follow it physically, then cut the rest into
  * chunks of consecutive PFNs no longer than max_seg.  Returns the new count.
- * With count_only nothing is written: it returns how many entries the batch
- * would add (the kernel's counting pass, so the table is sized before filling).
  * Writing stops with -1 if the entries would not fit in cap (the caller
  * sizes the table with the counting pass first); max_seg must be >= a page.
  */
 long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 		  uint64_t offset, uint64_t size, uint64_t max_seg,
 		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,
-		  long nents, long cap, int count_only)
+		  long nents, long cap)
 {
 	uint64_t psize = 1ull << page_shift;
 	long i = 0;
@@ -162,8 +160,7 @@ long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 				prv_len += psize;
 				last = pfns[i++];
 			}
-			if (!count_only)
-				sg_len[prv] = prv_len;
+			sg_len[prv] = prv_len;
 		}
 	}
 	while (i < n) {
@@ -176,19 +173,17 @@ long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 				break;
 		}
 		chunk = ((uint64_t)(j - i) << page_shift) - offset;
-		if (!count_only) {
-			if (nents + added >= cap)
-				return -1;
-			sg_pfn[nents + added] = pfns[i];
-			sg_off[nents + added] = offset;
-			sg_len[nents + added] = size < chunk ? size : chunk;
-		}
+		if (nents + added >= cap)
+			return -1;
+		sg_pfn[nents + added] = pfns[i];
+		sg_off[nents + added] = offset;
+		sg_len[nents + added] = size < chunk ? size : chunk;
 		added++;
 		size = size > chunk ? size - chunk : 0;
 		offset = 0;
 		i = j;
 	}
-	return count_only ? added : nents + added;
+	return nents + added;
 }
 
 /*

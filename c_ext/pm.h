@@ -45,7 +45,7 @@ long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 		  uint64_t offset, uint64_t size, uint64_t max_seg,
 		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,
-		  long nents, long cap, int count_only);
+		  long nents, long cap);
 long pm_dma_map_direct(int page_shift, const uint64_t *sg_pfn,
 		       const uint64_t *sg_off, const uint64_t *sg_len, long n,
 		       uint64_t dma_mask, uint64_t *dma_addr, uint64_t *dma_len);

@@ -81,9 +81,7 @@ def unpin(mem, pfns, counts, n, dirty, freed):
     return nfreed, None
 
 
-def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len, nents, cap,
-              count_only):
-    """count_only: only count the entries the batch would add (see pm.c)."""
+def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len, nents, cap):
     psize = 1 << page_shift
     i = 0
     added = 0
@@ -99,8 +97,7 @@ def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len
                 prv_len += psize
                 last = pfns[i]
                 i += 1
-            if not count_only:
-                sg_len[prv] = prv_len
+            sg_len[prv] = prv_len
     while i < n:
         j = i + 1
         seg = 0
@@ -110,17 +107,16 @@ def sg_append(page_shift, pfns, n, offset, size, max_seg, sg_pfn, sg_off, sg_len
                 break
             j += 1
         chunk = ((j - i) << page_shift) - offset
-        if not count_only:
-            if nents + added >= cap:
-                return -1
-            sg_pfn[nents + added] = pfns[i]
-            sg_off[nents + added] = offset
-            sg_len[nents + added] = min(size, chunk)
+        if nents + added >= cap:
+            return -1
+        sg_pfn[nents + added] = pfns[i]
+        sg_off[nents + added] = offset
+        sg_len[nents + added] = min(size, chunk)
         added += 1
         size = size - chunk if size > chunk else 0
         offset = 0
         i = j
-    return added if count_only else nents + added
+    return nents + added
 
 
 def dma_map_direct(page_shift, sg_pfn, sg_off, sg_len, n, dma_mask, dma_addr, dma_len):

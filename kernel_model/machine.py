@@ -116,7 +116,6 @@ class Machine:
         self._pids = itertools.count(1)
         self.mms: weakref.WeakSet = weakref.WeakSet()
         self.init_task = init_task(self)
-        self._shut_down = False
         self.modules: dict = {}  # name -> kernel_model.module.module, load order
         live_machines.add(self)
 
@@ -200,7 +199,6 @@ class Machine:
         for task in list(self.tasks.values()):
             task.do_exit(0)
         unload_all(self)
-        self._shut_down = True
 
     def load_module(self, name: str, **params):
         """insmod: run the named module's module_init (see kernel_model.module)."""

@@ -26,7 +26,14 @@ from kernel_model.mm import (
     VM_WRITE,
     vm_area_struct,
 )
-from kernel_model.page_alloc import __GFP_ZERO, GFP_HIGHUSER_MOVABLE, PG_anon, page, put_page
+from kernel_model.page_alloc import (
+    __GFP_ZERO,
+    GFP_HIGHUSER_MOVABLE,
+    PG_anon,
+    PG_dirty,
+    page,
+    put_page,
+)
 from kernel_model.pgtable import (
     _PAGE_DIRTY,
     _PAGE_PRESENT,
@@ -136,7 +143,7 @@ def unmap_vmas(vma: vm_area_struct, start: int, end: int) -> None:
                     pg = page(zone, pfn)
                     pg._mapcount -= 1
                     if pte & _PAGE_DIRTY:
-                        pg.flags |= 1 << 2  # set_page_dirty
+                        pg.flags |= PG_dirty  # set_page_dirty
                     mm.rss -= 1
                     put_page(pg)
             slot += 8

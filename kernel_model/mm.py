@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kernel_model.errno import EBADF, EINVAL, ENODEV, ENOMEM, EOVERFLOW, KernelError
+from kernel_model.errno import EACCES, EBADF, EINVAL, ENODEV, ENOMEM, EOVERFLOW, KernelError
 from kernel_model.pgtable import PageTable, vm_get_page_prot
 
 if TYPE_CHECKING:
@@ -257,7 +257,6 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
         if f.f_op.mmap is None:
             raise KernelError(ENODEV, "do_mmap: file has no mmap operation")
         if flags & MAP_SHARED and prot & PROT_WRITE and not f.f_mode & FMODE_WRITE:
-            from kernel_model.errno import EACCES
             raise KernelError(EACCES, "do_mmap: shared writable map of a read-only file")
     if flags & MAP_FIXED:
         # __get_unmapped_area(): the range check comes first and is ENOMEM
