@@ -77,3 +77,9 @@ class KernelError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} (-{self.name})"
+
+
+class KernelBug(Exception):
+    """A kernel bug the model caught: a WARN when panic_on_warn is set, or a
+    debug check (lockdep, use-after-free, deadlock) that the real kernel would
+    hang or crash on.  Not an errno: nothing returns it to userspace."""

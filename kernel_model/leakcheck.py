@@ -29,6 +29,12 @@ def find_leaks(m: Machine) -> list[str]:
     out: list[str] = [f"kernel bug: {b}" for b in m.bugs]
     for t in m.tasks.values():
         out.append(f"task {t.pid} ({t.comm}) still running")
+    for t in list(m.sched.alive.values()):
+        if t.machine is m:
+            out.append(f"sched task {t.tid} {t.label} still {t.state}")
+    for t in list(m.sched.failed):
+        if t.machine is m:
+            out.append(f"sched task {t.tid} {t.label} died and nobody joined it: {t.exc!r}")
     out += _page_leaks(m)
     acq = m.vmstat["nr_foll_pin_acquired"]
     rel = m.vmstat["nr_foll_pin_released"]

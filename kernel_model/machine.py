@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import c_ext
-from kernel_model.errno import EINVAL, KernelError
+from kernel_model.errno import EINVAL, KernelBug, KernelError
 from kernel_model.page_alloc import PG_reserved, zone
 
 GiB = 1 << 30
@@ -39,10 +39,6 @@ live_machines: weakref.WeakSet[Machine] = weakref.WeakSet()
 
 class MachineCheck(Exception):
     """A CPU or device access to a physical address nothing decodes."""
-
-
-class KernelBug(Exception):
-    """A WARN/BUG the emulated kernel hit, raised when panic_on_warn is set."""
 
 
 def pgtable_levels(page_shift: int) -> int:
@@ -107,16 +103,23 @@ class Machine:
         self._iomem_starts: list[int] = []
         self._mmio_next = max(PCI_MMIO_BASE, -(-ram_size // (256 * GiB)) * 256 * GiB)
         self.leak_checks: list[Callable[[Machine], list[str]]] = []
+        self.shutdown_hooks: list[Callable[[Machine], None]] = []  # run newest first
         from kernel_model.fs import chrdev_table
         from kernel_model.iommu import make_iommu
         from kernel_model.task import init_task
         self.chrdevs = chrdev_table()
         self.iommu = make_iommu(self, iommu)
         self.tasks: dict[int, object] = {}
+        self.kthreads: dict[int, object] = {}  # pid -> sched Task, while it runs
         self._pids = itertools.count(1)
         self.mms: weakref.WeakSet = weakref.WeakSet()
         self.init_task = init_task(self)
         self.modules: dict = {}  # name -> kernel_model.module.module, load order
+        from kernel_model.lockdep import lockdep_graph
+        from kernel_model.sched import SCHED
+        self.sched = SCHED
+        SCHED.new_epoch()
+        self.lockdep = lockdep_graph(self)
         live_machines.add(self)
 
     def __repr__(self) -> str:
@@ -133,6 +136,11 @@ class Machine:
 
     def alloc_pid(self) -> int:
         return next(self._pids)
+
+    def kernel(self):
+        """Run the body as kernel code in init_task's context (module init, tests)."""
+        from kernel_model.current import running
+        return running(self.init_task)
 
     # -- physical address map --------------------------------------------
     def alloc_mmio_window(self, size: int) -> int:
@@ -194,11 +202,22 @@ class Machine:
             raise KernelBug(text)
 
     def shutdown(self) -> None:
-        """Exit every process (as do_exit does), then unload modules newest first."""
+        """Tear the machine down in the kernel's order.
+
+        A run that deadlocked is unwound first (Scheduler.abandon).  Then
+        every process exits (as do_exit does), modules unload newest first,
+        the shutdown hooks run (system workqueues are destroyed), and every
+        task still alive on this machine is joined.
+        """
         from kernel_model.module import unload_all
+        if self.sched.dead is not None:
+            self.sched.abandon()
         for task in list(self.tasks.values()):
             task.do_exit(0)
         unload_all(self)
+        while self.shutdown_hooks:
+            self.shutdown_hooks.pop()(self)
+        self.sched.run_all(self)
 
     def load_module(self, name: str, **params):
         """insmod: run the named module's module_init (see kernel_model.module)."""

@@ -10,10 +10,12 @@ raising SegmentationFault (SIGSEGV) where the real CPU would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kernel_model import syscalls
-from kernel_model.current import running
+from kernel_model.current import current_or_none, running
+from kernel_model.sched import SCHED, Task
 from kernel_model.fs import files_struct
 from kernel_model.mm import MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, mm_struct
 from kernel_model.task import (
@@ -70,11 +72,47 @@ class Process:
         return running(self.task)
 
     # -- system calls: return value or -errno, like syscall(2) ---------------
+    def _me(self) -> task_struct:
+        """The thread of this process making the call: a user thread's own
+        task_struct when one of them is running, else the main thread's."""
+        ts = current_or_none()
+        if ts is not None and ts.tgid == self.task.pid:
+            return ts
+        return self.task
+
     def _sys(self, fn, *args):
         if not self.alive:
             raise RuntimeError(f"{self} has exited")
-        with running(self.task):
+        with running(self._me()):
             return fn(*args)
+
+    def thread(self, fn: Callable[..., Any], *args: object, name: str | None = None) -> Task:
+        """pthread_create(): run fn(*args) as a new thread of this process.
+
+        The thread is a Task with its own task_struct sharing the mm and the
+        fd table (clone with CLONE_VM | CLONE_FILES | CLONE_THREAD); it
+        first runs at the caller's next scheduling point.  Join it with
+        `.join()`, which returns fn's result or raises its exception.
+        """
+        from kernel_model.mm import mmget, mmput
+        if not self.alive:
+            raise RuntimeError(f"{self} has exited")
+        leader = self.task
+        ts = task_struct(self.machine, self.machine.alloc_pid(), name or leader.comm,
+                         leader.mm, leader.files, leader.cred, leader.rlim)
+        ts.tgid = leader.pid
+        mmget(leader.mm)
+
+        def body() -> Any:
+            try:
+                return fn(*args)
+            finally:  # do_exit of a non-leader thread: drop its mm reference
+                mm, ts.mm = ts.mm, None
+                ts.files = None
+                ts.exit_code = 0
+                mmput(mm)
+
+        return SCHED.spawn(body, name=ts.comm, ts=ts)
 
     def open(self, path: str, flags: int = 2) -> int:
         return self._sys(syscalls.sys_open, path, flags)

@@ -56,6 +56,7 @@ class task_struct:
                  flags: int = 0):
         self.machine = machine
         self.pid = pid
+        self.tgid = pid  # the thread group (process) id; a user thread shares its leader's
         self.comm = comm
         self.mm = mm
         self.files = files

@@ -12,17 +12,29 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.machine import Machine, live_machines
+from kernel_model.sched import SCHED
 
 
 @pytest.fixture(autouse=True)
 def _leak_check_every_machine():
     first = Machine.next_serial
     yield
-    for m in sorted(live_machines, key=lambda m: m.serial):
-        if m.serial < first or not getattr(m, "leak_check_expected", True):
-            continue
-        m.leak_check_expected = False  # check once, even if the check raises
-        m.check_leaks()
+    try:
+        for m in sorted(live_machines, key=lambda m: m.serial):
+            if m.serial < first or not getattr(m, "leak_check_expected", True):
+                continue
+            m.leak_check_expected = False  # check once, even if the check raises
+            m.check_leaks()
+    finally:
+        _reset_scheduler()
+
+
+def _reset_scheduler() -> None:
+    """Leave the one scheduler as the next test expects it: idle, default strategy."""
+    SCHED.use(None)
+    stuck = SCHED.abandon()
+    SCHED.failed.clear()
+    assert not stuck, f"tasks left running after the test: {stuck}"
 
 
 @pytest.fixture(params=["c", "python"])
