@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kernel_model import trace
 from kernel_model.errno import EINVAL, EIO, ENOMEM, KernelError
+from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
     from kernel_model.machine import Machine
@@ -38,6 +40,10 @@ _DIR_NAMES = ("DMA_BIDIRECTIONAL", "DMA_TO_DEVICE", "DMA_FROM_DEVICE", "DMA_NONE
 
 DMA_ATTR_WEAK_ORDERING = 1 << 1
 DMA_ATTR_SKIP_CPU_SYNC = 1 << 5
+
+# trace/events/dma.h
+trace_dma_map_sg = tracepoint("dma_map_sg", "device dir ents nents first_dma")
+trace_dma_unmap_sg = tracepoint("dma_unmap_sg", "device dir nents")
 
 DMA_MAPPING_ERROR = (1 << 64) - 1
 SZ_64K = 0x10000
@@ -91,6 +97,10 @@ class device:
     def nr_dma_mappings(self) -> int:
         return sum(len(v) for v in self.dma_entries.values())
 
+    @property
+    def trace_name(self) -> str:
+        return self.name
+
     def __repr__(self) -> str:
         return f"device {self.name} mask {self.dma_mask:#x} live dma {self.nr_dma_mappings}"
 
@@ -121,6 +131,7 @@ def dma_supported(dev: device, mask: int) -> bool:
     return mask >= min(dev.machine.ram_size - 1, ZONE_DMA_LIMIT)
 
 
+@traced
 def dma_set_mask(dev: device, mask: int) -> int:
     """Mirrors dma_set_mask(): -EIO when the platform cannot honour the mask."""
     if not dma_supported(dev, mask):
@@ -137,6 +148,7 @@ def dma_set_coherent_mask(dev: device, mask: int) -> int:
     return 0
 
 
+@traced
 def dma_set_mask_and_coherent(dev: device, mask: int) -> int:
     """Mirrors dma_set_mask_and_coherent()."""
     dma_set_mask(dev, mask)
@@ -217,6 +229,7 @@ def _check_dir(dir: int, func: str) -> None:
         raise KernelError(EINVAL, f"{func}: invalid DMA direction {dir}")
 
 
+@traced
 def dma_direct_map_sg(dev: device, sgt: sg_table) -> int:
     """Mirrors dma_direct_map_sg(): DMA address = physical, each within the mask."""
     n = sgt.orig_nents
@@ -232,6 +245,7 @@ def dma_direct_map_sg(dev: device, sgt: sg_table) -> int:
     return r
 
 
+@traced
 def dma_map_sgtable(dev: device, sgt: sg_table, dir: int, attrs: int = 0) -> None:
     """Mirrors dma_map_sgtable(): map every CPU entry; set sgt.nents to the DMA count."""
     _check_dir(dir, "dma_map_sgtable")
@@ -244,20 +258,27 @@ def dma_map_sgtable(dev: device, sgt: sg_table, dir: int, attrs: int = 0) -> Non
     else:
         nents = dma_direct_map_sg(dev, sgt)
     sgt.nents = nents
+    if trace.enabled:
+        trace_dma_map_sg(dev.name, _DIR_NAMES[dir], sgt.orig_nents, nents,
+                         sgt.dma_addr.view[0])
     _debug_add(dev, ("sg", id(sgt)),
                dma_debug_entry("sg", sgt, sgt.dma_addr.view[0], sgt.orig_nents, dir))
 
 
+@traced
 def dma_unmap_sgtable(dev: device, sgt: sg_table, dir: int, attrs: int = 0) -> None:
     """Mirrors dma_unmap_sgtable(): release what dma_map_sgtable set up."""
     _check_dir(dir, "dma_unmap_sgtable")
     if not _debug_remove(dev, ("sg", id(sgt)), dir, "dma_unmap_sgtable"):
         return
+    if trace.enabled:
+        trace_dma_unmap_sg(dev.name, _DIR_NAMES[dir], sgt.orig_nents)
     iommu = dev.machine.iommu
     if iommu.translating:
         iommu.unmap_sg(dev, sgt)
 
 
+@traced
 def dma_map_resource(dev: device, phys_addr: int, size: int, dir: int,
                      attrs: int = 0) -> int:
     """Mirrors dma_map_resource(): map MMIO (a peer BAR); DMA_MAPPING_ERROR on failure."""
@@ -280,6 +301,7 @@ def dma_map_resource(dev: device, phys_addr: int, size: int, dir: int,
     return addr
 
 
+@traced
 def dma_unmap_resource(dev: device, addr: int, size: int, dir: int, attrs: int = 0) -> None:
     """Mirrors dma_unmap_resource()."""
     _check_dir(dir, "dma_unmap_resource")

@@ -20,6 +20,7 @@ import attrs
 from kernel_model.current import current
 from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelError
 from kernel_model.module import module_put, try_module_get
+from kernel_model.trace import traced
 
 FMODE_READ = 0x1
 FMODE_WRITE = 0x2
@@ -73,6 +74,10 @@ class file:
     private_data: Any = None
     f_count: int = 1
 
+    @property
+    def trace_name(self) -> str:
+        return self.f_path
+
     def __repr__(self) -> str:
         return f"file {self.f_path} count={self.f_count}"
 
@@ -87,6 +92,7 @@ def cdev_init(cd: cdev, fops: file_operations) -> None:
     cd.ops = fops
 
 
+@traced
 def cdev_add(cd: cdev, path: str) -> None:
     """Mirrors cdev_add() + device_create(): make `path` open this cdev."""
     table = current().machine.chrdevs
@@ -96,6 +102,7 @@ def cdev_add(cd: cdev, path: str) -> None:
     table[path] = cd
 
 
+@traced
 def cdev_del(cd: cdev) -> None:
     """Mirrors cdev_del(): new opens fail; open files keep working."""
     current().machine.chrdevs.pop(cd.path, None)
@@ -107,6 +114,7 @@ def get_file(f: file) -> file:
     return f
 
 
+@traced
 def fput(f: file) -> None:
     """Mirrors fput(): drop a reference; the last one calls ->release (__fput)."""
     if f.f_count <= 0:
@@ -119,6 +127,7 @@ def fput(f: file) -> None:
         module_put(f.f_op.owner)
 
 
+@traced
 def do_filp_open(path: str, flags: int) -> file:
     """Mirrors do_filp_open() for a device node: find the cdev, ->open."""
     cd = current().machine.chrdevs.get(path)

@@ -19,11 +19,16 @@ so FOLL_LONGTERM never migrates.
 from __future__ import annotations
 
 from c_ext import U64Array
+from kernel_model import trace
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOVERFLOW, KernelError
 from kernel_model.memory import FAULT_FLAG_WRITE, VM_FAULT_ERROR, VM_FAULT_OOM, handle_mm_fault
 from kernel_model.mm import VM_IO, VM_MAYWRITE, VM_PFNMAP, VM_READ, VM_SHARED, VM_WRITE, mm_struct
 from kernel_model.pgtable import _PAGE_DIRTY, _PAGE_PRESENT, _PAGE_RW, _PAGE_SPECIAL, _PAGE_USER
+from kernel_model.trace import traced, tracepoint
+
+trace_pages_pinned = tracepoint("pages_pinned", "start nr_pages pinned gup_flags")
+trace_pages_unpinned = tracepoint("pages_unpinned", "nr_pages freed dirty")
 
 FOLL_WRITE = 0x01
 FOLL_GET = 0x04
@@ -44,6 +49,7 @@ def _is_cow_mapping(vm_flags: int) -> bool:
     return vm_flags & (VM_SHARED | VM_MAYWRITE) == VM_MAYWRITE
 
 
+@traced
 def check_vma_flags(vma, gup_flags: int) -> None:
     """Mirrors check_vma_flags(): may gup touch this VMA for this access?"""
     vm_flags = vma.vm_flags
@@ -69,6 +75,7 @@ def _follow_need(vma, gup_flags: int) -> int:
     return need
 
 
+@traced
 def __get_user_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int,
                      pages: U64Array, off: int) -> int:
     """Mirrors __get_user_pages(): per VMA, check flags, fault in, pin; count pinned.
@@ -109,6 +116,7 @@ def __get_user_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int,
     return done
 
 
+@traced
 def pin_user_pages_fast(start: int, nr_pages: int, gup_flags: int, pages: U64Array,
                         pages_off: int = 0) -> int:
     """Mirrors pin_user_pages_fast(): pin current->mm's pages, fast path first.
@@ -123,6 +131,7 @@ def pin_user_pages_fast(start: int, nr_pages: int, gup_flags: int, pages: U64Arr
     return _pin_pages(mm, start, nr_pages, gup_flags | FOLL_PIN, pages, pages_off)
 
 
+@traced
 def pin_user_pages(start: int, nr_pages: int, gup_flags: int, pages: U64Array,
                    pages_off: int = 0) -> int:
     """Mirrors pin_user_pages(): the slow path only (__gup_longterm_locked), under mmap_lock."""
@@ -139,6 +148,7 @@ def pin_user_pages(start: int, nr_pages: int, gup_flags: int, pages: U64Array,
     return nr
 
 
+@traced
 def pin_user_pages_remote(mm: mm_struct, start: int, nr_pages: int, gup_flags: int,
                           pages: U64Array, pages_off: int = 0) -> int:
     """Mirrors pin_user_pages_remote(): the same, for another process's mm."""
@@ -172,6 +182,8 @@ def _pin_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int, pages: 
             if nr == 0:
                 raise
     m.vmstat["nr_foll_pin_acquired"] += nr
+    if trace.enabled:
+        trace_pages_pinned(start, nr_pages, nr, gup_flags)
     return nr
 
 
@@ -189,6 +201,8 @@ def _unpin(m, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool) -> N
         m.report_bug("unpin_user_page", f"pfn {e.pfn:#x} was not pinned")
         raise KernelError(EINVAL, f"unpin_user_pages: pfn {e.pfn:#x} was not pinned") from None
     _free_unpinned(m, freed, nfreed, total)
+    if trace.enabled:
+        trace_pages_unpinned(total, nfreed, dirty)
 
 
 def _free_unpinned(m, freed: U64Array, nfreed: int, unpinned: int) -> None:
@@ -197,16 +211,19 @@ def _free_unpinned(m, freed: U64Array, nfreed: int, unpinned: int) -> None:
     m.vmstat["nr_foll_pin_released"] += unpinned
 
 
+@traced
 def unpin_user_pages(pages: U64Array, npages: int) -> None:
     """Mirrors unpin_user_pages(): drop one pin from each page."""
     _unpin(current().machine, pages, None, npages, False)
 
 
+@traced
 def unpin_user_pages_dirty_lock(pages: U64Array, npages: int, make_dirty: bool) -> None:
     """Mirrors unpin_user_pages_dirty_lock(): mark dirty (the device wrote), then unpin."""
     _unpin(current().machine, pages, None, npages, make_dirty)
 
 
+@traced
 def unpin_user_page_range_dirty_lock(pfns: U64Array, counts: U64Array, n: int,
                                      make_dirty: bool) -> None:
     """Mirrors unpin_user_page_range_dirty_lock(), for n ranges at once.

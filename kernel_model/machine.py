@@ -180,6 +180,7 @@ class Machine:
         r = self.find_mmio(addr)
         if r is None or addr + n > r.end:
             raise MachineCheck(f"{self.name}: read of {n} bytes at unmapped physical {addr:#x}")
+        self.sched.point("mmio_read")
         return r.read(addr - r.start, n)
 
     def phys_write(self, addr: int, data: bytes) -> None:
@@ -191,6 +192,7 @@ class Machine:
         r = self.find_mmio(addr)
         if r is None or addr + n > r.end:
             raise MachineCheck(f"{self.name}: write of {n} bytes at unmapped physical {addr:#x}")
+        self.sched.point("mmio_write")
         r.write(addr - r.start, bytes(data))
 
     # -- debug -----------------------------------------------------------

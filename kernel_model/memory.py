@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kernel_model import trace
 from kernel_model.errno import EBUSY, EINVAL, KernelError
 from kernel_model.mm import (
     VM_DONTDUMP,
@@ -41,6 +42,7 @@ from kernel_model.pgtable import (
     _PAGE_SPECIAL,
     pte_addr,
 )
+from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
     from kernel_model.mm import mm_struct
@@ -54,6 +56,9 @@ VM_FAULT_ERROR = VM_FAULT_OOM | VM_FAULT_SIGBUS | VM_FAULT_SIGSEGV
 FAULT_FLAG_WRITE = 0x01
 FAULT_FLAG_REMOTE = 0x80
 
+# arch/x86/include/asm/trace/exceptions.h (error_code: bit 0 present, 1 write, 2 user)
+trace_page_fault_user = tracepoint("page_fault_user", "address error_code")
+
 
 class vm_fault:
     """Mirrors struct vm_fault: what a ->fault handler is told."""
@@ -66,6 +71,7 @@ class vm_fault:
         self.pgoff = vma.vm_pgoff + ((address - vma.vm_start) >> ps)
 
 
+@traced
 def handle_mm_fault(vma: vm_area_struct, address: int, flags: int) -> int:
     """Mirrors handle_mm_fault(): make the page at address present; 0 or VM_FAULT_*.
 
@@ -96,6 +102,7 @@ def handle_mm_fault(vma: vm_area_struct, address: int, flags: int) -> int:
     return do_anonymous_page(vma, address, slot, flags)
 
 
+@traced
 def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) -> int:
     """Mirrors do_anonymous_page(): a zeroed page, mapped with the VMA's prot."""
     mm = vma.vm_mm
@@ -114,6 +121,7 @@ def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) 
     return 0
 
 
+@traced
 def unmap_vmas(vma: vm_area_struct, start: int, end: int) -> None:
     """Mirrors unmap_vmas()/zap_pte_range(): clear PTEs, drop maps and references.
 
@@ -150,6 +158,7 @@ def unmap_vmas(vma: vm_area_struct, start: int, end: int) -> None:
             addr += ps
 
 
+@traced
 def zap_vma_ptes(vma: vm_area_struct, address: int, size: int) -> None:
     """Mirrors zap_vma_ptes(): drivers remove PFN mappings they installed."""
     if address < vma.vm_start or address + size > vma.vm_end or not vma.vm_flags & VM_PFNMAP:
@@ -157,6 +166,7 @@ def zap_vma_ptes(vma: vm_area_struct, address: int, size: int) -> None:
     unmap_vmas(vma, address, address + size)
 
 
+@traced
 def remap_pfn_range(vma: vm_area_struct, addr: int, pfn: int, size: int, prot: int) -> None:
     """Mirrors remap_pfn_range(): map raw PFNs (device pages) as special PTEs.
 
@@ -212,6 +222,8 @@ def access_vm(mm: mm_struct, addr: int, length: int, write: bool,
             if vma is None or (write and not vma.vm_flags & VM_WRITE and not force) or (
                     not write and not vma.vm_flags & VM_READ and not force):
                 break
+            if trace.enabled:
+                trace_page_fault_user(va, (pte & _PAGE_PRESENT) | (2 if write else 0) | 4)
             if handle_mm_fault(vma, va, FAULT_FLAG_WRITE if write else 0) & VM_FAULT_ERROR:
                 break
             pte = mm.pgtable.get(va)

@@ -21,6 +21,7 @@ import attrs
 
 from kernel_model.errno import EACCES, EBADF, EINVAL, ENODEV, ENOMEM, EOVERFLOW, KernelError
 from kernel_model.pgtable import PageTable, vm_get_page_prot
+from kernel_model.trace import traced
 
 if TYPE_CHECKING:
     from kernel_model.fs import file
@@ -94,6 +95,10 @@ class vm_area_struct:
 class mm_struct:
     """Mirrors struct mm_struct: the VMAs, page tables and pin counters."""
 
+    @property
+    def trace_name(self) -> str:
+        return f"mm(pid {self.owner_pid})"
+
     def __init__(self, machine: Machine, owner_pid: int):
         self.machine = machine
         self.owner_pid = owner_pid
@@ -160,6 +165,7 @@ def mmget(mm: mm_struct) -> None:
     mm.mm_users += 1
 
 
+@traced
 def mmput(mm: mm_struct) -> None:
     """Mirrors mmput(): the last user tears down every mapping (exit_mmap)."""
     mm.mm_users -= 1
@@ -183,6 +189,7 @@ def mmdrop(mm: mm_struct) -> None:
         mm.machine.mms.discard(mm)
 
 
+@traced
 def exit_mmap(mm: mm_struct) -> None:
     """Mirrors exit_mmap(): unmap every VMA, then free the page tables."""
     from kernel_model.memory import unmap_vmas
@@ -204,6 +211,7 @@ def remove_vma(vma: vm_area_struct) -> None:
 
 
 # -- mmap / munmap (mm/mmap.c, mm/vma.c) -------------------------------------
+@traced
 def get_unmapped_area(mm: mm_struct, length: int) -> int:
     """Mirrors the top-down allocator: highest gap below mmap_base that fits.
 
@@ -229,6 +237,7 @@ def calc_vm_flags(prot: int, flags: int) -> int:
     return vm
 
 
+@traced
 def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, flags: int,
             pgoff: int) -> int:
     """Mirrors do_mmap() + mmap_region(): validate, place, create the VMA, call ->mmap.
@@ -280,6 +289,7 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
     return addr
 
 
+@traced
 def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
     """Mirrors __split_vma(): cut at addr; return the upper part (linked)."""
     mm = vma.vm_mm
@@ -300,6 +310,7 @@ def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
     return new
 
 
+@traced
 def do_munmap(mm: mm_struct, start: int, length: int) -> None:
     """Mirrors do_vmi_munmap(): split the edge VMAs, zap and remove what is inside."""
     from kernel_model.memory import unmap_vmas

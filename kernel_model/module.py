@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import running
 from kernel_model.errno import EBUSY, EEXIST, ENOENT, KernelError
+from kernel_model.trace import traced
 
 if TYPE_CHECKING:
     from kernel_model.machine import Machine
@@ -49,6 +50,7 @@ def _find(name: str) -> Any:
     raise KernelError(ENOENT, f"request_module: module {name} not found")
 
 
+@traced
 def load_module(machine: Machine, name: str, **params: Any) -> module:
     """Mirrors load_module() (insmod/modprobe): import, then run module_init(params)."""
     mods = machine_modules(machine)
@@ -62,6 +64,7 @@ def load_module(machine: Machine, name: str, **params: Any) -> module:
     return mod
 
 
+@traced
 def delete_module(machine: Machine, name: str) -> None:
     """Mirrors delete_module() (rmmod): EBUSY while in use, else module_exit()."""
     mods = machine_modules(machine)

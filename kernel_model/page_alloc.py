@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kernel_model.errno import ENOMEM, KernelError
+from kernel_model.trace import traced
 
 if TYPE_CHECKING:
     from kernel_model.machine import Machine
@@ -207,6 +208,7 @@ def _zone() -> zone:
     return current().machine.zone
 
 
+@traced
 def alloc_pages(gfp: int, order: int, owner: str = "kernel") -> page:
     """Mirrors alloc_pages(): 2^order pages from the current machine, refcount 1.
 
@@ -215,6 +217,7 @@ def alloc_pages(gfp: int, order: int, owner: str = "kernel") -> page:
     return _zone().alloc(gfp, order, owner)
 
 
+@traced
 def __free_pages(pg: page, order: int) -> None:
     """Mirrors __free_pages(): drop a reference; free the block when it was the last."""
     put_page(pg, order)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from kernel_model import dma
 from kernel_model.errno import EEXIST, EINVAL, KernelError
 from kernel_model.machine import MmioRegion
+from kernel_model.trace import traced
 
 if TYPE_CHECKING:
     from kernel_model.machine import Machine
@@ -133,6 +134,7 @@ def pci_resource_len(pdev: pci_dev, bar: int) -> int:
     return resource_size(res) if res.end else 0
 
 
+@traced
 def pci_register_bar(pdev: pci_dev, bar: int, size: int, read: Callable[[int, int], bytes],
                      write: Callable[[int, bytes], None], prefetch: bool = False) -> resource:
     """Give `pdev` a 64-bit memory BAR of `size` bytes decoded by read/write(offset, ...).
@@ -167,12 +169,14 @@ def pci_get_drvdata(pdev: pci_dev) -> object:
     return pdev.dev.driver_data
 
 
+@traced
 def pci_enable_device(pdev: pci_dev) -> int:
     """Mirrors pci_enable_device(): count enables (memory decoding is always on here)."""
     pdev.enable_cnt += 1
     return 0
 
 
+@traced
 def pci_disable_device(pdev: pci_dev) -> None:
     """Mirrors pci_disable_device()."""
     if pdev.enable_cnt <= 0:
@@ -194,6 +198,7 @@ def pci_clear_master(pdev: pci_dev) -> None:
 
 
 # -- the bus ----------------------------------------------------------------
+@traced
 def pci_add_device(machine: Machine, pdev: pci_dev) -> pci_dev:
     """Mirrors pci_device_add() + pci_bus_add_device(): put pdev on the bus, decode BARs."""
     devs = _bus_list(machine)
@@ -206,6 +211,7 @@ def pci_add_device(machine: Machine, pdev: pci_dev) -> pci_dev:
     return pdev
 
 
+@traced
 def pci_remove_device(pdev: pci_dev) -> None:
     """Mirrors pci_stop_and_remove_bus_device(): stop decoding BARs, leave the bus.
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_model import syscalls
 from kernel_model.current import current_or_none, running
-from kernel_model.sched import SCHED, Task
 from kernel_model.fs import files_struct
 from kernel_model.mm import MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, mm_struct
+from kernel_model.sched import SCHED, Task
 from kernel_model.task import (
     CAP_IPC_LOCK,
     INR_OPEN_CUR,
@@ -85,6 +85,18 @@ class Process:
             raise RuntimeError(f"{self} has exited")
         with running(self._me()):
             return fn(*args)
+
+    def start(self, fn: Callable[..., Any], *args: object) -> Task:
+        """Run fn(*args) as this process's main thread: a Task whose current()
+        is the process's own task_struct, so a trace shows the user program,
+        its system calls and its page faults on one `comm-pid` track."""
+        if not self.alive:
+            raise RuntimeError(f"{self} has exited")
+        return SCHED.spawn(fn, *args, name=self.task.comm, ts=self.task)
+
+    def run(self, fn: Callable[..., Any], *args: object) -> Any:
+        """start() and join(): fn's result, or its exception re-raised."""
+        return self.start(fn, *args).join()
 
     def thread(self, fn: Callable[..., Any], *args: object, name: str | None = None) -> Task:
         """pthread_create(): run fn(*args) as a new thread of this process.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from c_ext import U64Array
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.page_alloc import page
+from kernel_model.trace import traced
 
 if TYPE_CHECKING:
     from kernel_model.machine import Machine
@@ -168,6 +169,7 @@ def for_each_sgtable_dma_sg(sgt: sg_table) -> Iterator[scatterlist]:
         yield scatterlist(sgt, i)
 
 
+@traced
 def sg_alloc_append_table_from_pages(sgt_append: sg_append_table, pages: U64Array,
                                      n_pages: int, offset: int, size: int, max_segment: int,
                                      left_pages: int, pages_off: int = 0) -> None:
@@ -223,6 +225,7 @@ def _check_batch(sgt: sg_table, pages: U64Array, pages_off: int, n_pages: int, o
         raise KernelError(EINVAL, "sg_alloc_append_table_from_pages: offset beyond a page")
 
 
+@traced
 def sg_alloc_table_from_pages_segment(sgt: sg_table, pages: U64Array, n_pages: int,
                                       offset: int, size: int, max_segment: int) -> None:
     """Mirrors sg_alloc_table_from_pages_segment(): a whole table in one batch.
@@ -240,18 +243,21 @@ def sg_alloc_table_from_pages_segment(sgt: sg_table, pages: U64Array, n_pages: i
         raise
 
 
+@traced
 def sg_alloc_table_from_pages(sgt: sg_table, pages: U64Array, n_pages: int, offset: int,
                               size: int) -> None:
     """Mirrors sg_alloc_table_from_pages(): segments limited only by UINT_MAX."""
     sg_alloc_table_from_pages_segment(sgt, pages, n_pages, offset, size, UINT_MAX)
 
 
+@traced
 def sg_free_table(sgt: sg_table) -> None:
     """Mirrors sg_free_table(): drop every entry (the DMA side must be unmapped first)."""
     sgt.nents = sgt.orig_nents = 0
     sgt._alloc(0)
 
 
+@traced
 def sg_free_append_table(sgt_append: sg_append_table) -> None:
     """Mirrors sg_free_append_table()."""
     sg_free_table(sgt_append.sgt)

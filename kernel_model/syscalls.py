@@ -17,6 +17,7 @@ from kernel_model.current import current
 from kernel_model.errno import EBADF, EINVAL, ENOTTY, KernelError
 from kernel_model.fs import do_filp_open, fput
 from kernel_model.mm import MAP_ANONYMOUS, do_mmap, do_munmap
+from kernel_model.trace import traced
 
 
 def syscall(fn: Callable[..., int]) -> Callable[..., int]:
@@ -33,6 +34,7 @@ def syscall(fn: Callable[..., int]) -> Callable[..., int]:
     return entry
 
 
+@traced
 @syscall
 def sys_open(path: str, flags: int) -> int:
     """open(2) of a device node: a new fd or -errno."""
@@ -43,6 +45,7 @@ def sys_open(path: str, flags: int) -> int:
     return fd
 
 
+@traced
 @syscall
 def sys_close(fd: int) -> int:
     """close(2)."""
@@ -58,6 +61,7 @@ def _with_file(fd: int, body: Callable[[object], int]) -> int:
         fput(f)
 
 
+@traced
 @syscall
 def sys_write(fd: int, buf: int, count: int) -> int:
     """write(2): the driver's ->write reads `count` bytes at user address buf."""
@@ -68,6 +72,7 @@ def sys_write(fd: int, buf: int, count: int) -> int:
     return _with_file(fd, body)
 
 
+@traced
 @syscall
 def sys_read(fd: int, buf: int, count: int) -> int:
     """read(2): the driver's ->read fills user address buf."""
@@ -78,6 +83,7 @@ def sys_read(fd: int, buf: int, count: int) -> int:
     return _with_file(fd, body)
 
 
+@traced
 @syscall
 def sys_ioctl(fd: int, cmd: int, arg: int) -> int:
     """ioctl(2): ->unlocked_ioctl, ENOTTY when the file has none."""
@@ -88,6 +94,7 @@ def sys_ioctl(fd: int, cmd: int, arg: int) -> int:
     return _with_file(fd, body)
 
 
+@traced
 @syscall
 def sys_mmap(addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
     """mmap(2): the new mapping's address, or -errno."""
@@ -102,6 +109,7 @@ def sys_mmap(addr: int, length: int, prot: int, flags: int, fd: int, offset: int
     return _with_file(fd, lambda f: do_mmap(t.mm, f, addr, length, prot, flags, pgoff))
 
 
+@traced
 @syscall
 def sys_munmap(addr: int, length: int) -> int:
     """munmap(2)."""
@@ -109,6 +117,7 @@ def sys_munmap(addr: int, length: int) -> int:
     return 0
 
 
+@traced
 def sys_exit(code: int) -> None:
     """exit(2): never fails, never returns to the caller's program."""
     current().do_exit(code)

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: the layers a traced function belongs to, top of the stack first
+#: the layers a traced function belongs to, top of the stack first ("driver": any
+#: other device driver, e.g. gup_test; "hw": the emulated silicon, not kernel code)
 LAYERS = ("userspace", "syscall", "ib_core", "mlx5_ib", "mlx5_core", "peer_client",
-          "nvidia", "kernel_model", "hw")
+          "nvidia", "driver", "kernel_model", "hw")
 
 
 @dataclass(slots=True, eq=False)

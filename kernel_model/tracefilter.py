@@ -31,7 +31,7 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Iterable, Sequence
 
-from kernel_model.tracedata import ENTER, LAYERS, SWITCH, Call, Point, Switch, Trace
+from kernel_model.tracedata import LAYERS, SWITCH, Call, Point, Switch, Trace
 
 Node = Call | Point
 Step = str | set[str] | frozenset[str]
@@ -94,9 +94,9 @@ def _no_function_message(trace: Trace, name: str) -> str:
     if not names:
         return f"no call to {name!r}: the trace has no calls"
     close = difflib.get_close_matches(name, names, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
     shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
-    return f"no call to {name!r} in the trace{hint} functions traced: {shown}"
+    return f"no call to {name!r} in the trace{hint}; functions traced: {shown}"
 
 
 # -- rebuilding ----------------------------------------------------------------
@@ -134,7 +134,7 @@ def _copy_tree(node: Node, parent: Call | None, keep: Callable[[Node], bool],
 
 
 def _fix_switches(timeline: list, remaining: set[int]) -> list:
-    """Keep switches between remaining tracks; merge runs left with nothing between them.
+    """Merge runs of switches left with nothing between them; keep those between remaining tracks.
 
     Dropping a stretch of one task's events leaves `A => B, B => A` back to
     back; that run says nothing and goes, and `A => B, B => C` becomes A => C.
@@ -143,21 +143,21 @@ def _fix_switches(timeline: list, remaining: set[int]) -> list:
     run: list[Switch] = []
     for kind, e in timeline:
         if kind == SWITCH:
-            if e.prev in remaining and e.next in remaining:
-                run.append(e)
+            run.append(e)
             continue
-        out += _merged(run)
+        out += _merged(run, remaining)
         run = []
         out.append((kind, e))
-    return out + _merged(run)
+    return out + _merged(run, remaining)
 
 
-def _merged(run: list[Switch]) -> list:
-    if len(run) <= 1:
-        return [(SWITCH, s) for s in run]
-    if run[0].prev == run[-1].next:
+def _merged(run: list[Switch], remaining: set[int]) -> list:
+    if not run:
         return []
-    return [(SWITCH, dataclasses.replace(run[-1], prev=run[0].prev))]
+    first, last = run[0], run[-1]
+    if first.prev == last.next or first.prev not in remaining or last.next not in remaining:
+        return []
+    return [(SWITCH, last if len(run) == 1 else dataclasses.replace(last, prev=first.prev))]
 
 
 # -- assert_call_flow ----------------------------------------------------------

@@ -276,6 +276,8 @@ def format_mermaid(trace: Trace, max_messages: int = 200) -> str:
     max_messages lines the rest is counted, not drawn, because Mermaid
     renders thousands of arrows unreadably slowly.
     """
+    if max_messages < 0:
+        raise ValueError(f"max_messages must be >= 0, not {max_messages}")
     messages = _mermaid_messages(trace)
     participants = _mermaid_participants(trace)
     lines = ["sequenceDiagram"] + [f"    participant {p}" for p in participants]

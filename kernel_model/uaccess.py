@@ -12,6 +12,7 @@ import struct
 
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, KernelError
+from kernel_model.trace import traced
 
 
 def access_ok(addr: int, size: int) -> bool:
@@ -21,6 +22,7 @@ def access_ok(addr: int, size: int) -> bool:
     return addr >= 0 and size >= 0 and addr + size <= limit
 
 
+@traced
 def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
     """Mirrors copy_from_user(): user bytes into a kernel buffer; returns bytes left."""
     from kernel_model.memory import access_vm
@@ -42,6 +44,7 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
     return n - access_vm(t.mm, from_, n, False, chunk)
 
 
+@traced
 def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
     """Mirrors copy_to_user(): kernel bytes into user memory; returns bytes left."""
     from kernel_model.memory import access_vm

@@ -2,6 +2,9 @@
 
     peermem --help
     peermem gup-test -m 128          # the mm selftest's pin benchmark
+    peermem scenarios                # what `trace` can run
+    peermem trace pin                # ftrace function_graph text of a scenario
+    peermem trace pin --format perfetto -o pin.json
 
 Each subcommand boots a Machine, loads the modules it needs by name (as
 modprobe would) and runs a user program on it through system calls only.
@@ -39,6 +42,49 @@ def _gup_test(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenarios(args: argparse.Namespace) -> int:
+    from scenarios import scenarios
+    all_ = scenarios()
+    width = max(len(n) for n in all_)
+    for name, sc in all_.items():
+        print(f"{name:<{width}}  {sc.summary}")
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from kernel_model.sched import DeadlockError, ReplayDivergence
+    from kernel_model.tracefilter import filter_trace
+    from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto
+    from scenarios import get, run_traced
+    try:
+        get(args.scenario)
+    except KeyError as e:
+        print(f"peermem trace: {e.args[0]}", file=sys.stderr)
+        return 2
+    try:
+        trace = run_traced(args.scenario, clock=args.clock, schedule=args.schedule)
+    except (DeadlockError, ReplayDivergence) as e:
+        print(f"peermem trace: {args.scenario}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    try:
+        trace = filter_trace(trace, function=args.function, depth=args.depth,
+                             layer=args.layer, task=args.task)
+    except ValueError as e:
+        print(f"peermem trace: {e}", file=sys.stderr)
+        return 2
+    fmt = {"ftrace": format_ftrace, "perfetto": format_perfetto,
+           "mermaid": format_mermaid}[args.format]
+    text = fmt(trace)
+    if not text.endswith("\n"):
+        text += "\n"
+    if args.o:
+        with open(args.o, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="peermem",
@@ -59,6 +105,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="page loops in C (default) or their Python twins")
     g.add_argument("--page-size", type=int, default=4096, choices=[4096, 16384, 65536])
     g.set_defaults(func=_gup_test)
+    s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
+                       description="One line per runnable scenario.")
+    s.set_defaults(func=_scenarios)
+    t = sub.add_parser("trace", help="run a scenario and print its trace",
+                       description="Run SCENARIO under the tracer and write its function "
+                       "graph: ftrace function_graph text (default), Chrome/Perfetto JSON "
+                       "(open in https://ui.perfetto.dev) or a Mermaid sequence diagram. "
+                       "The filters mirror ftrace's set_graph_function and max_graph_depth.")
+    t.add_argument("scenario", metavar="SCENARIO", help="see `peermem scenarios`")
+    t.add_argument("--format", choices=["ftrace", "perfetto", "mermaid"], default="ftrace")
+    t.add_argument("-o", metavar="FILE", help="write to FILE instead of stdout")
+    t.add_argument("--function", metavar="NAME",
+                   help="only the graphs under calls of NAME (set_graph_function)")
+    t.add_argument("--depth", type=int, metavar="N", help="nesting limit (max_graph_depth)")
+    t.add_argument("--layer", action="append", metavar="NAME",
+                   help="only calls of this layer (repeatable)")
+    t.add_argument("--task", metavar="NAME", help="only this task (comm or comm-pid)")
+    t.add_argument("--clock", choices=["virtual", "wall"], default="virtual",
+                   help="durations from the virtual clock (default, identical every run) "
+                   "or wall time")
+    t.add_argument("--schedule", metavar="STR",
+                   help="replay a recorded schedule string instead of the default order")
+    t.set_defaults(func=_trace)
     return ap
 
 

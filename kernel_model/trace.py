@@ -1,0 +1,454 @@
+"""The tracer: ftrace's function_graph and tracepoints for the emulated kernel.
+
+Emulator-level (kin to kernel/trace/ftrace.c).  A function that mirrors a
+real one is marked `@traced`; a key event is a tracepoint:
+
+    @traced
+    def pin_user_pages_fast(start, nr_pages, gup_flags, pages): ...
+
+    trace_pages_pinned = tracepoint("pages_pinned", "start nr_pages pinned")
+    ...
+    if trace.enabled:
+        trace_pages_pinned(start, nr_pages, n)
+
+    with Tracer() as t:          # record
+        ...run something...
+    print(format_ftrace(t.trace))
+
+Zero cost when off, as ftrace's nop-patched call sites are: `@traced` only
+registers the function and returns it untouched.  Starting a Tracer patches
+each registered function in place - its `__code__` is swapped for a small
+trampoline that calls the recorder, which calls a copy of the original - so
+every reference to it (imports, ops tables, bound methods) is traced, and
+stopping restores the original code.  Tracepoints cost one module-attribute
+test while off.
+
+Recording appends one small tuple per event and nothing else (the
+recorder is inlined into the trampoline); arguments and return values are
+summarised to text only when the Trace (kernel_model.tracedata) is first
+read after the run.  Times are virtual by default:
+each recorded event costs TICK_NS, and a sleep advances the clock by its
+jiffies, so two runs of the same program give byte-identical traces.
+`Tracer(clock="wall")` records perf_counter_ns() instead.
+
+The layer of a function comes from its module (drivers.mlx5_ib -> mlx5_ib,
+kernel_model.syscalls -> syscall, kernel_model.hw -> hw, ...) unless given.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kernel_model import current as _cur
+from kernel_model.errno import KernelError
+from kernel_model.sched import SCHED, Task
+from kernel_model.tracedata import ENTER, EXIT, LAYERS, POINT, SWITCH, Call, Point, Switch, Trace
+
+TICK_NS = 100          # virtual cost of one recorded event
+JIFFY_NS = 1_000_000   # HZ = 1000
+MAX_ARGS_TEXT = 120
+
+#: tracepoints test this before building their fields (the static key)
+enabled = False
+
+_REGISTRY: list[_Traced] = []
+_active: Tracer | None = None
+
+_MODULE_LAYERS = (("kernel_model.syscalls", "syscall"), ("kernel_model.hw", "hw"),
+                  ("kernel_model", "kernel_model"), ("drivers.ib_core", "ib_core"),
+                  ("drivers.mlx5_ib", "mlx5_ib"), ("drivers.mlx5_core", "mlx5_core"),
+                  ("drivers.nvidia", "nvidia"), ("drivers", "driver"),
+                  ("peermem_clients", "peer_client"), ("userspace", "userspace"))
+
+
+def layer_of_module(module: str) -> str:
+    """The layer a module's functions belong to (see the module docstring)."""
+    for prefix, layer in _MODULE_LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return "userspace"
+
+
+class _Traced:
+    """One registered function: its original code and its trampolines."""
+
+    def __init__(self, fn: types.FunctionType, layer: str, name: str):
+        self.fn = fn
+        self.layer = layer
+        self.name = name
+        self.code = fn.__code__
+        self.kwdefaults = fn.__kwdefaults__
+        sig = inspect.signature(fn)  # follows __wrapped__ through functools.wraps
+        self.params = [p.name for p in sig.parameters.values()
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.tramps = {clock: _trampoline(fn, clock) for clock in ("virtual", "wall")}
+
+    def copy(self) -> types.FunctionType:
+        """The original function as a separate object, for the trampoline to call."""
+        f = types.FunctionType(self.code, self.fn.__globals__, self.fn.__name__,
+                               self.fn.__defaults__, self.fn.__closure__)
+        f.__kwdefaults__ = self.kwdefaults
+        return f
+
+
+_PM_KW = "_pm_o=None, _pm_a=None, _pm_f=0, _pm_c=None, _pm_s=None, _pm_t=None"
+
+_TRAMP = """
+        _pm_k = _pm_c._current or _pm_s.current
+        _pm_a((_pm_f, _pm_k, {args}, {kw}{ts}))
+        try:
+            _pm_r = _pm_o({call})
+        except BaseException as _pm_e:
+            _pm_a((~_pm_f, _pm_k, _pm_e{ts}))
+            raise
+        _pm_a((~_pm_f, _pm_k, _pm_r{ts}))
+        return _pm_r"""
+
+
+def _trampoline(fn: types.FunctionType, clock: str) -> types.CodeType:
+    """Code with fn's own signature that records entry and exit around a call
+    of the original - the recorder inlined, so a traced call costs one extra
+    Python call and three small tuples.
+
+    What it needs arrives as keyword-only defaults, set in __kwdefaults__
+    when tracing starts: _pm_o the original, _pm_a the event list's append,
+    _pm_f the function's index, _pm_c and _pm_s the `current` module and the
+    scheduler, _pm_t the wall clock.  fn's positional defaults still apply
+    (__defaults__ is untouched).  It has as many free variables as fn's
+    closure, because CPython only lets __code__ be replaced by code with the
+    same number; they are referenced on a path that never runs.
+    """
+    co = fn.__code__
+    names = co.co_varnames
+    npos, nkw = co.co_argcount, co.co_kwonlyargcount
+    pos, kwonly = list(names[:npos]), list(names[npos:npos + nkw])
+    i = npos + nkw
+    varargs = names[i] if co.co_flags & inspect.CO_VARARGS else None
+    varkw = names[i + bool(varargs)] if co.co_flags & inspect.CO_VARKEYWORDS else None
+    params = list(pos)
+    if co.co_posonlyargcount:
+        params.insert(co.co_posonlyargcount, "/")
+    params.append(f"*{varargs}" if varargs else "*")
+    params += kwonly + [_PM_KW] + ([f"**{varkw}"] if varkw else [])
+    call = pos + ([f"*{varargs}"] if varargs else []) + [f"{k}={k}" for k in kwonly] + (
+        [f"**{varkw}"] if varkw else [])
+    args = "(" + "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "") + ")"
+    kws = [f"{k!r}: {k}" for k in kwonly] + ([f"**{varkw}"] if varkw else [])
+    kw = "{" + ", ".join(kws) + "}" if kws else "None"
+    cells = [f"_pm_cell{j}" for j in range(len(fn.__closure__ or ()))]
+    src = ["def _outer():"] + [f"    {c} = None" for c in cells]
+    src.append(f"    def _tramp({', '.join(params)}):")
+    if cells:
+        src.append(f"        if _pm_f < 0: ({', '.join(cells)},)")
+    src += [_TRAMP.format(args=args, kw=kw, call=", ".join(call),
+                          ts=", _pm_t()" if clock == "wall" else ""), "    return _tramp"]
+    ns: dict[str, Any] = {}
+    exec("\n".join(src), ns)  # noqa: S102 - generated from a code object, no user input
+    code = ns["_outer"]().__code__
+    return code.replace(co_name=co.co_name, co_qualname=co.co_qualname,
+                        co_filename=co.co_filename, co_firstlineno=co.co_firstlineno)
+
+
+def traced(fn: Callable | None = None, *, layer: str | None = None,
+           name: str | None = None) -> Any:
+    """Mark a function that mirrors a real one as traceable (returns it unchanged)."""
+
+    def mark(f: Callable) -> Callable:
+        lay = layer or layer_of_module(f.__module__)
+        if lay not in LAYERS:
+            raise ValueError(f"traced: unknown layer {lay!r} for {f.__qualname__}")
+        if not isinstance(f, types.FunctionType) or f.__code__.co_flags & 0x2A0:
+            raise TypeError(f"traced: {f!r} is not a plain function")
+        _REGISTRY.append(_Traced(f, lay, name or f.__name__))
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def registered() -> list[tuple[str, str]]:
+    """(name, layer) of every traceable function (available_filter_functions)."""
+    return [(r.name, r.layer) for r in _REGISTRY]
+
+
+class _Tracepoint:
+    """What a tracepoint is: name, fields, layer (the event's format file)."""
+
+    def __init__(self, name: str, fields: tuple[str, ...], layer: str):
+        self.name, self.fields, self.layer = name, fields, layer
+
+    def __repr__(self) -> str:
+        return f"tracepoint {self.name}({', '.join(self.fields)}) [{self.layer}]"
+
+
+_TRACEPOINTS: list[types.FunctionType] = []
+
+_TP_BODY = {
+    "virtual": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, ({vals})))",
+    "wall": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, ({vals}), _pm_t()))",
+}
+_TP_CELLS = ("_pm_a", "_pm_p", "_pm_c", "_pm_s", "_pm_t")
+
+
+def _discard(ev: tuple) -> None:
+    """Where a tracepoint hit goes while no tracer runs (callers test `enabled` first)."""
+
+
+def tracepoint(name: str, fields: str, layer: str = "kernel_model") -> Callable[..., None]:
+    """Define a tracepoint (TRACE_EVENT, reduced): a function taking its fields.
+
+        trace_pages_pinned = tracepoint("pages_pinned", "start nr_pages pinned")
+        ...
+        if trace.enabled:
+            trace_pages_pinned(start, nr_pages, nr)
+
+    A hit appends one tuple; the fields are named and formatted only when
+    the Trace is built.  What it appends to lives in its closure cells,
+    which a starting Tracer fills (cells are cheaper to read than keyword
+    defaults); the body is generated once per clock.
+    """
+    if layer not in LAYERS:
+        raise ValueError(f"tracepoint: unknown layer {layer!r}")
+    names = tuple(fields.split())
+    meta = _Tracepoint(name, names, layer)
+    vals = "".join(f"{f}, " for f in names)
+    fns = {}
+    for mode, body in _TP_BODY.items():
+        src = (f"def _mk({', '.join(_TP_CELLS)}):\n"
+               f"    def trace_{name}({', '.join(names)}):\n"
+               f"        {body.format(vals=vals)}\n"
+               f"    return trace_{name}\n")
+        ns: dict[str, Any] = {}
+        exec(src, ns)  # noqa: S102 - field names are identifiers, checked by compile
+        fns[mode] = ns["_mk"](_discard, meta, _cur, SCHED, time.perf_counter_ns)
+    fn = fns["virtual"]
+    fn.tp = meta  # type: ignore[attr-defined]
+    fn.codes = {mode: f.__code__ for mode, f in fns.items()}  # type: ignore[attr-defined]
+    fn.cells = dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True))  # type: ignore
+    _TRACEPOINTS.append(fn)
+    return fn
+
+
+def _key() -> object:
+    """The trace identity of the running code: its task_struct, else the Task."""
+    return _cur._current or SCHED.current
+
+
+class Tracer:
+    """Records a function graph of the emulated kernel.  See the module docstring."""
+
+    def __init__(self, *, clock: str = "virtual", layers: Iterable[str] | None = None):
+        if clock not in ("virtual", "wall"):
+            raise ValueError("Tracer: clock must be 'virtual' or 'wall'")
+        self.clock = clock
+        self.layers = None if layers is None else set(layers)
+        if self.layers is not None and not self.layers <= set(LAYERS):
+            raise ValueError(f"Tracer: unknown layer in {sorted(self.layers)}; "
+                             f"layers are {', '.join(LAYERS)}")
+        self._events: list[tuple] = []
+        self._patched: list[_Traced] = []
+        self._trace: Trace | None = None
+        self._stopped = False
+        self._t0 = 0
+
+    @property
+    def trace(self) -> Trace:
+        """The recorded Trace, built on first use after stop()."""
+        if not self._stopped:
+            raise RuntimeError("Tracer: stop() it before reading the trace")
+        if self._trace is None:
+            self._trace = _build(self._events, self.clock, self._t0)
+        return self._trace
+
+    # -- start / stop --------------------------------------------------------------
+    def start(self) -> Tracer:
+        """Patch every registered function (of the chosen layers) and record."""
+        global _active, enabled
+        if _active is not None:
+            raise RuntimeError("Tracer: another tracer is running")
+        _active, enabled = self, True
+        self._t0 = time.perf_counter_ns()
+        defaults = {"_pm_a": self._events.append, "_pm_c": _cur, "_pm_s": SCHED,
+                    "_pm_t": time.perf_counter_ns}
+        for i, r in enumerate(_REGISTRY):
+            if self.layers is None or r.layer in self.layers:
+                r.fn.__code__ = r.tramps[self.clock]
+                r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), "_pm_f": i,
+                                       **defaults}
+                self._patched.append(r)
+        for tp in _TRACEPOINTS:
+            if self.layers is None or tp.tp.layer in self.layers:
+                tp.__code__ = tp.codes[self.clock]
+                tp.cells["_pm_a"].cell_contents = self._events.append
+        SCHED.on_switch.append(self._on_switch)
+        SCHED.on_clock.append(self._on_clock)
+        return self
+
+    def stop(self) -> Trace:
+        """Restore the original code and build the Trace."""
+        global _active, enabled
+        if _active is not self:
+            raise RuntimeError("Tracer: not running")
+        for r in self._patched:
+            r.fn.__code__ = r.code
+            r.fn.__kwdefaults__ = r.kwdefaults
+        self._patched.clear()
+        for tp in _TRACEPOINTS:
+            tp.cells["_pm_a"].cell_contents = _discard
+        SCHED.on_switch.remove(self._on_switch)
+        SCHED.on_clock.remove(self._on_clock)
+        _active, enabled = None, False
+        self._stopped = True
+        return self.trace
+
+    def __enter__(self) -> Tracer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- recording -------------------------------------------------------------------
+    def _on_switch(self, prev: Task, nxt: Task, reason: str) -> None:
+        ev = ("S", _key(), nxt.saved_ts or nxt, reason)
+        self._events.append(ev + (time.perf_counter_ns(),) if self.clock == "wall" else ev)
+
+    def _on_clock(self, jiffies: int) -> None:
+        ev = ("T", None, jiffies, None)
+        self._events.append(ev + (time.perf_counter_ns(),) if self.clock == "wall" else ev)
+
+
+# -- building the Trace -------------------------------------------------------------
+
+class _Builder:
+    def __init__(self, clock: str, t0: int):
+        self.trace = Trace(clock=clock)
+        self.t0 = t0
+        self.keys: dict[int, int] = {}        # id(key) -> track
+        self.keep: list[object] = []          # keeps keys alive while building
+        self.stacks: list[list[tuple[Call, int]]] = []   # open calls and their fids
+        self.vclock = 0
+
+    def track(self, key: object) -> int:
+        tr = self.keys.get(id(key))
+        if tr is None:
+            tr = self.keys[id(key)] = len(self.trace.tracks)
+            self.keep.append(key)
+            self.trace.tracks.append(_task_name(key))
+            self.trace.roots.append([])
+            self.stacks.append([])
+        return tr
+
+    def ts(self, raw: int) -> int:
+        if self.trace.clock == "wall":
+            return raw - self.t0
+        self.vclock += TICK_NS
+        return self.vclock
+
+
+def _build(events: list[tuple], clock: str, t0: int) -> Trace:
+    b = _Builder(clock, t0)
+    tl = b.trace.timeline
+    machines = set()
+    wall = clock == "wall"
+    for ev in events:
+        code, key, payload = ev[0], ev[1], ev[2]
+        raw = ev[-1] if wall else 0
+        if code == "T":
+            b.vclock += payload * JIFFY_NS
+            continue
+        tr = b.track(key)
+        km = getattr(key, "machine", None)
+        if km is not None:
+            machines.add(km.name)
+        stack = b.stacks[tr]
+        if code == "S":
+            tl.append((SWITCH, Switch(b.ts(raw), tr, b.track(payload), ev[3])))
+        elif code == "P":
+            tp: _Tracepoint = payload
+            parent = stack[-1][0] if stack else None
+            p = Point(tp.name, tp.layer, tr, b.ts(raw), dict(zip(tp.fields, ev[3], strict=True)),
+                      len(stack), parent)
+            (parent.children if parent else b.trace.roots[tr]).append(p)
+            tl.append((POINT, p))
+        elif code >= 0:
+            r = _REGISTRY[code]
+            parent = stack[-1][0] if stack else None
+            c = Call(r.name, r.layer, tr, b.ts(raw), args=_args_text(r, payload, ev[3]),
+                     depth=len(stack), parent=parent)
+            (parent.children if parent else b.trace.roots[tr]).append(c)
+            stack.append((c, code))
+            tl.append((ENTER, c))
+        else:
+            fid = ~code
+            while stack:
+                c, cfid = stack.pop()
+                if cfid == fid:
+                    c.end = b.ts(raw)
+                    c.ret = _ret_text(payload)
+                    tl.append((EXIT, c))
+                    break
+    b.trace.machine = ", ".join(sorted(machines))
+    if len(machines) > 1:
+        b.trace.tracks = [_task_name(k, True) for k in b.keep]
+    return b.trace
+
+
+def _task_name(key: object, with_machine: bool = False) -> str:
+    if isinstance(key, Task):
+        return key.label if key.ts is None else f"{key.ts.comm}-{key.ts.pid}"
+    name = f"{key.comm}-{key.pid}"
+    return f"{key.machine.name}:{name}" if with_machine else name
+
+
+_HEX_NAMES = ("flags", "prot", "mask", "access", "mode")
+
+
+def summarise(v: object, name: str = "") -> str:
+    """One argument or return value as trace text (funcgraph-args style).
+
+    Integers print in hex when large (addresses, sizes) or when the
+    parameter is a bit field (`*flags`, `prot`, `*mask`, ...); objects print
+    their `trace_name` if they have one (a device's name, a file's path),
+    else their type - never a repr that would change as the run goes on.
+    """
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        if v >= 4096 or v <= -4096 or (v > 0 and name.endswith(_HEX_NAMES)):
+            return hex(v)
+        return str(v)
+    if isinstance(v, str):
+        return '"' + (v if len(v) <= 40 else v[:37] + "...") + '"'
+    if isinstance(v, bytes | bytearray | memoryview):
+        return f"bytes[{len(v)}]"
+    name = getattr(v, "trace_name", None)
+    if isinstance(name, str):
+        return name
+    return type(v).__name__
+
+
+def _args_text(r: _Traced, args: tuple, kwargs: dict | None) -> str:
+    parts = []
+    for i, v in enumerate(args):
+        if i < len(r.params):
+            parts.append(f"{r.params[i]}={summarise(v, r.params[i])}")
+        else:
+            parts.append(summarise(v))
+    parts += [f"{k}={summarise(v, k)}" for k, v in (kwargs or {}).items()]
+    text = ", ".join(parts)
+    return text if len(text) <= MAX_ARGS_TEXT else text[:MAX_ARGS_TEXT - 3] + "..."
+
+
+def _ret_text(v: object) -> str | None:
+    if isinstance(v, KernelError):
+        return f"-{v.name}"
+    if isinstance(v, BaseException):
+        return f"!{type(v).__name__}"
+    if v is None:
+        return None
+    return summarise(v)

@@ -1,0 +1,82 @@
+"""Runnable scenarios: small, complete programs that `peermem trace` records.
+
+Each scenario boots its own Machine, runs a story (a process mapping
+memory, a kernel caller pinning it, two threads racing for locks, ...),
+tears everything down and passes the leak check.  They are the demos of
+the docs and the CLI, so they must be deterministic: the same trace,
+byte for byte, on every run under the default schedule.
+
+Register one with the decorator; later issues add theirs here:
+
+    @scenario("pin", "a process maps memory; a kernel caller pins and DMA-maps it")
+    def pin() -> None: ...
+
+Scenarios sit above every layer (like tests) and may import anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kernel_model.sched import SCHED, ReplayStrategy
+from kernel_model.trace import Tracer
+from kernel_model.tracedata import Trace
+
+#: the modules that define scenarios, imported on first use
+_MODULES = ("scenarios.pin",)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    run: Callable[[], object]
+
+
+_SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str, summary: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
+    """Register fn as the scenario `name` with a one-line summary."""
+
+    def reg(fn: Callable[[], object]) -> Callable[[], object]:
+        if name in _SCENARIOS:
+            raise ValueError(f"scenario: {name!r} registered twice")
+        _SCENARIOS[name] = Scenario(name, summary, fn)
+        return fn
+
+    return reg
+
+
+def scenarios() -> dict[str, Scenario]:
+    """Every registered scenario by name, in name order."""
+    for mod in _MODULES:
+        importlib.import_module(mod)
+    return dict(sorted(_SCENARIOS.items()))
+
+
+def get(name: str) -> Scenario:
+    """The scenario `name`; KeyError listing the known ones otherwise."""
+    all_ = scenarios()
+    if name not in all_:
+        raise KeyError(f"no scenario {name!r}; known: {', '.join(all_)}")
+    return all_[name]
+
+
+def run_traced(name: str, *, clock: str = "virtual", schedule: str | None = None) -> Trace:
+    """Run scenario `name` under a Tracer and return its Trace.
+
+    `schedule` replays a recorded schedule string instead of the default
+    order (see kernel_model.sched).
+    """
+    sc = get(name)
+    SCHED.use(ReplayStrategy(schedule) if schedule else None)
+    try:
+        with Tracer(clock=clock) as t:
+            sc.run()
+    finally:
+        SCHED.use(None)
+    assert t.trace is not None
+    return t.trace
