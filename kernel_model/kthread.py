@@ -15,12 +15,14 @@ from typing import Any
 
 from kernel_model.current import current
 from kernel_model.errno import EINTR
-from kernel_model.sched import SCHED, BLOCKED, Task
+from kernel_model.sched import BLOCKED, SCHED, Task
 from kernel_model.task import PF_KTHREAD, cred, task_struct
+from kernel_model.trace import traced
 
 KTHREAD_SHOULD_STOP = 1
 
 
+@traced
 def kthread_create(threadfn: Callable[..., Any], *args: object, name: str) -> Task:
     """Mirrors kthread_create() + wake_up_process() (kthread_run): a runnable kthread."""
     m = current().machine
@@ -43,6 +45,7 @@ def kthread_should_stop() -> bool:
     return bool(getattr(current(), "kthread_flags", 0) & KTHREAD_SHOULD_STOP)
 
 
+@traced
 def kthread_stop(t: Task) -> Any:
     """Mirrors kthread_stop(): ask the thread to stop, wake it, wait; its return value.
 

@@ -22,11 +22,14 @@ other.  # EMU: real lockdep tracks recursive-read dependencies more finely
 (a cycle made only of read holds of an rwsem is not reported); here a
 cycle is reported only if at least one of its edges ends in a write
 acquisition, which covers the classic cases (mutex vs rwsem writer,
-synchronize_srcu under a lock that a reader section takes).
+synchronize_srcu under a lock that a reader section takes).  Taking a
+read lock again while holding it for read (down_read twice) is a WARN, not
+a LockBug: it hangs only when a writer queues in between.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import deque
 from typing import TYPE_CHECKING
@@ -40,29 +43,43 @@ if TYPE_CHECKING:
 
 #: source files whose frames are skipped when naming where a lock was taken
 _SKIP = ("kernel_model/lockdep.py", "kernel_model/locking.py", "kernel_model/workqueue.py",
-         "kernel_model/refcount.py", "kernel_model/sched.py", "contextlib.py")
+         "kernel_model/refcount.py", "kernel_model/sched.py", "kernel_model/rwsem.py",
+         "kernel_model/srcu.py", "kernel_model/slab.py", "contextlib.py")
 
 
 class LockBug(KernelBug):
     """A locking bug the real kernel would hang on (recursion, bad unlock)."""
 
 
+_TOPS = tuple({os.path.dirname(os.path.dirname(p)).replace("\\", "/") + "/"
+               for p in (os.path.abspath(__file__), os.path.realpath(__file__))})
+
+
 def call_site(skip: tuple[str, ...] = _SKIP) -> str:
     """"file.py:LINE func" of the nearest caller outside the locking code."""
-    f = sys._getframe(1)
+    first = f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.replace("\\", "/").endswith(skip):
         f = f.f_back
-    if f is None:
-        return "?"
+    if f is None:  # only model code on the stack (a workqueue worker): name the
+        f = first  # innermost frame outside lockdep itself
+        while f is not None and f.f_code.co_filename.endswith("kernel_model/lockdep.py"):
+            f = f.f_back
+        if f is None:
+            return "?"
     path = f.f_code.co_filename.replace("\\", "/")
-    for root in ("/kernel_model/", "/drivers/", "/peermem_clients/", "/userspace/",
-                 "/tests/", "/scenarios/"):
-        i = path.rfind(root)
-        if i >= 0:
-            path = path[i + 1:]
+    for top in _TOPS:  # relative to the checkout: "tests/drivers/..." stays whole
+        if path.startswith(top):
+            path = path[len(top):]
             break
     else:
-        path = path.rsplit("/", 1)[-1]
+        for root in ("/kernel_model/", "/drivers/", "/peermem_clients/", "/userspace/",
+                     "/tests/", "/scenarios/"):
+            i = path.rfind(root)
+            if i >= 0:
+                path = path[i + 1:]
+                break
+        else:
+            path = path.rsplit("/", 1)[-1]
     return f"{path}:{f.f_lineno} {f.f_code.co_name}()"
 
 
@@ -159,18 +176,51 @@ def lock_acquire(lock: object, *, read: bool = False, trylock: bool = False,
     """
     t = SCHED.current
     where = call_site()
+    m = getattr(lock, "machine", None) or machine_now()
     for h in t.held_locks:
         if h.lock is lock and not (read and h.read and recursive_ok):
-            raise LockBug(f"possible recursive locking detected: {t.label} is trying to "
-                          f"acquire {lock.name} at {where} but already holds it, taken at "
-                          f"{h.where}")
-    m = getattr(lock, "machine", None) or machine_now()
+            msg = (f"possible recursive locking detected: {t.label} is trying to "
+                   f"acquire {lock.name} at {where} but already holds it, taken at {h.where}")
+            if not (read and h.read) or m is None:
+                raise LockBug(msg)
+            # read after read (down_read twice): it hangs only if a writer queues
+            # in between, so the kernel WARNs and goes on - and so do we
+            m.report_bug("lockdep", msg)
+            break
     if m is not None and not trylock:
         for h in t.held_locks:
             m.lockdep.add(h, lock.name, where, not read, t.label)
     entry = held_lock(lock, read, where)
     t.held_locks.append(entry)
     return entry
+
+
+class lockdep_map:
+    """Mirrors struct lockdep_map: a lock class with no lock behind it.
+
+    Used for things that behave like a lock towards deadlocks without being
+    one - a work item, a workqueue (kernel/workqueue.c acquires them around
+    each work function and in flush_work).
+    """
+
+    atomic = False
+
+    def __init__(self, name: str, machine: Machine | None = None):
+        self.name = name
+        self.machine = machine or machine_now()
+
+    def __repr__(self) -> str:
+        return f"lockdep_map {self.name}"
+
+
+def lock_map_acquire(m: lockdep_map, *, read: bool = False) -> None:
+    """Mirrors lock_map_acquire() / lock_map_acquire_read()."""
+    lock_acquire(m, read=read, recursive_ok=read)
+
+
+def lock_map_release(m: lockdep_map) -> None:
+    """Mirrors lock_map_release()."""
+    lock_release(m, "lock_map_release")
 
 
 def lock_release(lock: object, func: str) -> held_lock:

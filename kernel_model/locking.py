@@ -41,6 +41,7 @@ from kernel_model.lockdep import (
     might_sleep,
 )
 from kernel_model.sched import SCHED, Task
+from kernel_model.trace import traced
 
 
 class _Lock:
@@ -119,6 +120,7 @@ def spin_lock_init(name: str | None = None) -> spinlock_t:
     return spinlock_t(name or call_site())
 
 
+@traced
 def spin_lock(lock: spinlock_t) -> None:
     """Mirrors spin_lock(): take the lock, then run in atomic context."""
     SCHED.point("spin_lock")
@@ -126,6 +128,7 @@ def spin_lock(lock: spinlock_t) -> None:
     SCHED.current.preempt_count += 1
 
 
+@traced
 def spin_trylock(lock: spinlock_t) -> bool:
     """Mirrors spin_trylock(): True if taken without waiting."""
     SCHED.point("spin_trylock")
@@ -135,6 +138,7 @@ def spin_trylock(lock: spinlock_t) -> bool:
     return True
 
 
+@traced
 def spin_unlock(lock: spinlock_t) -> None:
     """Mirrors spin_unlock(): release and leave atomic context."""
     lock._give("spin_unlock")
@@ -142,6 +146,7 @@ def spin_unlock(lock: spinlock_t) -> None:
     SCHED.point("spin_unlock")
 
 
+@traced
 def spin_lock_irqsave(lock: spinlock_t) -> int:
     """Mirrors spin_lock_irqsave(); returns the `flags` to restore.
 
@@ -152,6 +157,7 @@ def spin_lock_irqsave(lock: spinlock_t) -> int:
     return 0
 
 
+@traced
 def spin_unlock_irqrestore(lock: spinlock_t, flags: int) -> None:
     """Mirrors spin_unlock_irqrestore()."""
     spin_unlock(lock)
@@ -187,6 +193,7 @@ def mutex_init(name: str | None = None) -> mutex:
     return mutex(name or call_site())
 
 
+@traced
 def mutex_lock(lock: mutex) -> None:
     """Mirrors mutex_lock(): might_sleep, then take or wait in FIFO order."""
     might_sleep("mutex_lock")
@@ -200,12 +207,14 @@ def mutex_lock_interruptible(lock: mutex) -> int:
     return 0
 
 
+@traced
 def mutex_trylock(lock: mutex) -> bool:
     """Mirrors mutex_trylock(): 1 if taken without waiting."""
     SCHED.point("mutex_trylock")
     return lock._try()
 
 
+@traced
 def mutex_unlock(lock: mutex) -> None:
     """Mirrors mutex_unlock(): only the owner may release (DEBUG_MUTEXES)."""
     lock._give("mutex_unlock")
@@ -270,6 +279,7 @@ def wait_event(wq: wait_queue_head, condition: Callable[[], object]) -> None:
     wait_event_timeout(wq, condition, None)
 
 
+@traced
 def wake_up(wq: wait_queue_head) -> int:
     """Mirrors wake_up()/wake_up_all(): wake every sleeper to re-check; returns how many.
 
@@ -314,6 +324,7 @@ def reinit_completion(x: completion) -> None:
     x.done = 0
 
 
+@traced
 def complete(x: completion) -> None:
     """Mirrors complete(): one waiter may proceed."""
     if x.done != UINT_MAX:
@@ -321,6 +332,7 @@ def complete(x: completion) -> None:
     wake_up(x.wait)
 
 
+@traced
 def complete_all(x: completion) -> None:
     """Mirrors complete_all(): every waiter, now and later, proceeds."""
     x.done = UINT_MAX
@@ -335,6 +347,7 @@ def _consume(x: completion) -> bool:
     return True
 
 
+@traced
 def wait_for_completion_timeout(x: completion, timeout: int) -> int:
     """Mirrors wait_for_completion_timeout(): jiffies left (>= 1), or 0 on timeout."""
     got = []
@@ -348,6 +361,7 @@ def wait_for_completion_timeout(x: completion, timeout: int) -> int:
     return left if got else 0
 
 
+@traced
 def wait_for_completion(x: completion) -> None:
     """Mirrors wait_for_completion(): sleep until complete() has been called."""
     wait_for_completion_timeout(x, None)  # type: ignore[arg-type]
@@ -371,6 +385,7 @@ def cond_resched() -> None:
     SCHED.point("cond_resched")
 
 
+@traced
 def schedule_timeout(timeout: int) -> int:
     """Mirrors schedule_timeout_uninterruptible(): sleep `timeout` jiffies; 0."""
     might_sleep("schedule_timeout")

@@ -193,8 +193,8 @@ def parse_schedule(text: str) -> list[int]:
     """The inverse of format_schedule; ValueError on a malformed string."""
     out: list[int] = []
     for part in filter(None, text.replace(" ", "").split(",")):
-        tid, _, n = part.partition("*")
-        if not tid.isdigit() or (n and not n.isdigit()):
+        tid, star, n = part.partition("*")
+        if not tid.isdigit() or (star and not n.isdigit()):
             raise ValueError(f"parse_schedule: bad step {part!r} in {text!r}")
         out += [int(tid)] * (int(n) if n else 1)
     return out
@@ -259,8 +259,14 @@ class Scheduler:
     def join(self, t: Task) -> Any:
         """Block until `t` ends; its result, or its exception re-raised here."""
         while t.state != DONE:
-            t.joiners.append(self.current)
-            self.block(t)
+            me = self.current
+            t.joiners.append(me)
+            try:
+                self.block(t)
+            except BaseException:  # deadlock, replay divergence: no stale wake-up later
+                if me in t.joiners:
+                    t.joiners.remove(me)
+                raise
         if t.exc is not None:
             t.exc_seen = True
             if t in self.failed:
@@ -315,11 +321,17 @@ class Scheduler:
         if timeout is not None:
             cur.wake_at = self.jiffies + max(0, timeout)
             heapq.heappush(self._sleepers, (cur.wake_at, next(self._seq), cur))
-        nxt = self._pick_next("block")
+        try:
+            nxt = self._pick_next("block")
+        except BaseException:  # ReplayDivergence: the task has not left the CPU
+            cur.state, cur.blocked_on, cur.wake_at = RUNNING, None, None
+            raise
         if nxt is None:
             return self._deadlock(cur)
         if nxt is not cur:
             self._switch(cur, nxt, "block")
+        else:  # its own timeout was the earliest: it never left the CPU
+            cur.state = RUNNING
         cur.blocked_on = None
         return cur.woken
 
@@ -434,9 +446,13 @@ class Scheduler:
                 if owner is not None:
                     line += f" (owner: task {owner.tid} {owner.label})"
             lines.append(line)
-            for h in t.held_locks:
-                if h.lock is not on:
-                    lines.append(f"      holding {h}")
+            held = t.held_locks
+            # the entry lock_acquire() pushed before blocking is the wait, not a hold
+            # (a waiter record such as rwsem_waiter names its lock as `.lock`)
+            if held and held[-1].lock is getattr(on, "lock", on):
+                held = held[:-1]
+            for h in held:
+                lines.append(f"      holding {h}")
         cycle = self._cycle(tasks)
         if cycle:
             lines.append("  cycle: " + " -> ".join(f"{t.tid}:{t.label}" for t in cycle))
@@ -468,6 +484,7 @@ class Scheduler:
             return []
         assert self.current is self.main, "abandon() runs from main"
         self.killing = True
+        mine = _cur._current  # main's `current`, given back after each unwinding
         try:
             for t in killed:
                 if t.state == DONE:
@@ -478,9 +495,12 @@ class Scheduler:
                     t.state = DONE
                     t.killed = True
                     self.alive.pop(t.tid, None)
+                    for hook in t.on_exit:   # as _exit() would (m.kthreads, ...)
+                        hook()
                     continue
                 self.current = t
                 t.state = RUNNING
+                self.main.saved_ts, _cur._current = mine, t.saved_ts  # as _switch() does
                 t.greenlet.throw(TaskKilled)
                 self._resumed(self.main)
         finally:

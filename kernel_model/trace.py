@@ -85,7 +85,8 @@ class _Traced:
         sig = inspect.signature(fn)  # follows __wrapped__ through functools.wraps
         self.params = [p.name for p in sig.parameters.values()
                        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        self.tramps = {clock: _trampoline(fn, clock) for clock in ("virtual", "wall")}
+        self.fid = len(_REGISTRY)
+        self.tramps = {clock: _trampoline(fn, self.fid, clock) for clock in ("virtual", "wall")}
 
     def copy(self) -> types.FunctionType:
         """The original function as a separate object, for the trampoline to call."""
@@ -95,29 +96,31 @@ class _Traced:
         return f
 
 
-_PM_KW = "_pm_o=None, _pm_a=None, _pm_f=0, _pm_c=None, _pm_s=None, _pm_t=None"
+_PM_KW = {"virtual": "_pm_o=None, _pm_a=None, _pm_c=None, _pm_s=None",
+          "wall": "_pm_o=None, _pm_a=None, _pm_c=None, _pm_s=None, _pm_t=None"}
 
 _TRAMP = """
         _pm_k = _pm_c._current or _pm_s.current
-        _pm_a((_pm_f, _pm_k, {args}, {kw}{ts}))
+        _pm_a(({fid}, _pm_k, {args}, {kw}{ts}))
         try:
             _pm_r = _pm_o({call})
         except BaseException as _pm_e:
-            _pm_a((~_pm_f, _pm_k, _pm_e{ts}))
+            _pm_a(({xfid}, _pm_k, _pm_e{ts}))
             raise
-        _pm_a((~_pm_f, _pm_k, _pm_r{ts}))
+        _pm_a(({xfid}, _pm_k, _pm_r{ts}))
         return _pm_r"""
 
 
-def _trampoline(fn: types.FunctionType, clock: str) -> types.CodeType:
+def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     """Code with fn's own signature that records entry and exit around a call
     of the original - the recorder inlined, so a traced call costs one extra
     Python call and three small tuples.
 
-    What it needs arrives as keyword-only defaults, set in __kwdefaults__
-    when tracing starts: _pm_o the original, _pm_a the event list's append,
-    _pm_f the function's index, _pm_c and _pm_s the `current` module and the
-    scheduler, _pm_t the wall clock.  fn's positional defaults still apply
+    The function's index `fid` is a literal in the code (exits record ~fid);
+    the rest arrives as keyword-only defaults, set in __kwdefaults__ when
+    tracing starts: _pm_o the original, _pm_a the event list's append,
+    _pm_c and _pm_s the `current` module and the scheduler, _pm_t the wall
+    clock (wall mode only).  fn's positional defaults still apply
     (__defaults__ is untouched).  It has as many free variables as fn's
     closure, because CPython only lets __code__ be replaced by code with the
     same number; they are referenced on a path that never runs.
@@ -133,7 +136,7 @@ def _trampoline(fn: types.FunctionType, clock: str) -> types.CodeType:
     if co.co_posonlyargcount:
         params.insert(co.co_posonlyargcount, "/")
     params.append(f"*{varargs}" if varargs else "*")
-    params += kwonly + [_PM_KW] + ([f"**{varkw}"] if varkw else [])
+    params += kwonly + [_PM_KW[clock]] + ([f"**{varkw}"] if varkw else [])
     call = pos + ([f"*{varargs}"] if varargs else []) + [f"{k}={k}" for k in kwonly] + (
         [f"**{varkw}"] if varkw else [])
     args = "(" + "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "") + ")"
@@ -143,8 +146,8 @@ def _trampoline(fn: types.FunctionType, clock: str) -> types.CodeType:
     src = ["def _outer():"] + [f"    {c} = None" for c in cells]
     src.append(f"    def _tramp({', '.join(params)}):")
     if cells:
-        src.append(f"        if _pm_f < 0: ({', '.join(cells)},)")
-    src += [_TRAMP.format(args=args, kw=kw, call=", ".join(call),
+        src.append(f"        if _pm_a is None: ({', '.join(cells)},)")
+    src += [_TRAMP.format(args=args, kw=kw, call=", ".join(call), fid=fid, xfid=~fid,
                           ts=", _pm_t()" if clock == "wall" else ""), "    return _tramp"]
     ns: dict[str, Any] = {}
     exec("\n".join(src), ns)  # noqa: S102 - generated from a code object, no user input
@@ -220,6 +223,8 @@ def tracepoint(name: str, fields: str, layer: str = "kernel_model") -> Callable[
         src = (f"def _mk({', '.join(_TP_CELLS)}):\n"
                f"    def trace_{name}({', '.join(names)}):\n"
                f"        {body.format(vals=vals)}\n"
+               # every cell referenced in both bodies: __code__ swaps need equal free vars
+               f"        if _pm_a is None: ({', '.join(_TP_CELLS)},)\n"
                f"    return trace_{name}\n")
         ns: dict[str, Any] = {}
         exec(src, ns)  # noqa: S102 - field names are identifiers, checked by compile
@@ -269,40 +274,51 @@ class Tracer:
         global _active, enabled
         if _active is not None:
             raise RuntimeError("Tracer: another tracer is running")
-        _active, enabled = self, True
         self._t0 = time.perf_counter_ns()
-        defaults = {"_pm_a": self._events.append, "_pm_c": _cur, "_pm_s": SCHED,
-                    "_pm_t": time.perf_counter_ns}
-        for i, r in enumerate(_REGISTRY):
+        try:
+            self._patch()
+        except BaseException:
+            self._unpatch()
+            raise
+        _active, enabled = self, True
+        SCHED.on_switch.append(self._on_switch)
+        SCHED.on_clock.append(self._on_clock)
+        return self
+
+    def _patch(self) -> None:
+        defaults = {"_pm_a": self._events.append, "_pm_c": _cur, "_pm_s": SCHED}
+        if self.clock == "wall":
+            defaults["_pm_t"] = time.perf_counter_ns
+        for r in _REGISTRY:
             if self.layers is None or r.layer in self.layers:
                 r.fn.__code__ = r.tramps[self.clock]
-                r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), "_pm_f": i,
-                                       **defaults}
+                r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), **defaults}
                 self._patched.append(r)
         for tp in _TRACEPOINTS:
             if self.layers is None or tp.tp.layer in self.layers:
                 tp.__code__ = tp.codes[self.clock]
                 tp.cells["_pm_a"].cell_contents = self._events.append
-        SCHED.on_switch.append(self._on_switch)
-        SCHED.on_clock.append(self._on_clock)
-        return self
 
     def stop(self) -> Trace:
         """Restore the original code and build the Trace."""
         global _active, enabled
         if _active is not self:
             raise RuntimeError("Tracer: not running")
-        for r in self._patched:
-            r.fn.__code__ = r.code
-            r.fn.__kwdefaults__ = r.kwdefaults
-        self._patched.clear()
-        for tp in _TRACEPOINTS:
-            tp.cells["_pm_a"].cell_contents = _discard
+        self._unpatch()
         SCHED.on_switch.remove(self._on_switch)
         SCHED.on_clock.remove(self._on_clock)
         _active, enabled = None, False
         self._stopped = True
         return self.trace
+
+    def _unpatch(self) -> None:
+        for r in self._patched:
+            r.fn.__code__ = r.code
+            r.fn.__kwdefaults__ = r.kwdefaults
+        self._patched.clear()
+        for tp in _TRACEPOINTS:
+            tp.__code__ = tp.codes["virtual"]
+            tp.cells["_pm_a"].cell_contents = _discard
 
     def __enter__(self) -> Tracer:
         return self.start()

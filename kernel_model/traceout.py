@@ -106,7 +106,7 @@ def _duration(ns: int | None) -> str:
 
 
 def _switch_block(trace: Trace, prev: int, nxt: int, width: int) -> list[str]:
-    return [_RULE, f" 0)   {trace.tracks[prev]:<{width - 1}}=>  {trace.tracks[nxt]}", _RULE]
+    return [_RULE, f" 0)   {trace.tracks[prev]:<{width - 1}} =>  {trace.tracks[nxt]}", _RULE]
 
 
 # -- Perfetto / Chrome trace-event JSON -----------------------------------------

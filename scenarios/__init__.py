@@ -20,7 +20,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernel_model.sched import SCHED, ReplayStrategy
+from kernel_model.sched import SCHED, ReplayDivergence, ReplayStrategy
 from kernel_model.trace import Tracer
 from kernel_model.tracedata import Trace
 
@@ -69,14 +69,21 @@ def run_traced(name: str, *, clock: str = "virtual", schedule: str | None = None
     """Run scenario `name` under a Tracer and return its Trace.
 
     `schedule` replays a recorded schedule string instead of the default
-    order (see kernel_model.sched).
+    order (see kernel_model.sched): ValueError if it is malformed,
+    ReplayDivergence if the run does not make exactly those decisions.
     """
     sc = get(name)
-    SCHED.use(ReplayStrategy(schedule) if schedule else None)
+    replay = ReplayStrategy(schedule) if schedule else None  # ValueError if malformed
+    SCHED.use(replay)
     try:
         with Tracer(clock=clock) as t:
             sc.run()
+        if replay is not None and replay.i < len(replay.steps):
+            raise ReplayDivergence(f"replay: the run made {replay.i} decisions but the "
+                                   f"schedule lists {len(replay.steps)}")
+    except BaseException:
+        SCHED.abandon()  # a failed run leaves no task behind for the next one
+        raise
     finally:
         SCHED.use(None)
-    assert t.trace is not None
     return t.trace

@@ -56,13 +56,13 @@ TWO_TASKS_FTRACE = """\
  0)  app-1        |+ 11.600 us    |    } /* ib_umem_get = 0 */
  0)  app-1        |               |    mlx5_cmd_exec(opcode=CREATE_MKEY) {
  ------------------------------------------
- 0)   app-1       =>  kworker-3
+ 0)   app-1        =>  kworker-3
  ------------------------------------------
  0)  kworker-3    |               |  mlx5_cmd_comp_handler(vec=0x1) {
  0)  kworker-3    |   0.100 us    |    complete();
  0)  kworker-3    |! 150.300 us   |  } /* mlx5_cmd_comp_handler */
  ------------------------------------------
- 0)   kworker-3   =>  app-1
+ 0)   kworker-3    =>  app-1
  ------------------------------------------
  0)  app-1        |! 150.600 us   |    } /* mlx5_cmd_exec = 0 */
  0)  app-1        |               |    /* mlx5_cmd: op=CREATE_MKEY status=0 */
@@ -103,8 +103,8 @@ def test_ftrace_childless_call_split_by_switch_is_not_a_leaf() -> None:
     body = format_ftrace(b.build()).splitlines()[5:]
     assert body[0].endswith("|  schedule() {")
     assert body[-1].endswith("|  } /* schedule = 0 */")
-    assert body.count(" 0)   app-1       =>  idle-0") == 1
-    assert body.count(" 0)   idle-0      =>  app-1") == 1
+    assert body.count(" 0)   app-1        =>  idle-0") == 1
+    assert body.count(" 0)   idle-0       =>  app-1") == 1
 
 
 def test_ftrace_long_task_name_widens_column() -> None:

@@ -66,6 +66,9 @@ def _trace(args: argparse.Namespace) -> int:
     except (DeadlockError, ReplayDivergence) as e:
         print(f"peermem trace: {args.scenario}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a malformed --schedule
+        print(f"peermem trace: {e}", file=sys.stderr)
+        return 2
     try:
         trace = filter_trace(trace, function=args.function, depth=args.depth,
                              layer=args.layer, task=args.task)

@@ -1,0 +1,177 @@
+"""Mirrors include/linux/slab.h: kernel-object lifetimes, checked like KASAN/kmemleak.
+
+A driver object (an mr, a umem, a peer context) is "allocated" with
+kmalloc_obj(obj) and freed with kfree(obj), the way the kernel's struct is
+kzalloc'ed and kfree'd.  The model records every live object with where and
+by whom it was allocated, and checks three bugs:
+  * use after free: kfree() poisons the object - it becomes an instance of
+    a "freed" subclass whose every attribute read, write or delete raises
+    UseAfterFree naming the object, who freed it and where, and the access
+    (KASAN's slab-use-after-free report);
+  * double free: kfree() of a poisoned object raises DoubleFree naming both
+    free sites;
+  * leaks: an object still allocated at the machine's leak check is listed
+    with its allocation site (kmemleak).
+# EMU: Python keeps the memory alive, so nothing is really reused; the
+# poisoning makes every later access fail at once instead of reading
+# whatever the slab put there.  repr() of a freed object still works (it
+# is the emulator's, used by reports) and says that it was freed.
+
+The records live in `machine.slab` (made on first use, with its leak check).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kernel_model.errno import KernelBug
+from kernel_model.lockdep import call_site, machine_now
+from kernel_model.sched import SCHED
+from kernel_model.trace import traced
+
+if TYPE_CHECKING:
+    from kernel_model.machine import Machine
+
+T = TypeVar("T")
+
+_FREED = "_slab_freed"        # instance __dict__ key: (type name, repr, task, site)
+_poisoned: dict[type, type] = {}   # class -> its freed twin
+_poison_classes: set[type] = set()
+
+
+class UseAfterFree(KernelBug):
+    """An access to a kfree'd object (KASAN: slab-use-after-free)."""
+
+
+class DoubleFree(KernelBug):
+    """kfree() of an object already freed (KASAN: double-free)."""
+
+
+class kmem_objects:
+    """The live objects of one machine: id -> (object, alloc site, allocating task)."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, tuple[object, str, str]] = {}
+
+    def __repr__(self) -> str:
+        return f"slab: {len(self.live)} live objects"
+
+
+def _slab(m: Machine) -> kmem_objects:
+    s = getattr(m, "slab", None)
+    if s is None:
+        s = m.slab = kmem_objects()
+        m.leak_checks.append(_leaks)
+    return s
+
+
+def _leaks(m: Machine) -> list[str]:
+    return [f"object {type(o).__name__} {_safe_repr(o)} allocated at {where} by {who} "
+            "never freed" for o, where, who in m.slab.live.values()]
+
+
+def _safe_repr(o: object) -> str:
+    try:
+        return repr(o)
+    except Exception as e:  # noqa: BLE001 - a report must not fail on a bad __repr__
+        return f"<{type(o).__name__} at {id(o):#x}: repr failed: {e!r}>"
+
+
+def _info(o: object) -> tuple[str, str, str, str] | None:
+    """The poison record of a freed object, or None if it is not freed."""
+    if type(o) not in _poison_classes:
+        return None
+    return object.__getattribute__(o, "__dict__")[_FREED]
+
+
+def _uaf(o: object, access: str) -> UseAfterFree:
+    tname, r, who, where = _info(o)
+    return UseAfterFree(f"BUG: KASAN: slab-use-after-free: {access} by {SCHED.current.label} "
+                        f"at {call_site()} of {tname} object {r}, freed by {who} at {where}")
+
+
+def _poison_get(self: object, name: str) -> Any:
+    if name == "__class__":  # isinstance() asks; it is not a use of the object
+        return type(self)
+    raise _uaf(self, f"read of .{name}")
+
+
+def _poison_set(self: object, name: str, value: object) -> None:
+    raise _uaf(self, f"write of .{name}")
+
+
+def _poison_del(self: object, name: str) -> None:
+    raise _uaf(self, f"delete of .{name}")
+
+
+def _poison_repr(self: object) -> str:
+    tname, r, _who, _where = _info(self)
+    return f"<freed {r}>"
+
+
+def _poison_class(cls: type) -> type:
+    """The "freed" twin of `cls` (made once per class): same layout, every access fails."""
+    p = _poisoned.get(cls)
+    if p is None:
+        p = type(f"freed_{cls.__name__}", (cls,), {
+            "__slots__": (), "__getattribute__": _poison_get, "__setattr__": _poison_set,
+            "__delattr__": _poison_del, "__repr__": _poison_repr,
+            "__module__": cls.__module__})
+        _poisoned[cls] = p
+        _poison_classes.add(p)
+    return p
+
+
+def kmalloc_obj(obj: T) -> T:
+    """Record `obj` as allocated on the current machine (kzalloc of its struct)."""
+    m = machine_now()
+    if m is None:
+        raise KernelBug("kmalloc_obj: no current machine (run in m.kernel() or a task)")
+    freed = _info(obj)
+    if freed is not None:
+        raise KernelBug(f"kmalloc_obj: {freed[0]} object {freed[1]} was freed by {freed[2]} "
+                        f"at {freed[3]}: allocate a new object")
+    live = _slab(m).live
+    if id(obj) in live:
+        raise KernelBug(f"kmalloc_obj: {type(obj).__name__} object {_safe_repr(obj)} is "
+                        f"already allocated, at {live[id(obj)][1]}")
+    live[id(obj)] = (obj, call_site(), SCHED.current.label)
+    return obj
+
+
+def _owner(obj: object) -> kmem_objects | None:
+    """The records holding `obj`: the current machine's, else any live machine's."""
+    from kernel_model.machine import live_machines
+    m = machine_now()
+    for mach in ([m] if m is not None else []) + list(live_machines):
+        s = getattr(mach, "slab", None)
+        if s is not None and s.live.get(id(obj), (None,))[0] is obj:
+            return s
+    return None
+
+
+@traced
+def kfree(obj: object) -> None:
+    """Mirrors kfree(): forget and poison `obj`; None is ignored as in the kernel."""
+    if obj is None:
+        return
+    where, who = call_site(), SCHED.current.label
+    freed = _info(obj)
+    if freed is not None:
+        tname, r, who1, where1 = freed
+        raise DoubleFree(f"BUG: KASAN: double-free: kfree of {tname} object {r} by {who} at "
+                         f"{where}; already freed by {who1} at {where1}")
+    s = _owner(obj)
+    if s is None:
+        raise KernelBug(f"BUG: KASAN: invalid-free: kfree of {type(obj).__name__} object "
+                        f"{_safe_repr(obj)} by {who} at {where}, which kmalloc_obj never "
+                        "allocated")
+    del s.live[id(obj)]
+    record = (type(obj).__name__, _safe_repr(obj), who, where)
+    object.__setattr__(obj, _FREED, record)
+    object.__setattr__(obj, "__class__", _poison_class(type(obj)))
+
+
+def kmem_is_freed(obj: object) -> bool:
+    """Emulator helper: has `obj` been kfree'd?"""
+    return _info(obj) is not None
