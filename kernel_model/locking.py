@@ -117,7 +117,7 @@ class spinlock_t(_Lock):
 
 def spin_lock_init(name: str | None = None) -> spinlock_t:
     """Mirrors spin_lock_init(): a new unlocked spinlock of class `name`."""
-    return spinlock_t(name or call_site())
+    return spinlock_t(name)
 
 
 @traced
@@ -190,7 +190,7 @@ class mutex(_Lock):
 
 def mutex_init(name: str | None = None) -> mutex:
     """Mirrors mutex_init(): a new unlocked mutex of class `name`."""
-    return mutex(name or call_site())
+    return mutex(name)
 
 
 @traced
@@ -243,7 +243,7 @@ class wait_queue_head:
 
 def init_waitqueue_head(name: str | None = None) -> wait_queue_head:
     """Mirrors init_waitqueue_head()."""
-    return wait_queue_head(name or call_site())
+    return wait_queue_head(name)
 
 
 def wait_event_timeout(wq: wait_queue_head, condition: Callable[[], object],
@@ -316,7 +316,7 @@ UINT_MAX = (1 << 32) - 1
 
 def init_completion(name: str | None = None) -> completion:
     """Mirrors init_completion()."""
-    return completion(name or call_site())
+    return completion(name)
 
 
 def reinit_completion(x: completion) -> None:

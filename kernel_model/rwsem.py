@@ -164,7 +164,7 @@ class rw_semaphore:
 
 def init_rwsem(name: str | None = None) -> rw_semaphore:
     """Mirrors init_rwsem(): a new unlocked rwsem of lock class `name`."""
-    return rw_semaphore(name or call_site())
+    return rw_semaphore(name)
 
 
 @traced

@@ -79,7 +79,7 @@ class srcu_struct:
 
 def init_srcu_struct(name: str | None = None) -> srcu_struct:
     """Mirrors init_srcu_struct(): a new srcu_struct of lock class `name`."""
-    return srcu_struct(name or call_site())
+    return srcu_struct(name)
 
 
 @traced

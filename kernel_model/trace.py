@@ -237,11 +237,6 @@ def tracepoint(name: str, fields: str, layer: str = "kernel_model") -> Callable[
     return fn
 
 
-def _key() -> object:
-    """The trace identity of the running code: its task_struct, else the Task."""
-    return _cur._current or SCHED.current
-
-
 class Tracer:
     """Records a function graph of the emulated kernel.  See the module docstring."""
 
@@ -299,8 +294,8 @@ class Tracer:
                 tp.__code__ = tp.codes[self.clock]
                 tp.cells["_pm_a"].cell_contents = self._events.append
 
-    def stop(self) -> Trace:
-        """Restore the original code and build the Trace."""
+    def stop(self) -> None:
+        """Restore the original code; `trace` builds the Trace when first read."""
         global _active, enabled
         if _active is not self:
             raise RuntimeError("Tracer: not running")
@@ -309,7 +304,6 @@ class Tracer:
         SCHED.on_clock.remove(self._on_clock)
         _active, enabled = None, False
         self._stopped = True
-        return self.trace
 
     def _unpatch(self) -> None:
         for r in self._patched:
@@ -328,7 +322,7 @@ class Tracer:
 
     # -- recording -------------------------------------------------------------------
     def _on_switch(self, prev: Task, nxt: Task, reason: str) -> None:
-        ev = ("S", _key(), nxt.saved_ts or nxt, reason)
+        ev = ("S", _cur._current or prev, nxt.saved_ts or nxt, reason)
         self._events.append(ev + (time.perf_counter_ns(),) if self.clock == "wall" else ev)
 
     def _on_clock(self, jiffies: int) -> None:

@@ -41,3 +41,15 @@ def _reset_scheduler() -> None:
 def backend(request) -> str:
     """Run a test on the C loops and on their Python twins."""
     return request.param
+
+
+@pytest.fixture
+def m() -> Machine:
+    """A small machine (64 MiB) on the C loops, for tests of kernel primitives."""
+    return Machine(ram_size=64 << 20)
+
+
+@pytest.fixture
+def machine(backend: str) -> Machine:
+    """A small machine (64 MiB) on each backend."""
+    return Machine(ram_size=64 << 20, backend=backend)

@@ -32,11 +32,6 @@ P = 4096
 GiB = 1 << 30
 
 
-@pytest.fixture
-def machine(backend):
-    return Machine(ram_size=64 << 20, backend=backend)
-
-
 def build(m: Machine, pfns: list[int], offset: int = 0) -> sg_table:
     arr = U64Array(len(pfns))
     for i, p in enumerate(pfns):

@@ -34,15 +34,9 @@ from kernel_model.locking import (
     wait_for_completion_timeout,
     wake_up,
 )
-from kernel_model.machine import Machine
 from kernel_model.sched import SCHED, Strategy
 
 HERE = "tests/kernel_model/test_locking.py"
-
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
 
 
 class OthersFirst(Strategy):

@@ -8,7 +8,7 @@ import pytest
 
 from kernel_model.dma import DMA_BIT_MASK
 from kernel_model.errno import EEXIST, EINVAL, KernelError
-from kernel_model.machine import PCI_MMIO_BASE, Machine, MachineCheck
+from kernel_model.machine import PCI_MMIO_BASE, MachineCheck
 from kernel_model.pci import (
     IORESOURCE_MEM,
     IORESOURCE_MEM_64,
@@ -32,11 +32,6 @@ from kernel_model.pci import (
 )
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def machine(backend):
-    return Machine(ram_size=64 << 20, backend=backend)
 
 
 class RegisterFile:

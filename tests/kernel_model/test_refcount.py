@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from kernel_model.kthread import kthread_run
-from kernel_model.machine import Machine
 from kernel_model.refcount import (
     INT_MAX,
     INT_MIN,
@@ -46,12 +43,6 @@ from kernel_model.refcount import (
     refcount_t,
 )
 from kernel_model.sched import SCHED, Strategy
-
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
-
 
 # -- atomics ----------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ import pytest
 from kernel_model.kthread import kthread_run
 from kernel_model.lockdep import LockBug
 from kernel_model.locking import complete, init_completion, msleep, mutex_init, wait_for_completion
-from kernel_model.machine import Machine
 from kernel_model.rwsem import (
     down_read,
     down_read_trylock,
@@ -22,11 +21,6 @@ from kernel_model.rwsem import (
 from kernel_model.sched import SCHED, DeadlockError
 
 HERE = "tests/kernel_model/test_rwsem.py"
-
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
 
 
 def _reader(sem, log, tag, hold=1):

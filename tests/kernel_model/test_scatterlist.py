@@ -29,11 +29,6 @@ P = 4096
 GiB2 = 2 << 30
 
 
-@pytest.fixture
-def machine(backend):
-    return Machine(ram_size=64 << 20, backend=backend)
-
-
 def pfn_array(pfns: list[int]) -> U64Array:
     a = U64Array(len(pfns))
     for i, p in enumerate(pfns):

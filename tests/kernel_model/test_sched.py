@@ -28,12 +28,6 @@ from kernel_model.sched import (
     parse_schedule,
 )
 
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
-
-
 # -- the default order ----------------------------------------------------------
 
 def test_default_order_is_run_to_block_then_fifo(m):

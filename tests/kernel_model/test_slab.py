@@ -7,15 +7,9 @@ import pytest
 from kernel_model.errno import KernelBug
 from kernel_model.kthread import kthread_run
 from kernel_model.leakcheck import find_leaks
-from kernel_model.machine import Machine
 from kernel_model.slab import DoubleFree, UseAfterFree, kfree, kmalloc_obj, kmem_is_freed
 
 HERE = "tests/kernel_model/test_slab.py"
-
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
 
 
 class mlx5_ib_mr:

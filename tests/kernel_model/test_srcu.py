@@ -7,7 +7,6 @@ import pytest
 from kernel_model.kthread import kthread_run
 from kernel_model.lockdep import LockBug
 from kernel_model.locking import msleep, mutex_init
-from kernel_model.machine import Machine
 from kernel_model.sched import SCHED, DeadlockError
 from kernel_model.srcu import (
     cleanup_srcu_struct,
@@ -19,11 +18,6 @@ from kernel_model.srcu import (
 )
 
 HERE = "tests/kernel_model/test_srcu.py"
-
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
 
 
 def _reader(ssp, log, tag, start, hold, mutex=None):

@@ -10,7 +10,6 @@ from kernel_model.current import current
 from kernel_model.leakcheck import find_leaks
 from kernel_model.lockdep import LockBug
 from kernel_model.locking import msleep, mutex_init
-from kernel_model.machine import Machine
 from kernel_model.sched import SCHED, DeadlockError
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.workqueue import (
@@ -30,11 +29,6 @@ from kernel_model.workqueue import (
 )
 
 HERE = "tests/kernel_model/test_workqueue.py"
-
-
-@pytest.fixture
-def m() -> Machine:
-    return Machine(ram_size=64 << 20)
 
 
 def _logging_work(log, tag, sleep=0):
