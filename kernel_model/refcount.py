@@ -66,43 +66,53 @@ def ATOMIC_INIT(i: int) -> atomic_t:
 
 
 def atomic_read(v: atomic_t) -> int:
+    """Mirrors atomic_read()."""
     return v.counter
 
 
 def atomic_set(v: atomic_t, i: int) -> None:
+    """Mirrors atomic_set(): wraps to the counter's width."""
     v.counter = _wrap(v, i)
 
 
 def atomic_add_return(i: int, v: atomic_t) -> int:
+    """Mirrors atomic_add_return()."""
     v.counter = _wrap(v, v.counter + i)
     return v.counter
 
 
 def atomic_sub_return(i: int, v: atomic_t) -> int:
+    """Mirrors atomic_sub_return()."""
     return atomic_add_return(-i, v)
 
 
 def atomic_add(i: int, v: atomic_t) -> None:
+    """Mirrors atomic_add()."""
     atomic_add_return(i, v)
 
 
 def atomic_sub(i: int, v: atomic_t) -> None:
+    """Mirrors atomic_sub()."""
     atomic_add_return(-i, v)
 
 
 def atomic_inc(v: atomic_t) -> None:
+    """Mirrors atomic_inc()."""
     atomic_add_return(1, v)
 
 
 def atomic_dec(v: atomic_t) -> None:
+    """Mirrors atomic_dec()."""
     atomic_add_return(-1, v)
 
 
 def atomic_inc_return(v: atomic_t) -> int:
+    """Mirrors atomic_inc_return()."""
     return atomic_add_return(1, v)
 
 
 def atomic_dec_return(v: atomic_t) -> int:
+    """Mirrors atomic_dec_return()."""
     return atomic_add_return(-1, v)
 
 
@@ -190,10 +200,12 @@ def refcount_warn_saturate(r: refcount_t, what: str) -> None:
 
 
 def refcount_set(r: refcount_t, n: int) -> None:
+    """Mirrors refcount_set()."""
     atomic_set(r.refs, n)
 
 
 def refcount_read(r: refcount_t) -> int:
+    """Mirrors refcount_read()."""
     return atomic_read(r.refs)
 
 
@@ -267,6 +279,7 @@ def kref_init(k: kref) -> None:
 
 
 def kref_read(k: kref) -> int:
+    """Mirrors kref_read()."""
     return refcount_read(k.refcount)
 
 
