@@ -19,6 +19,7 @@ ENXIO = 6
 E2BIG = 7
 EBADF = 9
 EAGAIN = 11
+EWOULDBLOCK = EAGAIN
 ENOMEM = 12
 EACCES = 13
 EFAULT = 14
@@ -47,7 +48,8 @@ EKEYREJECTED = 129
 ENOTSUPP = 524  # kernel-internal (include/linux/errno.h), never seen by userspace
 
 errorcode: dict[int, str] = {
-    v: k for k, v in dict(globals()).items() if k.startswith("E") and isinstance(v, int)
+    v: k for k, v in dict(globals()).items()
+    if k.startswith("E") and isinstance(v, int) and k != "EWOULDBLOCK"
 }
 
 _FUNC_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*: ")

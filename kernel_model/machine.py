@@ -128,11 +128,12 @@ class Machine:
 
     # -- processes -------------------------------------------------------
     def spawn(self, comm: str = "proc", *, rlimit_memlock: int | None = None,
-              cap_ipc_lock: bool = False, uid: int = 1000):
+              cap_ipc_lock: bool = False, uid: int = 1000,
+              environ: dict[str, str] | None = None):
         """Start a user process with an empty address space (fork+exec, in short)."""
         from kernel_model.process import Process
         return Process(self, comm, rlimit_memlock=rlimit_memlock, cap_ipc_lock=cap_ipc_lock,
-                       uid=uid)
+                       uid=uid, environ=environ)
 
     def alloc_pid(self) -> int:
         return next(self._pids)

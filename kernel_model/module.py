@@ -2,7 +2,9 @@
 
 A module is a Python module under drivers/ or peermem_clients/ (or any
 importable name) defining `module_init()` and, optionally, `module_exit()`,
-the two ends of module_init()/module_exit().  Loading runs init in the
+the two ends of module_init()/module_exit(), and `MODULE_DEPENDS`, the
+modules whose symbols it uses: loading it loads those first (modprobe), and
+they cannot be unloaded while it is loaded (EWOULDBLOCK, "in use by").  Loading runs init in the
 machine's init task context and keeps the module's state per machine; a
 module's refcount (try_module_get from open files) makes unloading fail with
 EBUSY, as delete_module does.
@@ -17,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import running
-from kernel_model.errno import EBUSY, EEXIST, ENOENT, KernelError
+from kernel_model.errno import EBUSY, EEXIST, ENOENT, EWOULDBLOCK, KernelError
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
@@ -57,6 +59,9 @@ def load_module(machine: Machine, name: str, **params: Any) -> module:
     if name in mods:
         raise KernelError(EEXIST, f"load_module: module {name} already loaded")
     code = _find(name)
+    for dep in getattr(code, "MODULE_DEPENDS", ()):  # modprobe: dependencies first
+        if dep not in mods:
+            load_module(machine, dep)
     mod = module(name, code, machine)
     with running(machine.init_task):
         mod.state = code.module_init(mod, **params)
@@ -71,6 +76,10 @@ def delete_module(machine: Machine, name: str) -> None:
     mod = mods.get(name)
     if mod is None:
         raise KernelError(ENOENT, f"delete_module: module {name} not loaded")
+    users = [m.name for m in mods.values() if name in getattr(m.code, "MODULE_DEPENDS", ())]
+    if users:
+        raise KernelError(EWOULDBLOCK, f"delete_module: module {name} is in use by: "
+                          + " ".join(users))
     if mod.refcnt:
         raise KernelError(EBUSY, f"delete_module: module {name} in use (refcnt {mod.refcnt})")
     exit_fn = getattr(mod.code, "module_exit", None)

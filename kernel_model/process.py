@@ -40,8 +40,10 @@ class Process:
     """A user process on a Machine.  See the module docstring."""
 
     def __init__(self, machine: Machine, comm: str, *, rlimit_memlock: int | None = None,
-                 cap_ipc_lock: bool = False, uid: int = 1000):
+                 cap_ipc_lock: bool = False, uid: int = 1000,
+                 environ: dict[str, str] | None = None):
         self.machine = machine
+        self.environ: dict[str, str] = dict(environ or {})  # what getenv() sees
         pid = machine.alloc_pid()
         memlock = MLOCK_LIMIT if rlimit_memlock is None else rlimit_memlock
         caps = 1 << CAP_IPC_LOCK if cap_ipc_lock else 0
@@ -147,6 +149,10 @@ class Process:
 
     def munmap(self, addr: int, length: int) -> int:
         return self._sys(syscalls.sys_munmap, addr, length)
+
+    def getdents(self, path: str) -> list[str] | int:
+        """The names in a directory of the device tree (/sys/class/...), or -errno."""
+        return self._sys(syscalls.sys_getdents, path)
 
     def exit(self, code: int = 0) -> None:
         self._sys(syscalls.sys_exit, code)

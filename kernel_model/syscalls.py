@@ -117,6 +117,18 @@ def sys_munmap(addr: int, length: int) -> int:
     return 0
 
 
+def sys_getdents(path: str) -> list[str] | int:
+    """getdents64(2) of a directory in the device tree: entry names, or -ENOENT.
+
+    EMU: returns the names instead of filling a linux_dirent64 buffer; open +
+    getdents + close of a directory fold into this one call.
+    """
+    from kernel_model.errno import ENOENT
+    from kernel_model.sysfs import list_dir
+    names = list_dir(current().machine, path)
+    return names if names else -ENOENT
+
+
 @traced
 def sys_exit(code: int) -> None:
     """exit(2): never fails, never returns to the caller's program."""

@@ -29,6 +29,7 @@ RLIM_INFINITY = (1 << 64) - 1
 MLOCK_LIMIT = 8 << 20  # include/uapi/linux/resource.h default since 5.16
 INR_OPEN_CUR = 1024
 
+CAP_NET_RAW = 13
 CAP_IPC_LOCK = 14
 CAP_SYS_RAWIO = 17
 CAP_SYS_ADMIN = 21

@@ -1,0 +1,322 @@
+"""Mirrors drivers/infiniband/core/uverbs_main.c: the /dev/infiniband/uverbsN files.
+
+ib_uverbs is an ib_core *client*: for every registered device with
+alloc_ucontext it creates an `ib_uverbs_device` and the character device
+/dev/infiniband/uverbsN (+ /sys/class/infiniband_verbs/uverbsN/{ibdev,
+abi_version}, which is how libibverbs finds it).  Each open() makes an
+`ib_uverbs_file` (the "ufile"): its ucontext, its handle table and its
+mmaps.
+
+A command is one write(): ib_uverbs_cmd_hdr, the command struct, the
+driver's request.  ib_uverbs_write() checks the header against the
+command's sizes (verify_hdr), splits the buffers into the core part
+(ucore) and the driver part (driver_udata), runs the handler, and commits
+or aborts the object the handler created.  mmap() goes to the driver's
+ops.mmap with the VMA tracked (rdma_umap_ops), so that removing the device
+can zap every mapping (uverbs_user_mmap_disassociate).
+
+Lock order: ufile.ucontext_lock; ufile.umap_lock (EMU: the SRCU that
+guards ib_dev against disassociation is folded into `ib_dev is None`
+checks - the model never removes a device while a command runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from drivers.ib_core import uverbs_cmd as cmds
+from drivers.ib_core.device import ib_client, ib_set_client_data
+from drivers.ib_core.ib_verbs import RDMA_REMOVE_CLOSE, RDMA_REMOVE_DRIVER_REMOVE, ib_udata
+from drivers.ib_core.rdma_core import (
+    rdma_alloc_abort_uobject,
+    rdma_alloc_commit_uobject,
+    ufile_init_uobjects,
+    uverbs_attr_bundle,
+    uverbs_destroy_ufile_hw,
+)
+from kernel_model.current import current
+from kernel_model.errno import EFAULT, EINVAL, EIO, ENOSPC, EOPNOTSUPP, KernelError
+from kernel_model.fs import (
+    O_RDWR,
+    cdev,
+    cdev_add,
+    cdev_del,
+    file,
+    file_operations,
+    inode,
+)
+from kernel_model.locking import mutex_init
+from kernel_model.memory import zap_vma_ptes
+from kernel_model.mm import vm_operations_struct
+from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
+from kernel_model.trace import traced
+from kernel_model.uaccess import copy_from_user, get_user_u64
+from kernel_model.uapi import ib_user_verbs as uv
+
+IB_UVERBS_MAX_DEVICES = 1 << 20
+
+
+@attrs.define(eq=False)
+class uverbs_api_write_method:
+    """Mirrors struct uverbs_api_write_method: one command's handler and sizes."""
+
+    handler: Any
+    req_size: int
+    resp_size: int
+    has_udata: bool
+    has_resp: bool
+
+
+def _m(handler, req, resp=None, udata=True) -> uverbs_api_write_method:
+    return uverbs_api_write_method(handler, req.SIZE, resp.SIZE if resp else 0, udata,
+                                   bool(resp))
+
+
+#: the legacy write() commands this model implements (uverbs_core_api's write table)
+WRITE_METHODS: dict[int, uverbs_api_write_method] = {
+    uv.IB_USER_VERBS_CMD_GET_CONTEXT: _m(cmds.ib_uverbs_get_context, uv.ib_uverbs_get_context,
+                                         uv.ib_uverbs_get_context_resp),
+    uv.IB_USER_VERBS_CMD_QUERY_DEVICE: _m(cmds.ib_uverbs_query_device,
+                                          uv.ib_uverbs_query_device,
+                                          uv.ib_uverbs_query_device_resp),
+    uv.IB_USER_VERBS_CMD_QUERY_PORT: _m(cmds.ib_uverbs_query_port, uv.ib_uverbs_query_port,
+                                        uv.ib_uverbs_query_port_resp),
+    uv.IB_USER_VERBS_CMD_ALLOC_PD: _m(cmds.ib_uverbs_alloc_pd, uv.ib_uverbs_alloc_pd,
+                                      uv.ib_uverbs_alloc_pd_resp),
+    uv.IB_USER_VERBS_CMD_DEALLOC_PD: _m(cmds.ib_uverbs_dealloc_pd, uv.ib_uverbs_dealloc_pd,
+                                        udata=False),
+    uv.IB_USER_VERBS_CMD_REG_MR: _m(cmds.ib_uverbs_reg_mr, uv.ib_uverbs_reg_mr,
+                                    uv.ib_uverbs_reg_mr_resp),
+    uv.IB_USER_VERBS_CMD_DEREG_MR: _m(cmds.ib_uverbs_dereg_mr, uv.ib_uverbs_dereg_mr,
+                                      udata=False),
+    uv.IB_USER_VERBS_CMD_CREATE_CQ: _m(cmds.ib_uverbs_create_cq, uv.ib_uverbs_create_cq,
+                                       uv.ib_uverbs_create_cq_resp),
+    uv.IB_USER_VERBS_CMD_DESTROY_CQ: _m(cmds.ib_uverbs_destroy_cq, uv.ib_uverbs_destroy_cq,
+                                        uv.ib_uverbs_destroy_cq_resp, udata=False),
+    uv.IB_USER_VERBS_CMD_CREATE_QP: _m(cmds.ib_uverbs_create_qp, uv.ib_uverbs_create_qp,
+                                       uv.ib_uverbs_create_qp_resp),
+    uv.IB_USER_VERBS_CMD_DESTROY_QP: _m(cmds.ib_uverbs_destroy_qp, uv.ib_uverbs_destroy_qp,
+                                        uv.ib_uverbs_destroy_qp_resp, udata=False),
+}
+
+
+class ib_uverbs_device:
+    """Mirrors struct ib_uverbs_device: the uverbsN character device of one ib_device."""
+
+    def __init__(self, ib_dev: Any, devnum: int):
+        self.machine = ib_dev.machine
+        self.ib_dev = ib_dev  # None once the device is removed (disassociated)
+        self.devnum = devnum
+        self.name = f"uverbs{devnum}"
+        self.num_comp_vectors = ib_dev.num_comp_vectors
+        self.files: list[ib_uverbs_file] = []  # protected by lists_mutex (EMU: implied)
+        self.cdev: cdev | None = None
+
+    def __repr__(self) -> str:
+        dev = self.ib_dev.name if self.ib_dev else "(removed)"
+        return f"{self.name} -> {dev} files={len(self.files)}"
+
+
+class ib_uverbs_file:
+    """Mirrors struct ib_uverbs_file: one open of uverbsN."""
+
+    def __init__(self, device: ib_uverbs_device):
+        self.device = device
+        self.ucontext: Any = None
+        self.ucontext_lock = mutex_init("ib_uverbs_file.ucontext_lock")
+        self.umap_lock = mutex_init("ib_uverbs_file.umap_lock")
+        self.umaps: list[tuple[Any, Any]] = []  # (vma, mmap entry): protected by umap_lock
+        self.disassociated = False
+        ufile_init_uobjects(self)
+
+    def __repr__(self) -> str:
+        return (f"ib_uverbs_file {self.device.name} ucontext={self.ucontext is not None} "
+                f"objects={len(self.uobjects)} umaps={len(self.umaps)}")
+
+
+# -- write() -----------------------------------------------------------------------
+def verify_hdr(hdr: uv.ib_uverbs_cmd_hdr, count: int, method: uverbs_api_write_method) -> None:
+    """Mirrors verify_hdr() for a legacy command: in_words covers the whole
+    write (EINVAL otherwise); request or response too small: ENOSPC."""
+    if hdr.in_words * 4 != count:
+        raise KernelError(EINVAL, f"verify_hdr: in_words {hdr.in_words} * 4 != count {count}")
+    if count < method.req_size + uv.ib_uverbs_cmd_hdr.SIZE:
+        raise KernelError(ENOSPC, f"verify_hdr: request of {count} bytes below "
+                          f"{method.req_size + uv.ib_uverbs_cmd_hdr.SIZE}")
+    if hdr.out_words * 4 < method.resp_size:
+        raise KernelError(ENOSPC, f"verify_hdr: response of {hdr.out_words * 4} bytes "
+                          f"below {method.resp_size}")
+
+
+@traced
+def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
+    """Mirrors ib_uverbs_write(): header, method, udata split, handler, finalize."""
+    ufile: ib_uverbs_file = filp.private_data
+    hsize = uv.ib_uverbs_cmd_hdr.SIZE
+    if count < hsize:
+        raise KernelError(EINVAL, f"ib_uverbs_write: {count} bytes, no header")
+    raw = bytearray(hsize)
+    if copy_from_user(raw, buf, hsize):
+        raise KernelError(EFAULT, "ib_uverbs_write: copy_from_user of the header")
+    hdr = uv.ib_uverbs_cmd_hdr.unpack(raw)
+    method = WRITE_METHODS.get(hdr.command)
+    if method is None:
+        raise KernelError(EOPNOTSUPP, f"uapi_get_method: command {hdr.command} not supported")
+    verify_hdr(hdr, count, method)
+    if ufile.device.ib_dev is None:
+        raise KernelError(EIO, "ib_uverbs_write: device removed")
+    buf += hsize
+    in_len, out_len = hdr.in_words * 4 - hsize, hdr.out_words * 4
+    attrs_ = uverbs_attr_bundle(ufile)
+    response = 0
+    if method.has_resp:
+        response = get_user_u64(buf)  # the request's first field
+    if method.has_udata:
+        d_in, d_out = in_len - method.req_size, out_len - method.resp_size
+        attrs_.driver_udata = ib_udata(buf + method.req_size if d_in else 0,
+                                       response + method.resp_size if d_out else 0,
+                                       d_in, d_out)
+        in_len, out_len = method.req_size, method.resp_size
+    attrs_.ucore = ib_udata(buf, response, in_len, out_len)
+    try:
+        method.handler(attrs_)
+    except BaseException:
+        if attrs_.uobject is not None:
+            rdma_alloc_abort_uobject(attrs_.uobject, attrs_)
+        raise
+    if attrs_.uobject is not None:
+        rdma_alloc_commit_uobject(attrs_.uobject, attrs_)
+    return count
+
+
+# -- mmap --------------------------------------------------------------------------
+def rdma_umap_close(vma: Any) -> None:
+    """Mirrors rdma_umap_close(): forget the mapping, drop its mmap entry."""
+    from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry_put
+    ufile: ib_uverbs_file = vma.vm_file.private_data
+    with ufile.umap_lock:
+        for item in [u for u in ufile.umaps if u[0] is vma]:
+            ufile.umaps.remove(item)
+            if item[1] is not None:
+                rdma_user_mmap_entry_put(item[1])
+
+
+rdma_umap_ops = vm_operations_struct(close=rdma_umap_close)
+
+
+@traced
+def ib_uverbs_mmap(filp: file, vma: Any) -> None:
+    """Mirrors ib_uverbs_mmap(): needs a ucontext; the driver maps the pages."""
+    from drivers.ib_core.rdma_core import ib_uverbs_get_ucontext_file
+    ufile: ib_uverbs_file = filp.private_data
+    ucontext = ib_uverbs_get_ucontext_file(ufile)
+    vma.vm_ops = rdma_umap_ops
+    ucontext.device.ops.mmap(ucontext, vma)
+
+
+def uverbs_user_mmap_disassociate(ufile: ib_uverbs_file) -> None:
+    """Mirrors uverbs_user_mmap_disassociate(): zap every user mapping of the
+    device's pages, so nothing can reach the hardware after removal."""
+    with ufile.umap_lock:
+        for vma, _entry in list(ufile.umaps):
+            zap_vma_ptes(vma, vma.vm_start, vma.vm_end - vma.vm_start)
+
+
+# -- open / close -------------------------------------------------------------------
+@traced
+def ib_uverbs_open(ino: inode, filp: file) -> None:
+    """Mirrors ib_uverbs_open(): a new ufile; EIO once the device is gone."""
+    dev: ib_uverbs_device = ino.i_cdev.private
+    if dev.ib_dev is None:
+        raise KernelError(EIO, "ib_uverbs_open: device removed")
+    ufile = ib_uverbs_file(dev)
+    dev.files.append(ufile)
+    filp.private_data = ufile
+
+
+@traced
+def ib_uverbs_close(ino: inode, filp: file) -> None:
+    """Mirrors ib_uverbs_close(): destroy every object and the ucontext."""
+    ufile: ib_uverbs_file = filp.private_data
+    uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_CLOSE)
+    if ufile in ufile.device.files:
+        ufile.device.files.remove(ufile)
+
+
+def _async_release(ino: inode, filp: file) -> None:
+    """ib_uverbs_async_event_close(): nothing queued in this model."""
+
+
+ASYNC_EVENT_FOPS = file_operations(release=_async_release)
+
+
+def ib_uverbs_alloc_async_event_file(ufile: ib_uverbs_file) -> int:
+    """Mirrors uverbs_alloc_async_event_file() + the fd GET_CONTEXT returns:
+    an anonymous "[infinibandevent]" file installed in the caller's fd table.
+
+    EMU: async events are never delivered; the file exists so fds and their
+    close order are as on a real system.
+    """
+    t = current()
+    fd = t.files.alloc_fd()
+    f = file(ASYNC_EVENT_FOPS, "anon_inode:[infinibandevent]", inode(cdev(ASYNC_EVENT_FOPS)),
+             O_RDWR, 3, ufile)
+    t.files.fd_install(fd, f)
+    return fd
+
+
+def uverbs_fops(owner: Any) -> file_operations:
+    """uverbs_mmap_fops: the file operations of every uverbsN."""
+    return file_operations(owner=owner, open=ib_uverbs_open, release=ib_uverbs_close,
+                           write=ib_uverbs_write, mmap=ib_uverbs_mmap)
+
+
+# -- the client ----------------------------------------------------------------------
+class UverbsState:
+    """ib_uverbs' globals on one machine: the client, the devnum ida, the devices."""
+
+    def __init__(self, owner: Any):
+        self.owner = owner
+        self.devices: dict[int, ib_uverbs_device] = {}
+        self.client = ib_client("uverbs", add=self.add_one, remove=self.remove_one)
+
+    def __repr__(self) -> str:
+        return f"ib_uverbs {list(self.devices.values())}"
+
+    @traced
+    def add_one(self, device: Any) -> None:
+        """Mirrors ib_uverbs_add_one(): uverbsN for a device with alloc_ucontext."""
+        if device.ops.alloc_ucontext is None:
+            return
+        devnum = next(i for i in range(IB_UVERBS_MAX_DEVICES) if i not in self.devices)
+        udev = ib_uverbs_device(device, devnum)
+        cd = cdev(uverbs_fops(self.owner))
+        cd.private = udev
+        cdev_add(cd, f"/dev/infiniband/{udev.name}")
+        udev.cdev = cd
+        base = f"/sys/class/infiniband_verbs/{udev.name}"
+        sysfs_create_file(f"{base}/ibdev", lambda: f"{device.name}\n")
+        sysfs_create_file(f"{base}/abi_version", lambda: f"{device.ops.uverbs_abi_ver}\n")
+        # the parent PCI function's ids, which libibverbs matches providers by
+        sysfs_create_file(f"{base}/device/vendor", lambda: f"0x{device.attrs.vendor_id:04x}\n")
+        sysfs_create_file(f"{base}/device/device",
+                          lambda: f"0x{device.attrs.vendor_part_id:04x}\n")
+        self.devices[devnum] = udev
+        ib_set_client_data(device, self.client, udev)
+
+    @traced
+    def remove_one(self, device: Any, udev: ib_uverbs_device | None) -> None:
+        """Mirrors ib_uverbs_remove_one(): no new opens; every open file is
+        disassociated - its objects destroyed, its mmaps zapped - and later
+        commands on it fail with EIO."""
+        if udev is None:
+            return
+        cdev_del(udev.cdev)
+        sysfs_remove_dir(f"/sys/class/infiniband_verbs/{udev.name}")
+        for ufile in list(udev.files):  # ib_uverbs_free_hw_resources()
+            uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_DRIVER_REMOVE)
+            ufile.disassociated = True
+        udev.ib_dev = None
+        del self.devices[udev.devnum]

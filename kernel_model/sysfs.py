@@ -1,0 +1,68 @@
+"""Mirrors fs/sysfs (file.c, dir.c) for the attributes drivers publish: text files.
+
+A driver publishes an attribute with sysfs_create_file(path, show); reading
+the file calls show() and returns its text, as a DEVICE_ATTR_RO's show
+method does.  libibverbs finds devices this way: it lists
+/sys/class/infiniband_verbs and reads each uverbsN's `ibdev` and
+`abi_version`, then /sys/class/infiniband/<ibdev>/... for the rest.
+
+EMU: sysfs files are nodes in the machine's device table (kernel_model.fs
+chrdev_table) with a read operation, and a directory is the set of paths
+under a prefix; kobjects, attribute groups and uevents are folded away.
+Each read returns the whole attribute from offset 0 (no f_pos).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kernel_model.current import current
+from kernel_model.errno import EEXIST, KernelError
+from kernel_model.fs import O_ACCMODE, O_RDONLY, cdev, file_operations
+from kernel_model.uaccess import copy_to_user
+
+SYSFS_PREFIX = "/sys/"
+
+
+def _sysfs_read(f, buf: int, count: int) -> int:
+    """sysfs_kf_read(): format the attribute, copy what fits."""
+    text = f.f_inode.i_cdev.private().encode()
+    n = min(count, len(text))
+    if n and copy_to_user(buf, text[:n], n):
+        from kernel_model.errno import EFAULT
+        raise KernelError(EFAULT, "sysfs_kf_read: copy_to_user")
+    return n
+
+
+def _sysfs_open(inode, f) -> None:
+    """kernfs_fop_open(): attributes here are read-only."""
+    from kernel_model.errno import EACCES
+    if f.f_flags & O_ACCMODE != O_RDONLY:
+        raise KernelError(EACCES, f"kernfs_fop_open: {f.f_path} is read-only")
+
+
+_SYSFS_FOPS = file_operations(open=_sysfs_open, read=_sysfs_read)
+
+
+def sysfs_create_file(path: str, show: Callable[[], str]) -> None:
+    """Mirrors sysfs_create_file(): publish a read-only attribute at `path`."""
+    table = current().machine.chrdevs
+    if path in table:
+        raise KernelError(EEXIST, f"sysfs_create_file: {path} exists")
+    cd = cdev(_SYSFS_FOPS, path=path)
+    cd.private = show
+    table[path] = cd
+
+
+def sysfs_remove_dir(prefix: str) -> None:
+    """Mirrors sysfs_remove_dir(): remove every attribute under `prefix`/."""
+    table = current().machine.chrdevs
+    for path in [p for p in table if p.startswith(prefix.rstrip("/") + "/")]:
+        del table[path]
+
+
+def list_dir(machine, path: str) -> list[str]:
+    """The entries directly under `path` in the device tree (getdents64)."""
+    base = path.rstrip("/") + "/"
+    names = {p[len(base):].split("/", 1)[0] for p in machine.chrdevs if p.startswith(base)}
+    return sorted(names)

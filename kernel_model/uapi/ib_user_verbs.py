@@ -1,0 +1,183 @@
+"""Mirrors include/uapi/rdma/ib_user_verbs.h (+ the access flags of
+ib_user_ioctl_verbs.h): the uverbs write() commands both sides compile against.
+
+A legacy command is one write() to /dev/infiniband/uverbsN of
+`ib_uverbs_cmd_hdr` + the command struct + the driver's request (udata in).
+`in_words` counts the whole write in 32-bit words, header included;
+`out_words` the response buffer (core response + driver response) whose user
+address is the command's first field, `response`.
+"""
+
+from __future__ import annotations
+
+from kernel_model.uapi.ustruct import UStruct, uapi_struct
+
+IB_USER_VERBS_ABI_VERSION = 6
+
+# enum ib_uverbs_write_cmds
+IB_USER_VERBS_CMD_GET_CONTEXT = 0
+IB_USER_VERBS_CMD_QUERY_DEVICE = 1
+IB_USER_VERBS_CMD_QUERY_PORT = 2
+IB_USER_VERBS_CMD_ALLOC_PD = 3
+IB_USER_VERBS_CMD_DEALLOC_PD = 4
+IB_USER_VERBS_CMD_REG_MR = 9
+IB_USER_VERBS_CMD_DEREG_MR = 13
+IB_USER_VERBS_CMD_CREATE_CQ = 18
+IB_USER_VERBS_CMD_DESTROY_CQ = 20
+IB_USER_VERBS_CMD_CREATE_QP = 24
+IB_USER_VERBS_CMD_MODIFY_QP = 26
+IB_USER_VERBS_CMD_DESTROY_QP = 27
+
+# enum ib_uverbs_access_flags
+IB_UVERBS_ACCESS_LOCAL_WRITE = 1 << 0
+IB_UVERBS_ACCESS_REMOTE_WRITE = 1 << 1
+IB_UVERBS_ACCESS_REMOTE_READ = 1 << 2
+IB_UVERBS_ACCESS_REMOTE_ATOMIC = 1 << 3
+IB_UVERBS_ACCESS_MW_BIND = 1 << 4
+IB_UVERBS_ACCESS_ZERO_BASED = 1 << 5
+IB_UVERBS_ACCESS_ON_DEMAND = 1 << 6
+IB_UVERBS_ACCESS_HUGETLB = 1 << 7
+IB_UVERBS_ACCESS_FLUSH_GLOBAL = 1 << 8
+IB_UVERBS_ACCESS_FLUSH_PERSISTENT = 1 << 9
+IB_UVERBS_ACCESS_RELAXED_ORDERING = 1 << 20  # IB_UVERBS_ACCESS_OPTIONAL_FIRST
+IB_UVERBS_ACCESS_OPTIONAL_RANGE = ((1 << 29) - 1) & ~((1 << 20) - 1)
+
+# enum ib_uverbs_qp_type
+IB_UVERBS_QPT_RC = 2
+IB_UVERBS_QPT_UC = 3
+IB_UVERBS_QPT_UD = 4
+IB_UVERBS_QPT_RAW_PACKET = 8
+IB_UVERBS_QPT_XRC_INI = 9
+IB_UVERBS_QPT_XRC_TGT = 10
+IB_UVERBS_QPT_DRIVER = 0xFF
+
+
+@uapi_struct
+class ib_uverbs_cmd_hdr(UStruct):
+    FIELDS = (("command", "I"), ("in_words", "H"), ("out_words", "H"))
+
+
+@uapi_struct
+class ib_uverbs_get_context(UStruct):
+    FIELDS = (("response", "Q"),)
+
+
+@uapi_struct
+class ib_uverbs_get_context_resp(UStruct):
+    FIELDS = (("async_fd", "I"), ("num_comp_vectors", "I"))
+
+
+@uapi_struct
+class ib_uverbs_query_device(UStruct):
+    FIELDS = (("response", "Q"),)
+
+
+@uapi_struct
+class ib_uverbs_query_device_resp(UStruct):
+    FIELDS = (("fw_ver", "Q"), ("node_guid", "Q"), ("sys_image_guid", "Q"),
+              ("max_mr_size", "Q"), ("page_size_cap", "Q"), ("vendor_id", "I"),
+              ("vendor_part_id", "I"), ("hw_ver", "I"), ("max_qp", "I"), ("max_qp_wr", "I"),
+              ("device_cap_flags", "I"), ("max_sge", "I"), ("max_sge_rd", "I"), ("max_cq", "I"),
+              ("max_cqe", "I"), ("max_mr", "I"), ("max_pd", "I"), ("max_qp_rd_atom", "I"),
+              ("max_ee_rd_atom", "I"), ("max_res_rd_atom", "I"), ("max_qp_init_rd_atom", "I"),
+              ("max_ee_init_rd_atom", "I"), ("atomic_cap", "I"), ("max_ee", "I"),
+              ("max_rdd", "I"), ("max_mw", "I"), ("max_raw_ipv6_qp", "I"),
+              ("max_raw_ethy_qp", "I"), ("max_mcast_grp", "I"), ("max_mcast_qp_attach", "I"),
+              ("max_total_mcast_qp_attach", "I"), ("max_ah", "I"), ("max_fmr", "I"),
+              ("max_map_per_fmr", "I"), ("max_srq", "I"), ("max_srq_wr", "I"),
+              ("max_srq_sge", "I"), ("max_pkeys", "H"), ("local_ca_ack_delay", "B"),
+              ("phys_port_cnt", "B"), ("reserved", "4s"))
+
+
+@uapi_struct
+class ib_uverbs_query_port(UStruct):
+    FIELDS = (("response", "Q"), ("port_num", "B"), ("reserved", "7s"))
+
+
+@uapi_struct
+class ib_uverbs_query_port_resp(UStruct):
+    FIELDS = (("port_cap_flags", "I"), ("max_msg_sz", "I"), ("bad_pkey_cntr", "I"),
+              ("qkey_viol_cntr", "I"), ("gid_tbl_len", "I"), ("pkey_tbl_len", "H"),
+              ("lid", "H"), ("sm_lid", "H"), ("state", "B"), ("max_mtu", "B"),
+              ("active_mtu", "B"), ("lmc", "B"), ("max_vl_num", "B"), ("sm_sl", "B"),
+              ("subnet_timeout", "B"), ("init_type_reply", "B"), ("active_width", "B"),
+              ("active_speed", "B"), ("phys_state", "B"), ("link_layer", "B"),
+              ("flags", "B"), ("reserved", "B"))
+
+
+@uapi_struct
+class ib_uverbs_alloc_pd(UStruct):
+    FIELDS = (("response", "Q"),)
+
+
+@uapi_struct
+class ib_uverbs_alloc_pd_resp(UStruct):
+    FIELDS = (("pd_handle", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_dealloc_pd(UStruct):
+    FIELDS = (("pd_handle", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_reg_mr(UStruct):
+    FIELDS = (("response", "Q"), ("start", "Q"), ("length", "Q"), ("hca_va", "Q"),
+              ("pd_handle", "I"), ("access_flags", "I"))
+
+
+@uapi_struct
+class ib_uverbs_reg_mr_resp(UStruct):
+    FIELDS = (("mr_handle", "I"), ("lkey", "I"), ("rkey", "I"))
+
+
+@uapi_struct
+class ib_uverbs_dereg_mr(UStruct):
+    FIELDS = (("mr_handle", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_create_cq(UStruct):
+    FIELDS = (("response", "Q"), ("user_handle", "Q"), ("cqe", "I"), ("comp_vector", "I"),
+              ("comp_channel", "i"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_create_cq_resp(UStruct):
+    FIELDS = (("cq_handle", "I"), ("cqe", "I"))
+
+
+@uapi_struct
+class ib_uverbs_destroy_cq(UStruct):
+    FIELDS = (("response", "Q"), ("cq_handle", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_destroy_cq_resp(UStruct):
+    FIELDS = (("comp_events_reported", "I"), ("async_events_reported", "I"))
+
+
+@uapi_struct
+class ib_uverbs_create_qp(UStruct):
+    FIELDS = (("response", "Q"), ("user_handle", "Q"), ("pd_handle", "I"),
+              ("send_cq_handle", "I"), ("recv_cq_handle", "I"), ("srq_handle", "I"),
+              ("max_send_wr", "I"), ("max_recv_wr", "I"), ("max_send_sge", "I"),
+              ("max_recv_sge", "I"), ("max_inline_data", "I"), ("sq_sig_all", "B"),
+              ("qp_type", "B"), ("is_srq", "B"), ("reserved", "B"))
+
+
+@uapi_struct
+class ib_uverbs_create_qp_resp(UStruct):
+    FIELDS = (("qp_handle", "I"), ("qpn", "I"), ("max_send_wr", "I"), ("max_recv_wr", "I"),
+              ("max_send_sge", "I"), ("max_recv_sge", "I"), ("max_inline_data", "I"),
+              ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_destroy_qp(UStruct):
+    FIELDS = (("response", "Q"), ("qp_handle", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_destroy_qp_resp(UStruct):
+    FIELDS = (("events_reported", "I"),)

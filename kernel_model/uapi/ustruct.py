@@ -1,0 +1,71 @@
+"""uapi structs as attrs classes with the C layout: what crosses the user/kernel line.
+
+A uapi struct is declared once, with its fields in C order and their struct
+codes, and both sides use it: userspace packs a request into its own memory,
+the kernel copy_from_user()s the bytes and unpacks them.
+
+    @uapi_struct
+    class mlx5_ib_alloc_ucontext_req(UStruct):
+        FIELDS = (("total_num_bfregs", "I"), ("num_low_latency_bfregs", "I"))
+
+    req = mlx5_ib_alloc_ucontext_req(total_num_bfregs=16, num_low_latency_bfregs=4)
+    raw = req.pack()                           # 8 little-endian bytes
+    mlx5_ib_alloc_ucontext_req.unpack(raw[:4]) # a short buffer reads as zero-filled
+
+Layouts are little-endian (x86-64) with explicit padding: a field code "x" or
+"4x" is padding, "8s" a byte array.  `SIZE` is sizeof(), `offsetof(name)` the
+field's offset, as the kernel's ABI length checks use them.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, ClassVar, TypeVar
+
+import attrs
+
+T = TypeVar("T", bound="UStruct")
+
+
+class UStruct:
+    """Base of every uapi struct; see the module docstring."""
+
+    FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()
+    FMT: ClassVar[str] = "<"
+    SIZE: ClassVar[int] = 0
+    _OFFSETS: ClassVar[dict[str, int]] = {}
+
+    def pack(self) -> bytes:
+        """The struct's bytes, as the C compiler lays it out."""
+        return struct.pack(self.FMT, *(getattr(self, n) for n, c in self.FIELDS
+                                       if not c.endswith("x")))
+
+    @classmethod
+    def unpack(cls: type[T], data: bytes | bytearray | memoryview) -> T:
+        """Read a struct from bytes; a short buffer is zero-extended (the
+        kernel's copy of min(inlen, sizeof) into a zeroed struct)."""
+        raw = bytes(data[:cls.SIZE]).ljust(cls.SIZE, b"\0")
+        values = struct.unpack(cls.FMT, raw)
+        return cls(**dict(zip((n for n, c in cls.FIELDS if not c.endswith("x")), values,
+                              strict=True)))
+
+    @classmethod
+    def offsetof(cls, name: str) -> int:
+        """Mirrors offsetof(struct, field)."""
+        return cls._OFFSETS[name]
+
+
+def _default(code: str) -> Any:
+    return b"\0" * int(code[:-1] or 1) if code.endswith("s") else 0
+
+
+def uapi_struct(cls: type[T]) -> type[T]:
+    """Make `cls` (a UStruct with FIELDS) an attrs class with its C layout."""
+    fmt, offsets = "<", {}
+    for name, code in cls.FIELDS:
+        if not code.endswith("x"):
+            offsets[name] = struct.calcsize(fmt)
+        fmt += code
+    cls.FMT, cls.SIZE, cls._OFFSETS = fmt, struct.calcsize(fmt), offsets
+    these = {n: attrs.field(default=_default(c)) for n, c in cls.FIELDS if not c.endswith("x")}
+    return attrs.define(these=these, slots=False, eq=True)(cls)

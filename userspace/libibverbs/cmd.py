@@ -1,0 +1,127 @@
+"""Mirrors rdma-core libibverbs/cmd*.c: each verb as one write() to the uverbs file.
+
+This is the one place userspace crosses into the kernel for verbs:
+`execute_write` lays out ib_uverbs_cmd_hdr + the core request + the
+provider's request (driver udata) in the process's memory, points the
+request's `response` at a buffer for the core response + the provider's
+response, and calls write(cmd_fd).  A short write is the errno the kernel
+returned.
+
+EMU: the command is built in a scratch page of the context (rdma-core builds
+it on its stack); the ioctl() command path of modern rdma-core is not used -
+the kernel accepts these legacy write() commands too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TypeVar
+
+from kernel_model.uapi import ib_user_verbs as uv
+from kernel_model.uapi.ustruct import UStruct
+
+T = TypeVar("T", bound=UStruct)
+
+CMD_BUF_SIZE = 4096
+RESP_OFFSET = 2048
+
+
+class VerbsError(OSError):
+    """A failed verb: its errno and the verb (like pyverbs' PyverbsRDMAError)."""
+
+    def __init__(self, errno_: int, what: str):
+        super().__init__(errno_, f"{what} failed: {os.strerror(errno_)} (errno {errno_})")
+
+
+def execute_write(ctx: Any, command: int, req: UStruct, resp_cls: type[T] | None,
+                  drv_req: UStruct | None = None, drv_resp_cls: type[UStruct] | None = None,
+                  what: str = "") -> tuple[T | None, Any]:
+    """write() one legacy command; returns (core response, provider response)."""
+    proc, buf = ctx.proc, ctx.cmd_buf
+    resp_size = resp_cls.SIZE if resp_cls else 0
+    drv_resp_size = drv_resp_cls.SIZE if drv_resp_cls else 0
+    if resp_cls is not None:
+        req.response = buf + RESP_OFFSET
+    body = req.pack() + (drv_req.pack() if drv_req is not None else b"")
+    count = uv.ib_uverbs_cmd_hdr.SIZE + len(body)
+    hdr = uv.ib_uverbs_cmd_hdr(command=command, in_words=count // 4,
+                               out_words=(resp_size + drv_resp_size) // 4)
+    proc.store(buf, hdr.pack() + body)
+    ret = proc.write(ctx.cmd_fd, buf, count)
+    if ret != count:
+        raise VerbsError(-ret if ret < 0 else 5, what or f"uverbs command {command}")
+    if resp_cls is None:
+        return None, None
+    raw = proc.load(buf + RESP_OFFSET, resp_size + drv_resp_size)
+    resp = resp_cls.unpack(raw[:resp_size])
+    drv = drv_resp_cls.unpack(raw[resp_size:]) if drv_resp_cls else None
+    return resp, drv
+
+
+def ibv_cmd_get_context(ctx: Any, drv_req: UStruct, drv_resp_cls: type[UStruct]):
+    """GET_CONTEXT with the provider's alloc_ucontext request."""
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_GET_CONTEXT, uv.ib_uverbs_get_context(),
+                         uv.ib_uverbs_get_context_resp, drv_req, drv_resp_cls,
+                         "ibv_cmd_get_context")
+
+
+def ibv_cmd_query_device(ctx: Any) -> uv.ib_uverbs_query_device_resp:
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_DEVICE, uv.ib_uverbs_query_device(),
+                         uv.ib_uverbs_query_device_resp, what="ibv_cmd_query_device")[0]
+
+
+def ibv_cmd_query_port(ctx: Any, port_num: int) -> uv.ib_uverbs_query_port_resp:
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_PORT,
+                         uv.ib_uverbs_query_port(port_num=port_num),
+                         uv.ib_uverbs_query_port_resp, what="ibv_cmd_query_port")[0]
+
+
+def ibv_cmd_alloc_pd(ctx: Any, drv_resp_cls: type[UStruct] | None = None):
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_ALLOC_PD, uv.ib_uverbs_alloc_pd(),
+                         uv.ib_uverbs_alloc_pd_resp, None, drv_resp_cls, "ibv_cmd_alloc_pd")
+
+
+def ibv_cmd_dealloc_pd(ctx: Any, pd_handle: int) -> None:
+    execute_write(ctx, uv.IB_USER_VERBS_CMD_DEALLOC_PD,
+                  uv.ib_uverbs_dealloc_pd(pd_handle=pd_handle), None,
+                  what="ibv_cmd_dealloc_pd")
+
+
+def ibv_cmd_reg_mr(ctx: Any, pd_handle: int, addr: int, length: int, hca_va: int,
+                   access: int) -> uv.ib_uverbs_reg_mr_resp:
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_REG_MR,
+                         uv.ib_uverbs_reg_mr(start=addr, length=length, hca_va=hca_va,
+                                             pd_handle=pd_handle, access_flags=access),
+                         uv.ib_uverbs_reg_mr_resp, what="ibv_cmd_reg_mr")[0]
+
+
+def ibv_cmd_dereg_mr(ctx: Any, mr_handle: int) -> None:
+    execute_write(ctx, uv.IB_USER_VERBS_CMD_DEREG_MR,
+                  uv.ib_uverbs_dereg_mr(mr_handle=mr_handle), None, what="ibv_cmd_dereg_mr")
+
+
+def ibv_cmd_create_cq(ctx: Any, cqe: int, comp_vector: int, drv_req: UStruct,
+                      drv_resp_cls: type[UStruct], user_handle: int = 0):
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_CQ,
+                         uv.ib_uverbs_create_cq(user_handle=user_handle, cqe=cqe,
+                                                comp_vector=comp_vector, comp_channel=-1),
+                         uv.ib_uverbs_create_cq_resp, drv_req, drv_resp_cls,
+                         "ibv_cmd_create_cq")
+
+
+def ibv_cmd_destroy_cq(ctx: Any, cq_handle: int) -> None:
+    execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_CQ,
+                  uv.ib_uverbs_destroy_cq(cq_handle=cq_handle), uv.ib_uverbs_destroy_cq_resp,
+                  what="ibv_cmd_destroy_cq")
+
+
+def ibv_cmd_create_qp(ctx: Any, req: uv.ib_uverbs_create_qp, drv_req: UStruct,
+                      drv_resp_cls: type[UStruct]):
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_QP, req, uv.ib_uverbs_create_qp_resp,
+                         drv_req, drv_resp_cls, "ibv_cmd_create_qp")
+
+
+def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
+    execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
+                  uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,
+                  what="ibv_cmd_destroy_qp")

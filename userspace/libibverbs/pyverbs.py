@@ -1,0 +1,180 @@
+"""A pyverbs-style object face over libibverbs (rdma-core's pyverbs, in miniature).
+
+    with Context(proc, name="mlx5_0") as ctx:
+        with PD(ctx) as pd:
+            mr = MR(pd, length=1 << 20, access=IBV_ACCESS_LOCAL_WRITE)
+            cq = CQ(ctx, 16)
+            qp = QP(pd, QPInitAttr(scq=cq, rcq=cq, cap=QPCap(max_send_wr=64)))
+    # leaving the with-blocks closed the QP, CQ, MR, PD and context, children first
+
+One class per verbs object.  Each object registers with its parent, and a
+parent's close() closes its children first (newest first) - so closing a
+Context tears down everything made from it, as pyverbs does.  close() twice
+is harmless.  Failures raise VerbsError (an OSError) carrying the errno.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from userspace.libc import MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, check
+from userspace.libibverbs import verbs as v
+from userspace.libibverbs.cmd import VerbsError
+
+QPCap = v.ibv_qp_cap
+PyverbsRDMAError = VerbsError
+
+
+class PyverbsObject:
+    """Base: a parent/child tree; close() closes children first, once."""
+
+    def __init__(self) -> None:
+        self._children: list[PyverbsObject] = []
+        self._parent: PyverbsObject | None = None
+        self.closed = False
+
+    def _adopt(self, child: PyverbsObject) -> None:
+        child._parent = self
+        self._children.append(child)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        for child in reversed(list(self._children)):
+            child.close()
+        self._destroy()
+        self.closed = True
+        if self._parent is not None and self in self._parent._children:
+            self._parent._children.remove(self)
+
+    def _destroy(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check(ret: int, what: str) -> None:
+    if ret:
+        raise VerbsError(ret, what)
+
+
+class Context(PyverbsObject):
+    """An open device (ibv_open_device); `name` picks it, default the first."""
+
+    def __init__(self, proc: Any, name: str | None = None):
+        super().__init__()
+        devs = v.ibv_get_device_list(proc)
+        dev = next((d for d in devs if name is None or d.name == name), None)
+        if dev is None:
+            raise VerbsError(19, f"Context: no RDMA device {name or ''}".strip())
+        self.proc = proc
+        self.ctx = v.ibv_open_device(proc, dev)
+
+    @property
+    def name(self) -> str:
+        return self.ctx.device.name
+
+    def query_device(self):
+        return v.ibv_query_device(self.ctx)
+
+    def query_port(self, port_num: int = 1):
+        return v.ibv_query_port(self.ctx, port_num)
+
+    def _destroy(self) -> None:
+        _check(v.ibv_close_device(self.ctx), "ibv_close_device")
+
+
+class PD(PyverbsObject):
+    def __init__(self, ctx: Context):
+        super().__init__()
+        self.ctx = ctx
+        self.pd = v.ibv_alloc_pd(ctx.ctx)
+        ctx._adopt(self)
+
+    def _destroy(self) -> None:
+        _check(v.ibv_dealloc_pd(self.pd), "ibv_dealloc_pd")
+
+
+class MR(PyverbsObject):
+    """A registered region; without `addr` it maps `length` bytes of its own."""
+
+    def __init__(self, pd: PD, length: int, access: int, addr: int | None = None):
+        super().__init__()
+        proc = pd.ctx.proc
+        self._owned = addr is None
+        if addr is None:
+            addr = check(proc.mmap(0, length, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS), "mmap")
+        self.proc, self.buf, self.length = proc, addr, length
+        try:
+            self.mr = v.ibv_reg_mr(pd.pd, addr, length, access)
+        except VerbsError:
+            if self._owned:
+                proc.munmap(addr, length)
+            raise
+        pd._adopt(self)
+
+    @property
+    def lkey(self) -> int:
+        return self.mr.lkey
+
+    @property
+    def rkey(self) -> int:
+        return self.mr.rkey
+
+    def write(self, data: bytes, offset: int = 0) -> None:
+        self.proc.store(self.buf + offset, data)
+
+    def read(self, length: int, offset: int = 0) -> bytes:
+        return self.proc.load(self.buf + offset, length)
+
+    def _destroy(self) -> None:
+        _check(v.ibv_dereg_mr(self.mr), "ibv_dereg_mr")
+        if self._owned:
+            self.proc.munmap(self.buf, self.length)
+
+
+class CQ(PyverbsObject):
+    def __init__(self, ctx: Context, cqe: int, comp_vector: int = 0):
+        super().__init__()
+        self.cq = v.ibv_create_cq(ctx.ctx, cqe, comp_vector=comp_vector)
+        ctx._adopt(self)
+
+    def _destroy(self) -> None:
+        _check(v.ibv_destroy_cq(self.cq), "ibv_destroy_cq")
+
+
+class QPInitAttr(v.ibv_qp_init_attr):
+    """ibv_qp_init_attr taking pyverbs CQ objects (scq/rcq)."""
+
+    def __init__(self, scq: CQ | None = None, rcq: CQ | None = None,
+                 qp_type: int = v.IBV_QPT_RC, cap: v.ibv_qp_cap | None = None,
+                 sq_sig_all: int = 0):
+        super().__init__(send_cq=scq.cq if scq else None, recv_cq=rcq.cq if rcq else None,
+                         cap=cap or v.ibv_qp_cap(1, 1, 1, 1, 0), qp_type=qp_type,
+                         sq_sig_all=sq_sig_all)
+        self.pyverbs_cqs = [c for c in (scq, rcq) if c is not None]
+
+
+class QP(PyverbsObject):
+    """A QP; it is closed before its PD and CQs (it is their child)."""
+
+    def __init__(self, pd: PD, attr: QPInitAttr):
+        super().__init__()
+        self.qp = v.ibv_create_qp(pd.pd, attr)
+        self.cap = attr.cap
+        pd._adopt(self)
+        for cq in getattr(attr, "pyverbs_cqs", ()):
+            if self not in cq._children:
+                cq._children.append(self)
+
+    @property
+    def qp_num(self) -> int:
+        return self.qp.qp_num
+
+    def _destroy(self) -> None:
+        _check(v.ibv_destroy_qp(self.qp), "ibv_destroy_qp")

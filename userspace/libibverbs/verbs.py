@@ -1,0 +1,268 @@
+"""Mirrors rdma-core libibverbs (device.c, verbs.c, init.c): the C verbs API.
+
+    devs = ibv_get_device_list(proc)
+    ctx = ibv_open_device(proc, devs[0])        # open uverbs0, GET_CONTEXT, mmap UARs
+    pd = ibv_alloc_pd(ctx)
+    mr = ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE)
+    cq = ibv_create_cq(ctx, 16)
+    qp = ibv_create_qp(pd, ibv_qp_init_attr(send_cq=cq, recv_cq=cq, cap=ibv_qp_cap(...)))
+    ibv_destroy_qp(qp); ... ibv_close_device(ctx)
+
+Every call runs in the caller's process (`proc`, an emulated Process) and
+reaches the kernel through the provider and the command layer (cmd.py).
+Calls that return a pointer in C raise VerbsError(errno) on failure; calls
+that return an int in C return 0 or a positive errno, as they do in C.
+
+Providers (userspace/providers/*) plug in through `verbs_context_ops`, found
+by the PCI vendor id the kernel publishes in sysfs, as rdma-core matches a
+provider's hca_table against the device's modalias.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from userspace.libc import O_CLOEXEC, O_RDWR, free, posix_memalign, read_sysfs
+from userspace.libibverbs.cmd import CMD_BUF_SIZE, VerbsError, ibv_cmd_query_device
+
+# enum ibv_access_flags
+IBV_ACCESS_LOCAL_WRITE = 1
+IBV_ACCESS_REMOTE_WRITE = 2
+IBV_ACCESS_REMOTE_READ = 4
+IBV_ACCESS_REMOTE_ATOMIC = 8
+IBV_ACCESS_MW_BIND = 16
+IBV_ACCESS_ZERO_BASED = 32
+IBV_ACCESS_ON_DEMAND = 64
+IBV_ACCESS_RELAXED_ORDERING = 1 << 20
+# enum ibv_qp_type
+IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_RAW_PACKET = 2, 3, 4, 8
+IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER = 9, 10, 0xFF
+# enum ibv_qp_state
+IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS = 0, 1, 2, 3
+IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR = 4, 5, 6
+
+SYSFS_VERBS = "/sys/class/infiniband_verbs"
+SYSFS_IB = "/sys/class/infiniband"
+
+
+@attrs.define(eq=False)
+class verbs_context_ops:
+    """Mirrors struct verbs_context_ops: a provider's entry points."""
+
+    alloc_context: Any = None
+    free_context: Any = None
+    query_port: Any = None
+    alloc_pd: Any = None
+    dealloc_pd: Any = None
+    reg_mr: Any = None
+    dereg_mr: Any = None
+    create_cq: Any = None
+    destroy_cq: Any = None
+    create_qp: Any = None
+    destroy_qp: Any = None
+
+
+@attrs.define(eq=False)
+class ibv_device:
+    """Mirrors struct ibv_device (+ verbs_sysfs_dev): one uverbs device found in sysfs."""
+
+    name: str  # the ib device: mlx5_0
+    dev_name: str  # uverbs0
+    dev_path: str  # /dev/infiniband/uverbs0
+    ibdev_path: str  # /sys/class/infiniband/mlx5_0
+    abi_version: int
+    vendor_id: int
+    vendor_part_id: int
+    node_guid: int
+    ops: verbs_context_ops | None = None
+
+
+@attrs.define(eq=False)
+class ibv_context:
+    """Mirrors struct ibv_context / verbs_context: an open device in one process."""
+
+    device: ibv_device
+    proc: Any
+    cmd_fd: int
+    ops: verbs_context_ops
+    cmd_buf: int = 0
+    async_fd: int = -1
+    num_comp_vectors: int = 0
+
+
+@attrs.define(eq=False)
+class ibv_pd:
+    context: ibv_context
+    handle: int
+
+
+@attrs.define(eq=False)
+class ibv_mr:
+    context: ibv_context
+    pd: ibv_pd
+    addr: int
+    length: int
+    handle: int
+    lkey: int
+    rkey: int
+
+
+@attrs.define(eq=False)
+class ibv_cq:
+    context: ibv_context
+    handle: int
+    cqe: int
+
+
+@attrs.define
+class ibv_qp_cap:
+    max_send_wr: int = 0
+    max_recv_wr: int = 0
+    max_send_sge: int = 0
+    max_recv_sge: int = 0
+    max_inline_data: int = 0
+
+
+@attrs.define(eq=False)
+class ibv_qp_init_attr:
+    send_cq: ibv_cq | None = None
+    recv_cq: ibv_cq | None = None
+    srq: Any = None
+    cap: ibv_qp_cap = attrs.Factory(ibv_qp_cap)
+    qp_type: int = IBV_QPT_RC
+    sq_sig_all: int = 0
+
+
+@attrs.define(eq=False)
+class ibv_qp:
+    context: ibv_context
+    pd: ibv_pd
+    send_cq: ibv_cq | None
+    recv_cq: ibv_cq | None
+    handle: int
+    qp_num: int
+    qp_type: int
+    state: int = IBV_QPS_RESET
+
+
+# -- providers -------------------------------------------------------------------
+def _providers() -> dict[int, Any]:
+    """The provider table: PCI vendor id -> its verbs_context_ops."""
+    from userspace.providers.mlx5.mlx5 import MLX5_VENDOR_ID
+    from userspace.providers.mlx5.verbs import mlx5_ctx_ops
+    return {MLX5_VENDOR_ID: mlx5_ctx_ops}
+
+
+# -- devices -----------------------------------------------------------------------
+def _sysfs_int(proc, path: str) -> int:
+    text = read_sysfs(proc, path)
+    return int(text.strip(), 0) if text else 0
+
+
+def ibv_get_device_list(proc) -> list[ibv_device]:
+    """Mirrors ibv_get_device_list(): every uverbsN in sysfs with a provider."""
+    names = proc.getdents(SYSFS_VERBS)
+    if isinstance(names, int):
+        return []
+    devices = []
+    for dev_name in names:
+        if not dev_name.startswith("uverbs"):
+            continue
+        base = f"{SYSFS_VERBS}/{dev_name}"
+        ibdev = (read_sysfs(proc, f"{base}/ibdev") or "").strip()
+        guid = (read_sysfs(proc, f"{SYSFS_IB}/{ibdev}/node_guid") or "0").strip()
+        dev = ibv_device(ibdev, dev_name, f"/dev/infiniband/{dev_name}",
+                         f"{SYSFS_IB}/{ibdev}", _sysfs_int(proc, f"{base}/abi_version"),
+                         _sysfs_int(proc, f"{base}/device/vendor"),
+                         _sysfs_int(proc, f"{base}/device/device"),
+                         int(guid.replace(":", ""), 16))
+        dev.ops = _providers().get(dev.vendor_id)
+        if dev.ops is not None:
+            devices.append(dev)
+    return devices
+
+
+def ibv_get_device_name(device: ibv_device) -> str:
+    return device.name
+
+
+def ibv_open_device(proc, device: ibv_device) -> ibv_context:
+    """Mirrors ibv_open_device() -> verbs_open_device(): open the uverbs file,
+    then the provider's alloc_context (which issues GET_CONTEXT)."""
+    fd = proc.open(device.dev_path, O_RDWR | O_CLOEXEC)
+    if fd < 0:
+        raise VerbsError(-fd, f"ibv_open_device({device.name})")
+    ctx = ibv_context(device, proc, fd, device.ops)
+    try:
+        ctx.cmd_buf = posix_memalign(proc, 4096, CMD_BUF_SIZE)
+        return device.ops.alloc_context(ctx)
+    except BaseException:
+        if ctx.cmd_buf:
+            free(proc, ctx.cmd_buf, CMD_BUF_SIZE)
+        proc.close(fd)
+        raise
+
+
+def ibv_close_device(ctx: ibv_context) -> int:
+    """Mirrors ibv_close_device(): the provider unmaps its pages, then the fds close."""
+    ctx.ops.free_context(ctx)
+    if ctx.async_fd >= 0:
+        ctx.proc.close(ctx.async_fd)
+    free(ctx.proc, ctx.cmd_buf, CMD_BUF_SIZE)
+    ctx.proc.close(ctx.cmd_fd)
+    return 0
+
+
+def ibv_query_device(ctx: ibv_context):
+    """Mirrors ibv_query_device(): the core's ib_uverbs_query_device_resp."""
+    return ibv_cmd_query_device(ctx)
+
+
+def ibv_query_port(ctx: ibv_context, port_num: int):
+    """Mirrors ibv_query_port()."""
+    return ctx.ops.query_port(ctx, port_num)
+
+
+def ibv_alloc_pd(ctx: ibv_context) -> ibv_pd:
+    return ctx.ops.alloc_pd(ctx)
+
+
+def ibv_dealloc_pd(pd: ibv_pd) -> int:
+    return _errno_of(pd.context.ops.dealloc_pd, pd)
+
+
+def ibv_reg_mr(pd: ibv_pd, addr: int, length: int, access: int) -> ibv_mr:
+    return pd.context.ops.reg_mr(pd, addr, length, addr, access)
+
+
+def ibv_dereg_mr(mr: ibv_mr) -> int:
+    return _errno_of(mr.context.ops.dereg_mr, mr)
+
+
+def ibv_create_cq(ctx: ibv_context, cqe: int, cq_context: Any = None, channel: Any = None,
+                  comp_vector: int = 0) -> ibv_cq:
+    return ctx.ops.create_cq(ctx, cqe, comp_vector)
+
+
+def ibv_destroy_cq(cq: ibv_cq) -> int:
+    return _errno_of(cq.context.ops.destroy_cq, cq)
+
+
+def ibv_create_qp(pd: ibv_pd, attr: ibv_qp_init_attr) -> ibv_qp:
+    """Mirrors ibv_create_qp(): attr.cap is updated with what the QP really has."""
+    return pd.context.ops.create_qp(pd, attr)
+
+
+def ibv_destroy_qp(qp: ibv_qp) -> int:
+    return _errno_of(qp.context.ops.destroy_qp, qp)
+
+
+def _errno_of(fn, obj) -> int:
+    """The C convention for destroy verbs: 0, or the errno."""
+    try:
+        fn(obj)
+    except OSError as e:
+        return e.errno
+    return 0

@@ -1,0 +1,276 @@
+"""Mirrors rdma-core providers/mlx5/verbs.c: PD, MR, CQ and QP creation in libmlx5.
+
+The provider's half of each verb: it sizes and allocates the memory the
+HCA will read and write (CQ buffer, QP work-queue buffer, doorbell records -
+all in the process's own memory), passes their addresses to the kernel in
+the driver udata, and keeps what the kernel answers (CQN, QPN, the bfreg
+the QP rings).  `mlx5_ctx_ops` is the table libibverbs dispatches through.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from typing import Any
+
+import attrs
+
+from kernel_model.trace import traced
+from kernel_model.uapi import ib_user_verbs as uv
+from kernel_model.uapi.mlx5_abi import (
+    MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX,
+    MLX5_QP_FLAG_UAR_PAGE_INDEX,
+    mlx5_ib_alloc_pd_resp,
+    mlx5_ib_create_cq,
+    mlx5_ib_create_cq_resp,
+    mlx5_ib_create_qp,
+    mlx5_ib_create_qp_resp,
+)
+from userspace.libc import free, posix_memalign
+from userspace.libibverbs import cmd as c
+from userspace.libibverbs.cmd import VerbsError
+from userspace.libibverbs.verbs import (
+    ibv_cq,
+    ibv_mr,
+    ibv_pd,
+    ibv_qp,
+    ibv_qp_init_attr,
+    verbs_context_ops,
+)
+from userspace.providers.mlx5 import env as mlx5_env
+from userspace.providers.mlx5.dbrec import mlx5_alloc_dbrec, mlx5_free_db
+from userspace.providers.mlx5.mlx5 import mlx5_alloc_context, mlx5_context, mlx5_free_context
+from userspace.providers.mlx5.uar import (
+    bf_for_bfreg_index,
+    mlx5_bf,
+    mlx5_get_qp_uar,
+    mlx5_put_qp_uar,
+)
+from userspace.providers.mlx5.wqsize import (
+    create_qp_buf_sizes,
+    mlx5_calc_wq_size,
+    mlx5_wq,
+    roundup_pow_of_two,
+)
+
+MLX5_CQE_INVALID = 0xF
+MLX5_CQE_OWNER_MASK = 1
+MLX5_UIDX_DEFAULT = 0xFFFFFF
+MLX5_MAX_CQE = 1 << 22  # what rdma-core checks before the kernel sees it
+
+
+@attrs.define(eq=False)
+class mlx5_pd(ibv_pd):
+    pdn: int = 0
+
+
+@attrs.define(eq=False)
+class mlx5_cq(ibv_cq):
+    cqn: int = 0
+    buf: int = 0
+    buf_size: int = 0
+    cqe_sz: int = 64
+    dbrec: int = 0
+
+
+@attrs.define(eq=False)
+class mlx5_qp(ibv_qp):
+    """Mirrors struct mlx5_qp: the buffers, doorbell record, bf and queue geometry."""
+
+    sq: mlx5_wq = attrs.Factory(mlx5_wq)
+    rq: mlx5_wq = attrs.Factory(mlx5_wq)
+    buf: int = 0
+    buf_size: int = 0
+    db: int = 0
+    bf: mlx5_bf | None = None
+    uidx: int = MLX5_UIDX_DEFAULT
+    wq_sig: bool = False
+    flags: int = 0
+    dc_type: int = 0
+    max_inline_data: int = 0
+    max_tso_header: int = 0
+
+
+@attrs.define(eq=False)
+class _InitAttrEx:
+    """The ibv_qp_init_attr_ex fields the sizing reads, around ibv_qp_init_attr."""
+
+    qp_type: int
+    cap: Any
+    srq: Any = None
+    comp_mask: int = 0
+    send_ops_flags: int = 0
+    max_tso_header: int = 0
+
+
+def _to_mctx(ctx) -> mlx5_context:
+    return ctx
+
+
+# -- port, PD, MR ---------------------------------------------------------------------
+def mlx5_query_port(ctx, port: int):
+    """Mirrors mlx5_query_port(): ibv_cmd_query_port."""
+    return c.ibv_cmd_query_port(ctx, port)
+
+
+@traced
+def mlx5_alloc_pd(ctx) -> mlx5_pd:
+    """Mirrors mlx5_alloc_pd(): ALLOC_PD; keeps the PDN the kernel returns."""
+    resp, drv = c.ibv_cmd_alloc_pd(ctx, mlx5_ib_alloc_pd_resp)
+    return mlx5_pd(ctx, resp.pd_handle, pdn=drv.pdn)
+
+
+@traced
+def mlx5_free_pd(pd: mlx5_pd) -> None:
+    """Mirrors mlx5_free_pd()."""
+    c.ibv_cmd_dealloc_pd(pd.context, pd.handle)
+
+
+@traced
+def mlx5_reg_mr(pd: ibv_pd, addr: int, length: int, hca_va: int, access: int) -> ibv_mr:
+    """Mirrors mlx5_reg_mr(): REG_MR, nothing provider-private."""
+    resp = c.ibv_cmd_reg_mr(pd.context, pd.handle, addr, length, hca_va, access)
+    return ibv_mr(pd.context, pd, addr, length, resp.mr_handle, resp.lkey, resp.rkey)
+
+
+@traced
+def mlx5_dereg_mr(mr: ibv_mr) -> None:
+    """Mirrors mlx5_dereg_mr()."""
+    c.ibv_cmd_dereg_mr(mr.context, mr.handle)
+
+
+# -- CQ -----------------------------------------------------------------------------
+def _init_cq_buf(proc, buf: int, ncqe: int, cqe_sz: int) -> None:
+    """Mirrors mlx5_alloc_cq_buf's init: every CQE invalid, owned by hardware."""
+    op_own = bytes([MLX5_CQE_INVALID << 4 | MLX5_CQE_OWNER_MASK])
+    cqe = bytes(cqe_sz - 1) + op_own
+    proc.store(buf, cqe * ncqe)
+
+
+@traced
+def mlx5_create_cq(ctx, cqe: int, comp_vector: int = 0) -> mlx5_cq:
+    """Mirrors create_cq(): a power-of-two ring of 64-byte CQEs, a doorbell
+    record, and CREATE_CQ with both addresses (+ the NC UAR when there is one)."""
+    mctx = _to_mctx(ctx)
+    proc = mctx.proc
+    if cqe <= 0 or cqe > MLX5_MAX_CQE:
+        raise VerbsError(errno.EINVAL, f"mlx5_create_cq: cqe {cqe}")
+    ncqe = roundup_pow_of_two(cqe + 1)  # align_queue_size()
+    cqe_sz = 64
+    size = ncqe * cqe_sz
+    buf = posix_memalign(proc, mctx.page_size, size)
+    try:
+        _init_cq_buf(proc, buf, ncqe, cqe_sz)
+        db = mlx5_alloc_dbrec(mctx)
+        try:
+            proc.store(db, bytes(8))  # cq->dbrec[MLX5_CQ_SET_CI] = [MLX5_CQ_ARM_DB] = 0
+            drv = mlx5_ib_create_cq(buf_addr=buf, db_addr=db, cqe_size=cqe_sz)
+            if mctx.nc_uar is not None:
+                drv.flags |= MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX
+                drv.uar_page_index = mctx.nc_uar.page_id
+            resp, dresp = c.ibv_cmd_create_cq(ctx, ncqe - 1, comp_vector, drv,
+                                              mlx5_ib_create_cq_resp)
+        except BaseException:
+            mlx5_free_db(mctx, db)
+            raise
+    except BaseException:
+        free(proc, buf, size)
+        raise
+    return mlx5_cq(ctx, resp.cq_handle, resp.cqe, cqn=dresp.cqn, buf=buf, buf_size=size,
+                   cqe_sz=cqe_sz, dbrec=db)
+
+
+@traced
+def mlx5_destroy_cq(cq: mlx5_cq) -> None:
+    """Mirrors mlx5_destroy_cq(): DESTROY_CQ, then free the record and buffer."""
+    c.ibv_cmd_destroy_cq(cq.context, cq.handle)
+    mlx5_free_db(cq.context, cq.dbrec)
+    free(cq.context.proc, cq.buf, cq.buf_size)
+
+
+# -- QP -----------------------------------------------------------------------------
+def _alloc_uidx(mctx: mlx5_context) -> int:
+    """mlx5_store_uidx(): the lowest free user index (cqe_version 1)."""
+    if mctx.cqe_version == 0:
+        return MLX5_UIDX_DEFAULT
+    i = 0
+    while i in mctx.uidx_table:
+        i += 1
+    mctx.uidx_table.add(i)
+    return i
+
+
+@traced
+def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
+    """Mirrors create_qp(): size the queues, allocate the buffer (RQ first, then
+    SQ) and the doorbell record, choose the UAR, CREATE_QP, then map_uuar."""
+    mctx = _to_mctx(pd.context)
+    proc = mctx.proc
+    qp = mlx5_qp(pd.context, pd, attr.send_cq, attr.recv_cq, 0, 0, attr.qp_type,
+                 wq_sig=mlx5_env.qp_sig_enabled(proc.environ))
+    attr_ex = _InitAttrEx(attr.qp_type, attr.cap, attr.srq)
+    wq_size = mlx5_calc_wq_size(mctx, attr_ex, qp)
+    buf_size, _sq_buf_size = create_qp_buf_sizes(qp, attr.qp_type, wq_size)
+    qp.buf_size = -(-buf_size // mctx.page_size) * mctx.page_size  # mlx5_alloc_qp_buf
+    undo = []
+    try:
+        qp.buf = posix_memalign(proc, mctx.page_size, qp.buf_size)
+        undo.append(lambda: free(proc, qp.buf, qp.buf_size))
+        qp.db = mlx5_alloc_dbrec(mctx)
+        undo.append(lambda: mlx5_free_db(mctx, qp.db))
+        proc.store(qp.db, bytes(8))  # db[MLX5_RCV_DBR] = db[MLX5_SND_DBR] = 0
+        qp.uidx = _alloc_uidx(mctx)
+        undo.append(lambda: mctx.uidx_table.discard(qp.uidx))
+        drv = mlx5_ib_create_qp(buf_addr=qp.buf, db_addr=qp.db, sq_wqe_count=qp.sq.wqe_cnt,
+                                rq_wqe_count=qp.rq.wqe_cnt, rq_wqe_shift=qp.rq.wqe_shift,
+                                uidx=qp.uidx, ece_options=0)
+        if not mctx.bfs:  # dynamic UARs: the library picks the register
+            qp.bf = mlx5_get_qp_uar(mctx)
+            undo.append(lambda: mlx5_put_qp_uar(mctx, qp.bf))
+            if qp.bf is not None:
+                drv.bfreg_index = qp.bf.page_id
+                drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX
+        cap = attr.cap
+        req = uv.ib_uverbs_create_qp(
+            pd_handle=pd.handle, send_cq_handle=attr.send_cq.handle if attr.send_cq else 0,
+            recv_cq_handle=attr.recv_cq.handle if attr.recv_cq else 0,
+            max_send_wr=cap.max_send_wr, max_recv_wr=cap.max_recv_wr,
+            max_send_sge=cap.max_send_sge, max_recv_sge=cap.max_recv_sge,
+            max_inline_data=cap.max_inline_data, sq_sig_all=attr.sq_sig_all,
+            qp_type=attr.qp_type)
+        resp, dresp = c.ibv_cmd_create_qp(pd.context, req, drv, mlx5_ib_create_qp_resp)
+    except BaseException:
+        for fn in reversed(undo):
+            fn()
+        raise
+    qp.handle, qp.qp_num = resp.qp_handle, resp.qpn
+    if qp.bf is None and mctx.bfs:
+        qp.bf = bf_for_bfreg_index(mctx.bfs, dresp.bfreg_index)  # map_uuar()
+    cap.max_send_wr, cap.max_recv_wr = qp.sq.max_post, qp.rq.max_post
+    cap.max_recv_sge = qp.rq.max_gs
+    return qp
+
+
+@traced
+def mlx5_destroy_qp(qp: mlx5_qp) -> None:
+    """Mirrors mlx5_destroy_qp(): DESTROY_QP, then give back the UAR, the user
+    index, the doorbell record and the buffer."""
+    mctx = _to_mctx(qp.context)
+    c.ibv_cmd_destroy_qp(mctx, qp.handle)
+    if not mctx.bfs:
+        mlx5_put_qp_uar(mctx, qp.bf)
+    mctx.uidx_table.discard(qp.uidx)
+    mlx5_free_db(mctx, qp.db)
+    free(mctx.proc, qp.buf, qp.buf_size)
+
+
+def read_dbrec(qp: mlx5_qp) -> tuple[int, int]:
+    """The doorbell record's (receive, send) counters, as the HCA reads them (big-endian)."""
+    return struct.unpack(">II", qp.context.proc.load(qp.db, 8))
+
+
+mlx5_ctx_ops = verbs_context_ops(
+    alloc_context=mlx5_alloc_context, free_context=mlx5_free_context,
+    query_port=mlx5_query_port, alloc_pd=mlx5_alloc_pd, dealloc_pd=mlx5_free_pd,
+    reg_mr=mlx5_reg_mr, dereg_mr=mlx5_dereg_mr, create_cq=mlx5_create_cq,
+    destroy_cq=mlx5_destroy_cq, create_qp=mlx5_create_qp, destroy_qp=mlx5_destroy_qp)
