@@ -215,6 +215,26 @@ class _Backend:
             return twins.scan_pages(mem, start, out.view, out.n)
         return lib.pm_scan_pages(mem.c, start, out.ptr, out.n)
 
+    def dma_blocks(self, dma_addr: U64Array, dma_len: U64Array, nents: int, advance: int,
+                   pgsz: int, nblocks: int, out: U64Array, or_flags: int = 0,
+                   big_endian: bool = False) -> int:
+        """Split nents DMA segments into pgsz blocks from `advance` bytes into the
+        first; write up to nblocks `block | or_flags` (big-endian if asked) to out.
+        Returns the count written."""
+        _check(dma_addr, 0, nents, "dma_addr")
+        _check(dma_len, 0, nents, "dma_len")
+        _check(out, 0, nblocks, "out")
+        if pgsz <= 0 or pgsz & (pgsz - 1) or pgsz > 1 << 63:
+            raise ValueError(f"dma_blocks: pgsz {pgsz:#x} is not a power of two below 2^64")
+        if not 0 <= advance < 1 << 64 or not 0 <= or_flags < 1 << 64:
+            raise ValueError("dma_blocks: advance and or_flags must be u64")
+        pg_bit = pgsz.bit_length() - 1
+        if self.name == "python":
+            return twins.dma_blocks(dma_addr.view, dma_len.view, nents, advance, pg_bit, nblocks,
+                                    or_flags, bool(big_endian), out.view)
+        return lib.pm_dma_blocks(dma_addr.ptr, dma_len.ptr, nents, advance, pg_bit, nblocks,
+                                 or_flags, int(bool(big_endian)), out.ptr)
+
     def baseline_pin_map(self, mem: MemCtx, pgd: int, start: int, nr: int, max_seg: int,
                          pfns: U64Array, sg_pfn: U64Array, sg_len: U64Array,
                          dma_addr: U64Array) -> int:

@@ -3,8 +3,10 @@
  *
  * Each function mirrors one inner loop of the kernel: the gup fast-path walk
  * (mm/gup.c), unpinning (unpin_user_page_range_dirty_lock), scatterlist
- * coalescing (lib/scatterlist.c), and DMA address filling for a direct
- * mapping (kernel/dma/direct.c) or an IOMMU (drivers/iommu/dma-iommu.c).
+ * coalescing (lib/scatterlist.c), DMA address filling for a direct
+ * mapping (kernel/dma/direct.c) or an IOMMU (drivers/iommu/dma-iommu.c),
+ * and splitting a mapped table into device-page blocks for an MTT/PAS
+ * (drivers/infiniband/core/iter.c).
  * The checks that need Python state (VMAs, rlimits, errno messages) are done
  * by the callers before and after; these loops only stop, never fail loudly.
  */
@@ -242,6 +244,49 @@ long pm_dma_map_iova(int page_shift, int granule_shift,
 		iova += s_iova_len;
 		if (s_len + s_off < s_iova_len)
 			cur_len = 0;
+	}
+	return count;
+}
+
+/* cpu_to_be64(): the bytes of v, most significant first, whatever the host. */
+static inline uint64_t to_be64(uint64_t v)
+{
+	uint64_t r;
+	unsigned char *p = (unsigned char *)&r;
+
+	for (int i = 0; i < 8; i++)
+		p[i] = (unsigned char)(v >> (56 - 8 * i));
+	return r;
+}
+
+/*
+ * rdma_umem_for_each_dma_block() (__rdma_block_iter_next in iter.c), fused
+ * with the driver's store: cut the DMA segments into aligned blocks of
+ * 2^pg_bit bytes, starting `advance` bytes into the first segment, and write
+ * each block's aligned address | or_flags (big-endian if asked, as a PAS or
+ * MTT entry) to out.  A block that ends inside a segment resumes there; one
+ * that reaches past a segment's end skips to the next.  Stops after nblocks
+ * blocks or when the segments run out; returns the count written.
+ */
+long pm_dma_blocks(const uint64_t *dma_addr, const uint64_t *dma_len,
+		   long nents, uint64_t advance, int pg_bit, long nblocks,
+		   uint64_t or_flags, int big_endian, uint64_t *out)
+{
+	uint64_t pgsz = 1ull << pg_bit, mask = pgsz - 1;
+	long sg = 0, count = 0;
+
+	while (count < nblocks && sg < nents) {
+		uint64_t dma = dma_addr[sg] + advance;
+		uint64_t delta = pgsz - (dma & mask);	/* bytes to the block's end */
+		uint64_t block = (dma & ~mask) | or_flags;
+
+		while (sg < nents && dma_len[sg] - advance <= delta) {
+			delta -= dma_len[sg] - advance;
+			advance = 0;
+			sg++;
+		}
+		advance += delta;
+		out[count++] = big_endian ? to_be64(block) : block;
 	}
 	return count;
 }

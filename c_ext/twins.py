@@ -6,6 +6,8 @@ the C loops; the tests run both on the same inputs and demand equal results.
 mem_map as int32 words (flags, refcount, pincount, mapcount per page).
 """
 
+import sys
+
 PTE_PRESENT = 1 << 0
 PTE_ADDR_MASK = 0x000FFFFFFFFFF000
 PG_BUDDY = 1 << 1
@@ -153,6 +155,26 @@ def dma_map_iova(page_shift, granule_shift, sg_pfn, sg_off, sg_len, n, iova, max
         iova += s_iova_len
         if s_len + s_off < s_iova_len:
             cur_len = 0
+    return count
+
+
+def dma_blocks(dma_addr, dma_len, nents, advance, pg_bit, nblocks, or_flags, big_endian, out):
+    pgsz = 1 << pg_bit
+    mask = pgsz - 1
+    sg = count = 0
+    while count < nblocks and sg < nents:
+        dma = (dma_addr[sg] + advance) & _U64
+        delta = pgsz - (dma & mask)
+        block = (dma & ~mask) | or_flags
+        while sg < nents and (dma_len[sg] - advance) & _U64 <= delta:
+            delta -= (dma_len[sg] - advance) & _U64
+            advance = 0
+            sg += 1
+        advance = (advance + delta) & _U64
+        # to_be64(): the value's bytes most significant first, read back natively
+        out[count] = int.from_bytes(block.to_bytes(8, "big"), sys.byteorder) if big_endian \
+            else block
+        count += 1
     return count
 
 

@@ -1,0 +1,435 @@
+"""Mirrors drivers/infiniband/core/umem.c, include/rdma/ib_umem.h and the block iterator of
+drivers/infiniband/core/iter.c: pinning user memory for a device.
+
+An ib_umem is user memory a driver hands to its HCA: a QP or CQ buffer, a
+doorbell page, an MR.  ib_umem_get() pins the pages (FOLL_LONGTERM, charged
+to mm->pinned_vm against RLIMIT_MEMLOCK), gathers them into a scatterlist
+and DMA-maps it; ib_umem_release() undoes all of that.  Between the two a
+driver asks which device page size fits (ib_umem_find_best_pgsz /
+_pgoff) and walks the mapping in blocks of that size to fill its page
+tables (rdma_umem_for_each_dma_block; ib_umem_fill_dma_blocks is the same
+walk as one C loop, for an MTT/PAS of a quarter-million entries).
+
+Facts the callers rely on (kernel_facts.md §8):
+  * writable is decided by the access flags only; a read-only umem pins
+    without FOLL_WRITE (since 5.x; 5.3 always pinned for write).
+  * find_best_pgsz writes umem->iova, and num_dma_blocks, num_pages and the
+    pinned_vm refund in ib_umem_release all read iova, not address.  A
+    driver that moves iova to a different page offset changes what release
+    gives back - the kernel does the same.
+
+Lock order: none; ib_umem holds no lock.  The caller owns the umem.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from c_ext import U64Array
+from kernel_model.current import current
+from kernel_model.dma import (
+    DMA_ATTR_WEAK_ORDERING,
+    DMA_BIDIRECTIONAL,
+    dma_get_max_seg_size,
+    dma_map_sgtable,
+    dma_unmap_sgtable,
+)
+from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOPNOTSUPP, EPERM, KernelError
+from kernel_model.gup import (
+    FOLL_LONGTERM,
+    FOLL_WRITE,
+    pin_user_pages_fast,
+    unpin_user_page_range_dirty_lock,
+    unpin_user_pages_dirty_lock,
+)
+from kernel_model.locking import cond_resched
+from kernel_model.mm import mmdrop, mmgrab
+from kernel_model.scatterlist import (
+    UINT_MAX,
+    sg_alloc_append_table_from_pages,
+    sg_append_table,
+    sg_free_append_table,
+    sg_table,
+)
+from kernel_model.task import CAP_IPC_LOCK, RLIMIT_MEMLOCK, can_do_mlock, capable, rlimit
+from kernel_model.trace import traced
+
+if TYPE_CHECKING:
+    from drivers.ib_core.device import ib_device
+    from kernel_model.machine import Machine
+    from kernel_model.mm import mm_struct
+
+from drivers.ib_core.ib_verbs import (  # noqa: E402,F401 - re-exported for callers
+    IB_ACCESS_FLUSH_GLOBAL,
+    IB_ACCESS_FLUSH_PERSISTENT,
+    IB_ACCESS_HUGETLB,
+    IB_ACCESS_LOCAL_WRITE,
+    IB_ACCESS_MW_BIND,
+    IB_ACCESS_ON_DEMAND,
+    IB_ACCESS_RELAXED_ORDERING,
+    IB_ACCESS_REMOTE_ATOMIC,
+    IB_ACCESS_REMOTE_READ,
+    IB_ACCESS_REMOTE_WRITE,
+    IB_ZERO_BASED,
+)
+
+U64_MAX = (1 << 64) - 1
+
+
+def ib_access_writable(access_flags: int) -> bool:
+    """Mirrors ib_access_writable() (ib_verbs.h): may the device write this memory?
+
+    MW_BIND counts: binding a window may grant remote write later.
+    """
+    return bool(access_flags & (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE
+                                | IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_MW_BIND))
+
+
+def ib_dma_max_seg_size(dev: ib_device) -> int:
+    """Mirrors ib_dma_max_seg_size(), an inline in include/rdma/ib_verbs.h.
+
+    The longest scatterlist entry the device takes; mlx5_core sets 2 GiB on
+    its PCI function, so a contiguous 1 GiB umem is one entry.
+    # EMU: no software-DMA devices (ib_uses_virt_dma, which gives UINT_MAX).
+    """
+    return dma_get_max_seg_size(dev.dma_device)
+
+
+class ib_umem:
+    """Mirrors struct ib_umem.
+
+    `sgt_append.sgt` holds the pinned page runs (CPU side) and, once mapped,
+    the DMA segments.  address/length are what the user asked for; iova is
+    the device-visible start a driver settles on (find_best_pgsz sets it).
+    """
+
+    def __init__(self, ibdev: ib_device | None, machine: Machine):
+        self.ibdev = ibdev
+        self.owning_mm: mm_struct | None = None
+        self.iova = 0
+        self.length = 0
+        self.address = 0
+        self.writable = False
+        self.is_odp = False
+        self.is_dmabuf = False
+        self.sgt_append = sg_append_table(machine)
+
+    @property
+    def trace_name(self) -> str:
+        return f"umem {self.address:#x}+{self.length:#x}"
+
+    def __repr__(self) -> str:
+        sgt = self.sgt_append.sgt
+        return (f"ib_umem {self.address:#x}+{self.length:#x} iova {self.iova:#x} "
+                f"{'rw' if self.writable else 'ro'} pages {ib_umem_num_pages(self)} "
+                f"sg {sgt.orig_nents} dma {sgt.nents}")
+
+
+# -- ib_umem.h: inline helpers ---------------------------------------------------------
+def _page_shift(umem: ib_umem) -> int:
+    return umem.sgt_append.sgt.page_shift
+
+
+def _align(x: int, a: int) -> int:
+    return (x + a - 1) & ~(a - 1)
+
+
+def ib_umem_offset(umem: ib_umem) -> int:
+    """Mirrors ib_umem_offset(): where the umem starts inside its first page."""
+    return umem.address & ((1 << _page_shift(umem)) - 1)
+
+
+def ib_umem_start_dma_addr(umem: ib_umem) -> int:
+    """Mirrors ib_umem_start_dma_addr(): the DMA address of the umem's first byte."""
+    return umem.sgt_append.sgt.dma_addr.view[0] + ib_umem_offset(umem)
+
+
+def ib_umem_dma_offset(umem: ib_umem, pgsz: int) -> int:
+    """Mirrors ib_umem_dma_offset(): the first byte's offset in a pgsz device page."""
+    return ib_umem_start_dma_addr(umem) & (pgsz - 1)
+
+
+def ib_umem_num_dma_blocks(umem: ib_umem, pgsz: int) -> int:
+    """Mirrors ib_umem_num_dma_blocks(): pgsz blocks covering [iova, iova + length)."""
+    return (_align(umem.iova + umem.length, pgsz) - (umem.iova & ~(pgsz - 1))) // pgsz
+
+
+def ib_umem_num_pages(umem: ib_umem) -> int:
+    """Mirrors ib_umem_num_pages(): the same count in PAGE_SIZE blocks (what gets pinned)."""
+    return ib_umem_num_dma_blocks(umem, 1 << _page_shift(umem))
+
+
+def ib_umem_find_best_pgoff(umem: ib_umem, pgsz_bitmap: int, pgoff_bitmask: int) -> int:
+    """Mirrors ib_umem_find_best_pgoff(): find_best_pgsz for hardware that takes an offset.
+
+    Instead of a user IOVA the device sees the DMA address bits it can encode
+    as an offset into its first page (pgoff_bitmask), so iova becomes
+    `start_dma & pgoff_bitmask`.  0 when no supported size fits.
+    """
+    return ib_umem_find_best_pgsz(umem, pgsz_bitmap, ib_umem_start_dma_addr(umem) & pgoff_bitmask)
+
+
+def ib_umem_is_contiguous(umem: ib_umem) -> bool:
+    """Mirrors ib_umem_is_contiguous(): could one aligned device page hold the whole umem?
+
+    Tries the smallest power of two that would cover it from its start DMA
+    address.  (Side effect, as in the kernel: iova = the start DMA address.)
+    """
+    dma = ib_umem_start_dma_addr(umem)
+    span = (dma ^ ((umem.length - 1 + dma) & U64_MAX)) + 1
+    pgsz = 1 << (span - 1).bit_length()  # roundup_pow_of_two()
+    return ib_umem_find_best_pgoff(umem, pgsz, U64_MAX) != 0
+
+
+# -- umem.c ----------------------------------------------------------------------------
+@traced
+def ib_umem_find_best_pgsz(umem: ib_umem, pgsz_bitmap: int, virt: int) -> int:
+    """Mirrors ib_umem_find_best_pgsz(): the best device page size for a single-size MR.
+
+    The smallest size giving the fewest pages such that, in every page, the
+    device address (virt...) and the DMA address agree in the low bits.  0
+    if no size in pgsz_bitmap fits.  Sets umem.iova = virt.
+    """
+    umem.iova = va = virt
+    if umem.is_odp:  # EMU: no ODP umems exist here (ib_umem_get refuses them)
+        return 0
+    # sizes that would already cover the whole range: nothing larger than the first
+    span_bits = max(1, (((umem.length - 1 + virt) & U64_MAX) ^ virt).bit_length())  # bits_per()
+    mask = pgsz_bitmap & U64_MAX & ~((1 << span_bits) - 1)
+    pgoff = ib_umem_offset(umem)
+    sgt = umem.sgt_append.sgt
+    addrs, lens = sgt.dma_addr.view, sgt.dma_len.view
+    curr_base, curr_len = U64_MAX, 0
+    for i in range(sgt.nents):
+        dma = addrs[i]
+        end = curr_base + curr_len
+        if end > U64_MAX or end != dma:  # check_add_overflow() or a physical discontinuity
+            curr_base, curr_len = dma, 0
+            mask |= ((dma + pgoff) & U64_MAX) ^ va  # VA and DMA bits that differ
+            if i:
+                mask |= va  # a new physical run must start a device page
+        curr_len += lens[i]
+        va = (va + lens[i] - pgoff) & U64_MAX
+        pgoff = 0
+    if mask:
+        pgsz_bitmap &= (1 << (_ctz(mask) + 1)) - 1  # GENMASK(count_trailing_zeros(mask), 0)
+    return 1 << (pgsz_bitmap.bit_length() - 1) if pgsz_bitmap else 0
+
+
+def _ctz(x: int) -> int:
+    return (x & -x).bit_length() - 1
+
+
+@traced
+def ib_umem_get(device: ib_device, addr: int, size: int, access: int) -> ib_umem:
+    """Mirrors ib_umem_get(): pin [addr, addr + size) of current's mm and DMA-map it.
+
+    Errors: EINVAL (range wraps, or no page), EPERM (no RLIMIT_MEMLOCK and no
+    CAP_IPC_LOCK), EOPNOTSUPP (IB_ACCESS_ON_DEMAND), ENOMEM (pinned_vm would
+    pass RLIMIT_MEMLOCK), and whatever gup or the DMA mapping return (EFAULT
+    for an unmapped or VM_IO|VM_PFNMAP range).  Every error unwinds fully.
+    """
+    task = current()
+    m = task.machine
+    ps, shift = m.page_size, m.page_shift
+    end = addr + size
+    # EMU: addr and size are unsigned long / size_t in C; a negative int is refused too
+    if addr < 0 or size < 0 or end > U64_MAX or _align(end, ps) > U64_MAX:
+        raise KernelError(EINVAL, f"ib_umem_get: {addr:#x}+{size:#x} overflows")
+    if not can_do_mlock():
+        raise KernelError(EPERM, "ib_umem_get: RLIMIT_MEMLOCK is 0 and no CAP_IPC_LOCK")
+    if access & IB_ACCESS_ON_DEMAND:
+        raise KernelError(EOPNOTSUPP, "ib_umem_get: ODP memory goes through ib_umem_odp_get")
+    mm = task.mm
+    if mm is None:  # EMU: the kernel would oops in mmgrab(NULL) from a kernel thread
+        raise KernelError(EFAULT, "ib_umem_get: no user mm (kernel thread)")
+    umem = ib_umem(device, m)
+    umem.length, umem.address = size, addr
+    umem.iova = addr  # drivers set the real one with ib_umem_find_best_pgsz()
+    umem.writable = ib_access_writable(access)
+    umem.owning_mm = mm
+    mmgrab(mm)
+    with ExitStack() as unwind:
+        unwind.callback(mmdrop, mm)  # umem_kfree:
+        # EMU: the scratch page of struct page pointers is a U64Array of PFNs
+        page_list = U64Array(ps // 8, zero=False)
+        npages = ib_umem_num_pages(umem)
+        if npages == 0 or npages > UINT_MAX:
+            raise KernelError(EINVAL, f"ib_umem_get: {npages} pages")
+        lock_limit = rlimit(RLIMIT_MEMLOCK) >> shift
+        mm.pinned_vm += npages  # atomic64_add_return()
+        if mm.pinned_vm > lock_limit and not capable(CAP_IPC_LOCK):
+            mm.pinned_vm -= npages
+            raise KernelError(ENOMEM, f"ib_umem_get: pinned_vm {mm.pinned_vm} + {npages} "
+                              f"pages over RLIMIT_MEMLOCK ({lock_limit} pages)")
+        unwind.callback(_refund_pinned_vm, umem, mm)  # the pinned_vm charge
+        unwind.callback(__ib_umem_release, device, umem, False)  # umem_release:
+        _pin_pages(device, umem, addr & ~(ps - 1), npages, page_list)
+        attrs = DMA_ATTR_WEAK_ORDERING if access & IB_ACCESS_RELAXED_ORDERING else 0
+        dma_map_sgtable(device.dma_device, umem.sgt_append.sgt, DMA_BIDIRECTIONAL, attrs)
+        unwind.pop_all()
+    return umem
+
+
+def _pin_pages(device: ib_device, umem: ib_umem, cur_base: int, npages: int,
+               page_list: U64Array) -> None:
+    """ib_umem_get()'s loop: pin a page of pointers' worth at a time, append each batch."""
+    shift = _page_shift(umem)
+    gup_flags = FOLL_LONGTERM | (FOLL_WRITE if umem.writable else 0)
+    max_seg = ib_dma_max_seg_size(device)
+    while npages:
+        cond_resched()
+        pinned = pin_user_pages_fast(cur_base, min(npages, page_list.n), gup_flags, page_list)
+        if pinned <= 0:  # gup raises rather than return < 0; 0 would loop for ever
+            raise KernelError(EFAULT, f"ib_umem_get: nothing pinned at {cur_base:#x}")
+        cur_base += pinned << shift
+        npages -= pinned  # a short pin just goes round again from where it stopped
+        try:
+            sg_alloc_append_table_from_pages(umem.sgt_append, page_list, pinned, 0,
+                                             pinned << shift, max_seg, npages)
+        except KernelError:
+            unpin_user_pages_dirty_lock(page_list, pinned, False)
+            raise
+
+
+def _refund_pinned_vm(umem: ib_umem, mm: mm_struct) -> None:
+    """atomic64_sub(ib_umem_num_pages(umem), &mm->pinned_vm)."""
+    mm.pinned_vm -= ib_umem_num_pages(umem)
+
+
+def __ib_umem_release(device: ib_device, umem: ib_umem, dirty: bool) -> None:
+    """Mirrors __ib_umem_release(): unmap (if it was mapped), unpin every run, free the table.
+
+    `dirty` is false on ib_umem_get's error path: nothing was mapped and the
+    device never wrote, so no page is dirtied.
+    """
+    sgt = umem.sgt_append.sgt
+    if dirty:
+        dma_unmap_sgtable(device.dma_device, sgt, DMA_BIDIRECTIONAL, 0)
+    n = sgt.orig_nents
+    if n:
+        # EMU: one C call over every entry, so no cond_resched() per 4096 entries
+        unpin_user_page_range_dirty_lock(sgt.sg_pfn, _pages_per_entry(sgt), n,
+                                         umem.writable and dirty)
+    sg_free_append_table(umem.sgt_append)
+
+
+def _pages_per_entry(sgt: sg_table) -> U64Array:
+    """DIV_ROUND_UP(sg->length, PAGE_SIZE) of every CPU entry, as one array.
+
+    Every entry ib_umem_get builds is whole pages (offset 0, pinned <<
+    PAGE_SHIFT bytes), so the division is exact: a shift.  A Python loop
+    over a fragmented 1 GiB table (262,144 entries) would cost more than
+    pinning it, so the column is shifted as one big integer of 64-bit slots;
+    the zero low bits of each slot are what slides into its neighbour.
+    """
+    n, shift = sgt.orig_nents, sgt.page_shift
+    lens = sgt.sg_len.view[:n]
+    counts = U64Array(n, zero=False)
+    order = sys.byteorder  # a native u64 column: slot i is element i either way
+    slots = int.from_bytes(lens, order)
+    if slots & int.from_bytes(((1 << shift) - 1).to_bytes(8, order) * n, order):
+        # not built by ib_umem_get: round up entry by entry
+        for i, length in enumerate(lens):
+            counts.view[i] = (length + (1 << shift) - 1) >> shift
+    else:
+        counts.view[:n] = memoryview((slots >> shift).to_bytes(8 * n, order)).cast("Q")
+    return counts
+
+
+@traced
+def ib_umem_release(umem: ib_umem | None) -> None:
+    """Mirrors ib_umem_release(): unmap, unpin (dirty if writable), refund pinned_vm, mmdrop.
+
+    None does nothing (IS_ERR_OR_NULL).  The refund is ib_umem_num_pages(),
+    computed from iova as the kernel does.
+    """
+    if umem is None:
+        return
+    if umem.is_dmabuf or umem.is_odp:  # EMU: neither kind exists in this model yet
+        raise KernelError(EOPNOTSUPP, "ib_umem_release: dmabuf/ODP umems are not modelled")
+    __ib_umem_release(umem.ibdev, umem, True)
+    mm = umem.owning_mm
+    _refund_pinned_vm(umem, mm)
+    mmdrop(mm)
+
+
+# -- iter.c / ib_umem.h: the DMA block iterator ----------------------------------------
+class ib_block_iter:
+    """Mirrors struct ib_block_iter: a cursor over a DMA-mapped table in pgsz blocks."""
+
+    def __init__(self, sgt: sg_table, nents: int, pgsz: int):
+        # __rdma_block_iter_start()
+        self.sgt = sgt
+        self.sg = 0  # index of __sg
+        self.sg_nents = nents
+        self.pg_bit = pgsz.bit_length() - 1  # __fls(pgsz)
+        self.sg_advance = 0
+        self.dma_addr = 0
+        self.sg_numblocks = 0
+
+
+def __rdma_block_iter_next(biter: ib_block_iter) -> bool:
+    """Mirrors __rdma_block_iter_next(): step to the next block; False past the end."""
+    if not biter.sg_nents:
+        return False
+    addrs, lens = biter.sgt.dma_addr.view, biter.sgt.dma_len.view
+    pgsz = 1 << biter.pg_bit
+    biter.dma_addr = (addrs[biter.sg] + biter.sg_advance) & U64_MAX
+    delta = pgsz - (biter.dma_addr & (pgsz - 1))
+    while biter.sg_nents and (lens[biter.sg] - biter.sg_advance) & U64_MAX <= delta:
+        delta -= (lens[biter.sg] - biter.sg_advance) & U64_MAX
+        biter.sg_advance = 0
+        biter.sg += 1
+        biter.sg_nents -= 1
+    biter.sg_advance += delta
+    return True
+
+
+def rdma_block_iter_dma_address(biter: ib_block_iter) -> int:
+    """Mirrors rdma_block_iter_dma_address(): the current block's aligned DMA address."""
+    return biter.dma_addr & ~((1 << biter.pg_bit) - 1)
+
+
+def rdma_for_each_block(sgt: sg_table, nents: int, pgsz: int) -> Iterator[int]:
+    """Mirrors rdma_for_each_block(): every pgsz block of the first nents DMA segments."""
+    biter = ib_block_iter(sgt, nents, pgsz)
+    while __rdma_block_iter_next(biter):
+        yield rdma_block_iter_dma_address(biter)
+
+
+def rdma_umem_for_each_dma_block(umem: ib_umem, pgsz: int) -> Iterator[int]:
+    """Mirrors rdma_umem_for_each_dma_block(): the umem's blocks, exactly
+    ib_umem_num_dma_blocks() of them, yielded as aligned DMA addresses.
+
+    pgsz must be <= PAGE_SIZE or come from ib_umem_find_best_pgsz().
+    """
+    sgt = umem.sgt_append.sgt
+    biter = ib_block_iter(sgt, sgt.nents, pgsz)  # __rdma_umem_block_iter_start()
+    biter.sg_advance = ib_umem_offset(umem) & ~(pgsz - 1)
+    biter.sg_numblocks = ib_umem_num_dma_blocks(umem, pgsz)
+    while __rdma_block_iter_next(biter) and biter.sg_numblocks:  # __rdma_umem_block_iter_next
+        biter.sg_numblocks -= 1
+        yield rdma_block_iter_dma_address(biter)
+
+
+def ib_umem_fill_dma_blocks(umem: ib_umem, pgsz: int, out: U64Array, or_flags: int = 0,
+                            big_endian: bool = False) -> int:
+    """The loop every driver writes around rdma_umem_for_each_dma_block(), in C.
+
+    Writes `block | or_flags` for each block (big-endian for device tables:
+    mlx5_ib_populate_pas is `ib_umem_fill_dma_blocks(umem, page_size, pas,
+    access_flags, big_endian=True)`) and returns how many it wrote.
+    # EMU: kernel-side this is open-coded in each driver; one fused loop here.
+    """
+    sgt = umem.sgt_append.sgt
+    nblocks = ib_umem_num_dma_blocks(umem, pgsz)
+    if nblocks > len(out):  # EMU: the kernel trusts the caller to size the table
+        raise KernelError(EINVAL, f"ib_umem_fill_dma_blocks: {nblocks} blocks, room for "
+                          f"{len(out)}")
+    return sgt.machine.ops.dma_blocks(sgt.dma_addr, sgt.dma_len, sgt.nents,
+                                      ib_umem_offset(umem) & ~(pgsz - 1), pgsz, nblocks, out,
+                                      or_flags, big_endian)
