@@ -12,18 +12,33 @@ Emulator-level pieces (the device model side) are pci_register_bar,
 pci_add_device/pci_remove_device and MemoryBar; the rest mirrors the kernel's
 accessors.
 
+Drivers (drivers/pci/pci-driver.c, drivers/base/dd.c): a `pci_driver` names
+the (vendor, device) pairs it handles; pci_register_driver() probes every
+matching device that has no driver yet, and a device added later is probed
+by the registered drivers (bus_probe_device).  A probe that fails leaves the
+device unbound - the driver stays registered, as in the kernel.  Removing a
+device or unregistering its driver calls the driver's remove() first.
+
+MMIO accessors (include/asm-generic/io.h): ioread32be/iowrite32be/
+memcpy_toio on an address ioremap() returned.
+# EMU: ioremap is the identity: the kernel's __iomem address of a BAR is its
+# physical address, and every access goes through machine.phys_read/write
+# (a scheduling point), so a device sees each register access as it happens.
+
 Lock order: none (pci_bus_sem is not modelled; the bus list changes only
-from test or machine setup code).
+from test or machine setup code, module load and unload).
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from kernel_model import dma
-from kernel_model.errno import EEXIST, EINVAL, KernelError
+from kernel_model.current import current, current_or_none, running
+from kernel_model.errno import EEXIST, EINVAL, ENOMEM, KernelError
 from kernel_model.machine import MmioRegion
 from kernel_model.trace import traced
 
@@ -88,6 +103,14 @@ class pci_dev:
         self.enable_cnt = 0
         self.is_busmaster = False
         self.is_added = False
+        self.driver: pci_driver | None = None   # bound driver (dev->driver)
+        self.probe_error = 0                     # -errno of the last failed probe
+        # device model: what powering the function off does (a hot-unplug reset)
+        self.remove_hooks: list[Callable[[pci_dev], None]] = []
+
+    @property
+    def trace_name(self) -> str:
+        return self.name
 
     def __repr__(self) -> str:
         return f"pci {self.name} [{self.vendor:04x}:{self.device:04x}]"
@@ -208,6 +231,9 @@ def pci_add_device(machine: Machine, pdev: pci_dev) -> pci_dev:
         machine.register_mmio(region)
     devs.append(pdev)
     pdev.is_added = True
+    for drv in list(_driver_list(machine)):  # bus_probe_device()
+        if pdev.driver is None:
+            _driver_probe(pdev, drv)
     return pdev
 
 
@@ -219,10 +245,14 @@ def pci_remove_device(pdev: pci_dev) -> None:
     """
     if not pdev.is_added:
         raise KernelError(EINVAL, f"pci_stop_and_remove_bus_device: {pdev.name} not added")
+    if pdev.driver is not None:
+        _driver_release(pdev)  # device_release_driver()
     for region in pdev.regions.values():
         pdev.machine.unregister_mmio(region)
     _bus_list(pdev.machine).remove(pdev)
     pdev.is_added = False
+    for hook in pdev.remove_hooks:
+        hook(pdev)
 
 
 def pci_get_device(machine: Machine, vendor: int, device: int) -> pci_dev | None:
@@ -266,3 +296,118 @@ class MemoryBar:
 
     def __repr__(self) -> str:
         return f"MemoryBar {self.pdev.name} BAR{self.bar} [{self.start:#x}+{self.size:#x}]"
+
+
+# -- drivers (pci-driver.c, base/dd.c) -------------------------------------------------
+class pci_driver:
+    """Mirrors struct pci_driver: a name, the (vendor, device) IDs, probe and remove."""
+
+    def __init__(self, name: str, id_table: list[tuple[int, int]],
+                 probe: Callable[[pci_dev, tuple[int, int]], object],
+                 remove: Callable[[pci_dev], None]):
+        self.name, self.id_table = name, list(id_table)
+        self.probe, self.remove = probe, remove
+
+    @property
+    def trace_name(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"pci_driver {self.name}"
+
+
+def pci_match_id(ids: list[tuple[int, int]], pdev: pci_dev) -> tuple[int, int] | None:
+    """Mirrors pci_match_id(): the first (vendor, device) entry matching pdev."""
+    return next((i for i in ids if i == (pdev.vendor, pdev.device)), None)
+
+
+def _driver_list(machine: Machine) -> list[pci_driver]:
+    drvs = getattr(machine, "pci_drivers", None)
+    if drvs is None:
+        drvs = machine.pci_drivers = []
+    return drvs
+
+
+def _in_machine(machine: Machine):
+    """Run driver callbacks as the caller, or as the machine's init task (a hotplug)."""
+    cur = current_or_none()
+    if cur is not None and cur.machine is machine:
+        return nullcontext()
+    return running(machine.init_task)
+
+
+def _driver_probe(pdev: pci_dev, drv: pci_driver) -> None:
+    """Mirrors driver_probe_device() -> pci_device_probe(): bind on success."""
+    ident = pci_match_id(drv.id_table, pdev)
+    if ident is None:
+        return
+    pdev.driver = drv  # dev->driver is set while probe runs (really_probe)
+    try:
+        with _in_machine(pdev.machine):
+            drv.probe(pdev, ident)
+    except KernelError as e:
+        # really_probe(): "probe of <dev> failed with error -N"; the device stays unbound
+        pdev.driver = None
+        pdev.probe_error = -e.errno
+        return
+    pdev.probe_error = 0
+
+
+def _driver_release(pdev: pci_dev) -> None:
+    """Mirrors device_release_driver() -> pci_device_remove()."""
+    drv, pdev.driver = pdev.driver, None
+    with _in_machine(pdev.machine):
+        drv.remove(pdev)
+
+
+@traced
+def pci_register_driver(machine: Machine, drv: pci_driver) -> int:
+    """Mirrors pci_register_driver(): register, then probe every matching unbound device."""
+    drvs = _driver_list(machine)
+    if drv in drvs:
+        raise KernelError(EEXIST, f"pci_register_driver: {drv.name} already registered")
+    drvs.append(drv)
+    for pdev in for_each_pci_dev(machine):
+        if pdev.driver is None:
+            _driver_probe(pdev, drv)
+    return 0
+
+
+@traced
+def pci_unregister_driver(machine: Machine, drv: pci_driver) -> None:
+    """Mirrors pci_unregister_driver(): remove() every device bound to drv, forget it."""
+    drvs = _driver_list(machine)
+    if drv not in drvs:
+        raise KernelError(EINVAL, f"pci_unregister_driver: {drv.name} not registered")
+    for pdev in reversed(list(for_each_pci_dev(machine))):
+        if pdev.driver is drv:
+            _driver_release(pdev)
+    drvs.remove(drv)
+
+
+# -- MMIO accessors (asm-generic/io.h) ------------------------------------------------
+def ioremap(phys_addr: int, size: int) -> int:
+    """Mirrors ioremap(): an __iomem address for a decoded MMIO range (identity here)."""
+    region = current().machine.find_mmio(phys_addr)
+    if region is None or phys_addr + size > region.end:
+        raise KernelError(ENOMEM, f"ioremap: {phys_addr:#x}+{size:#x} is not device memory")
+    return phys_addr
+
+
+def iounmap(addr: int) -> None:
+    """Mirrors iounmap() (nothing to undo for an identity mapping)."""
+
+
+def ioread32be(addr: int) -> int:
+    """Mirrors ioread32be(): a 32-bit big-endian register read."""
+    return int.from_bytes(current().machine.phys_read(addr, 4), "big")
+
+
+def iowrite32be(value: int, addr: int) -> None:
+    """Mirrors iowrite32be(): a 32-bit big-endian register write."""
+    current().machine.phys_write(addr, (value & 0xFFFFFFFF).to_bytes(4, "big"))
+
+
+def memcpy_toio(addr: int, data: bytes) -> None:
+    """Mirrors memcpy_toio()/__iowrite64_copy(): one burst of bytes into MMIO."""
+    current().machine.phys_write(addr, bytes(data))

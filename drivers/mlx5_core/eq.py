@@ -1,0 +1,162 @@
+"""Mirrors drivers/net/ethernet/mellanox/mlx5/core/eq.c: the completion event queues.
+
+mlx5_eq_table_create() makes one completion EQ per vector (CREATE_EQ with a
+zeroed buffer of MLX5_COMP_EQ_SIZE 64-byte entries, the core's UAR for its
+doorbell, the vector as interrupt); a CQ names its EQ by number
+(cqc.c_eqn_or_apu_element), which mlx5_comp_eqn_get() hands out, and the EQ
+keeps the CQs attached to it (mlx5_eq_add_cq / mlx5_eq_del_cq).
+
+# EMU: no interrupts and no EQEs: the async, command and page-request EQs
+# are not created (commands are polled, the firmware needs no pages), and
+# the completion EQs' buffers are never written - the device model does not
+# deliver events.  The emulated machine has one completion vector.  The
+# buffer comes from the page allocator, its physical address standing in
+# for the DMA address (dma_alloc_coherent is not modelled).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivers.mlx5_core.cmd import mlx5_cmd_exec
+from drivers.mlx5_core.driver import mlx5_core_warn
+from drivers.mlx5_core.ifc import (
+    MLX5_ADAPTER_PAGE_SHIFT,
+    MLX5_ADDR_OF,
+    MLX5_CMD_OP_CREATE_EQ,
+    MLX5_CMD_OP_DESTROY_EQ,
+    MLX5_EQ_DOORBEL_OFFSET,
+    MLX5_GET,
+    MLX5_SET,
+    IfcStruct,
+    cpu_to_be64,
+)
+from kernel_model.current import current
+from kernel_model.errno import EINVAL, ENOENT, KernelError
+from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_pages, page_to_phys
+from kernel_model.trace import traced
+
+if TYPE_CHECKING:
+    from drivers.mlx5_core.cq import mlx5_core_cq
+    from drivers.mlx5_core.driver import mlx5_core_dev
+    from kernel_model.page_alloc import page
+
+MLX5_COMP_EQ_SIZE = 1024
+MLX5_EQE_SIZE = 64
+MLX5_EMU_COMP_VECTORS = 1
+
+
+class mlx5_eq:
+    """Mirrors struct mlx5_eq (and mlx5_eq_comp): number, size, buffer, doorbell, CQs."""
+
+    def __init__(self, nent: int, vecidx: int):
+        self.eqn = 0
+        self.nent, self.vecidx = nent, vecidx
+        self.buf: page | None = None
+        self.order = 0
+        self.doorbell = 0
+        self.cq_table: dict[int, mlx5_core_cq] = {}
+
+    def __repr__(self) -> str:
+        return f"mlx5_eq {self.eqn:#x} nent {self.nent} vec {self.vecidx} cqs {len(self.cq_table)}"
+
+
+class mlx5_eq_table:
+    """Mirrors struct mlx5_eq_table: the completion EQs by vector."""
+
+    def __init__(self) -> None:
+        self.comp_eqs: list[mlx5_eq] = []
+
+
+@traced
+def create_map_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
+    """Mirrors create_map_eq(): buffer, CREATE_EQ, doorbell address."""
+    machine = current().machine
+    nbytes = eq.nent * MLX5_EQE_SIZE
+    npages = -(-nbytes // machine.page_size)
+    eq.order = (npages - 1).bit_length()
+    eq.buf = alloc_pages(GFP_KERNEL | __GFP_ZERO, eq.order, f"mlx5 eq {dev.priv.name}")
+    try:
+        in_ = IfcStruct("create_eq_in", pas=1 << eq.order)
+        pas = MLX5_ADDR_OF("create_eq_in", in_, "pas")
+        base = page_to_phys(eq.buf)
+        for i in range(1 << eq.order):  # mlx5_fill_page_frag_array()
+            pas[i] = cpu_to_be64(base + i * machine.page_size)
+        MLX5_SET("create_eq_in", in_, "opcode", MLX5_CMD_OP_CREATE_EQ)
+        eqc = MLX5_ADDR_OF("create_eq_in", in_, "eq_context_entry")
+        MLX5_SET("eqc", eqc, "log_eq_size", (eq.nent - 1).bit_length())
+        MLX5_SET("eqc", eqc, "uar_page", dev.priv.uar.index)
+        MLX5_SET("eqc", eqc, "intr", eq.vecidx)
+        MLX5_SET("eqc", eqc, "log_page_size", machine.page_shift - MLX5_ADAPTER_PAGE_SHIFT)
+        out = IfcStruct("create_eq_out")
+        mlx5_cmd_exec(dev, in_, out)
+    except BaseException:
+        __free_pages(eq.buf, eq.order)  # err_buf:
+        eq.buf = None
+        raise
+    eq.eqn = MLX5_GET("create_eq_out", out, "eq_number")
+    eq.doorbell = dev.priv.uar.map + MLX5_EQ_DOORBEL_OFFSET
+
+
+@traced
+def destroy_unmap_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
+    """Mirrors destroy_unmap_eq(): DESTROY_EQ (a failure is only warned about), free."""
+    in_ = IfcStruct("destroy_eq_in")
+    MLX5_SET("destroy_eq_in", in_, "opcode", MLX5_CMD_OP_DESTROY_EQ)
+    MLX5_SET("destroy_eq_in", in_, "eq_number", eq.eqn)
+    try:
+        mlx5_cmd_exec(dev, in_, IfcStruct("destroy_eq_out"))
+    except KernelError as e:
+        mlx5_core_warn(dev, f"failed to destroy a previously created eq: eqn {eq.eqn}: {e}")
+    if eq.buf is not None:
+        __free_pages(eq.buf, eq.order)
+        eq.buf = None
+
+
+@traced
+def mlx5_eq_table_create(dev: mlx5_core_dev) -> None:
+    """Mirrors mlx5_eq_table_create() -> create_comp_eqs()."""
+    table = dev.priv.eq_table = mlx5_eq_table()
+    try:
+        for vec in range(MLX5_EMU_COMP_VECTORS):
+            eq = mlx5_eq(MLX5_COMP_EQ_SIZE, vec)
+            create_map_eq(dev, eq)
+            table.comp_eqs.append(eq)
+    except BaseException:
+        mlx5_eq_table_destroy(dev)  # clean_eqs:
+        raise
+
+
+@traced
+def mlx5_eq_table_destroy(dev: mlx5_core_dev) -> None:
+    """Mirrors mlx5_eq_table_destroy() -> destroy_comp_eqs()."""
+    table, dev.priv.eq_table = dev.priv.eq_table, None
+    if table is None:
+        return
+    for eq in reversed(table.comp_eqs):
+        if eq.cq_table:
+            dev.pdev.machine.report_bug("destroy_comp_eqs", f"{eq!r}: CQs still attached")
+        destroy_unmap_eq(dev, eq)
+
+
+def mlx5_comp_vectors_max(dev: mlx5_core_dev) -> int:
+    """Mirrors mlx5_comp_vectors_max()."""
+    return MLX5_EMU_COMP_VECTORS
+
+
+def mlx5_comp_eqn_get(dev: mlx5_core_dev, vecidx: int) -> int:
+    """Mirrors mlx5_comp_eqn_get(): the EQ number for a completion vector (EINVAL/ENOENT)."""
+    table = dev.priv.eq_table
+    if table is None or not table.comp_eqs:
+        raise KernelError(ENOENT, "mlx5_comp_eqn_get: no completion EQs")
+    if not 0 <= vecidx < len(table.comp_eqs):
+        raise KernelError(EINVAL, f"mlx5_comp_eqn_get: vector {vecidx} out of range")
+    return table.comp_eqs[vecidx].eqn
+
+
+def mlx5_eqn2comp_eq(dev: mlx5_core_dev, eqn: int) -> mlx5_eq:
+    """Mirrors mlx5_eqn2comp_eq(): the completion EQ with that number (ENOENT)."""
+    for eq in dev.priv.eq_table.comp_eqs if dev.priv.eq_table else []:
+        if eq.eqn == eqn:
+            return eq
+    raise KernelError(ENOENT, f"mlx5_eqn2comp_eq: no completion EQ {eqn:#x}")

@@ -1,0 +1,464 @@
+"""The ConnectX firmware: the command interface's device side (device model, not kernel code).
+
+A command arrives as a mlx5_cmd_layout entry the device found in the command
+queue when its doorbell rang (kernel_model/hw/mlx5.py).  Firmware.execute()
+looks the opcode up in a table filled by the @fw_command decorator, checks the
+HCA's lifecycle state, runs the handler and writes status and syndrome into
+the output, as the real firmware does; a handler refuses with FwError.
+
+Lifecycle (the state machine of the HCA function):
+
+    disabled --ENABLE_HCA--> enabled --INIT_HCA--> initialized
+    initialized --TEARDOWN_HCA--> enabled --DISABLE_HCA--> disabled
+
+QUERY_HCA_CAP, SET_HCA_CAP (before INIT_HCA only) and QUERY_ADAPTER need an
+enabled function; resource commands need INIT_HCA.  TEARDOWN_HCA (or a
+function reset) drops every object; whatever a driver still had allocated
+then is recorded in `leaked`, which the machine's leak check reports.
+
+What the firmware keeps - the objects the next issue's data path executes
+through - is in mlx5_fw_ctx.py (EQ, CQ, QP, mkey contexts); the port and
+vport queries in mlx5_fw_port.py.  This file has the dispatch, the
+capability pages and the small resources (UAR, PD, transport domain, uctx).
+
+Errors follow the PRM: BAD_OP for an unknown opcode, BAD_PARAM for a bad
+context or field, BAD_RES for an object number that names nothing,
+RES_BUSY for an object still in use, LIM when a table is full,
+BAD_INP_LEN for a PAS shorter than the context needs, BAD_SYS_STATE for a
+command the HCA's state does not allow.  Syndromes are stable 32-bit values
+per failing check: syndrome("create_qp_pd") - see SYNDROMES.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from kernel_model.hw import mlx5_caps
+from kernel_model.hw.mlx5_ifc import (
+    HCA_CAP_OPMOD_GET_CUR,
+    MLX5_ADDR_OF,
+    MLX5_CAP_GENERAL,
+    MLX5_CMD_NAMES,
+    MLX5_CMD_OP_ALLOC_PD,
+    MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN,
+    MLX5_CMD_OP_ALLOC_UAR,
+    MLX5_CMD_OP_CREATE_UCTX,
+    MLX5_CMD_OP_DEALLOC_PD,
+    MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN,
+    MLX5_CMD_OP_DEALLOC_UAR,
+    MLX5_CMD_OP_DESTROY_UCTX,
+    MLX5_CMD_OP_DISABLE_HCA,
+    MLX5_CMD_OP_ENABLE_HCA,
+    MLX5_CMD_OP_INIT_HCA,
+    MLX5_CMD_OP_QUERY_HCA_CAP,
+    MLX5_CMD_OP_SET_HCA_CAP,
+    MLX5_CMD_OP_TEARDOWN_HCA,
+    MLX5_CMD_STAT_BAD_INP_LEN_ERR,
+    MLX5_CMD_STAT_BAD_OP_ERR,
+    MLX5_CMD_STAT_BAD_OUTP_LEN_ERR,
+    MLX5_CMD_STAT_BAD_PARAM_ERR,
+    MLX5_CMD_STAT_BAD_RES_ERR,
+    MLX5_CMD_STAT_BAD_SYS_STATE_ERR,
+    MLX5_CMD_STAT_LIM_ERR,
+    MLX5_CMD_STAT_OK,
+    MLX5_CMD_STAT_RES_BUSY,
+    MLX5_GET,
+    MLX5_SET,
+    IfcStruct,
+    memcpy_ifc,
+)
+
+if TYPE_CHECKING:
+    from kernel_model.hw.mlx5 import ConnectX
+
+INIT_SEG_SIZE = 0x2010  # struct mlx5_init_seg: fw_rev .. clr_intx
+ADAPTER_PAGE = 4096
+
+# -- errors and the opcode table --------------------------------------------------------
+SYNDROMES: dict[int, str] = {}  # syndrome -> the check that produced it
+
+
+def syndrome(check: str) -> int:
+    """The syndrome the firmware reports for a failing check (stable, 32 bits)."""
+    value = zlib.crc32(check.encode()) & 0x7FFFFFFF | 0x100000
+    SYNDROMES[value] = check
+    return value
+
+
+class FwError(Exception):
+    """A command the firmware refuses: PRM status and the check's syndrome."""
+
+    def __init__(self, status: int, check: str):
+        super().__init__(f"{check} (status {status:#x})")
+        self.status, self.check, self.syndrome = status, check, syndrome(check)
+
+
+@attrs.define
+class FwCommand:
+    handler: Callable[[Firmware, IfcStruct, IfcStruct], None]
+    name: str   # the layout stem: create_qp -> create_qp_in / create_qp_out
+    state: str  # lowest lifecycle state the command needs
+
+
+COMMANDS: dict[int, FwCommand] = {}
+_STATES = ("disabled", "enabled", "initialized")
+
+
+def fw_command(opcode: int, name: str, state: str = "initialized") -> Callable:
+    """Register a handler for `opcode` in the firmware's opcode table."""
+
+    def mark(fn: Callable[[Firmware, IfcStruct, IfcStruct], None]) -> Callable:
+        COMMANDS[opcode] = FwCommand(fn, name, state)
+        return fn
+
+    return mark
+
+
+@attrs.define
+class Injection:
+    """A failure the test asks for: the next `count` matching commands fail."""
+
+    opcode: int
+    status: int
+    check: str
+    op_mod: int | None = None
+    count: int = 1
+
+
+# -- small resources --------------------------------------------------------------------
+@attrs.define(eq=False)
+class FwObject:
+    """Base of every firmware object: its number, owning uid and user count."""
+
+    num: int
+    uid: int = 0
+    users: int = 0
+    kind = "OBJ"
+
+    def __repr__(self) -> str:
+        return f"{self.kind} {self.num:#x} uid={self.uid}" + (
+            f" users={self.users}" if self.users else "")
+
+
+class Mlx5Uar(FwObject):
+    kind = "UAR"
+
+
+class Mlx5Pd(FwObject):
+    kind = "PD"
+
+
+class Mlx5Td(FwObject):
+    kind = "TD"
+
+
+class Mlx5Uctx(FwObject):
+    kind = "UCTX"
+
+
+class IdAllocator:
+    """A firmware number space: cyclic from `start`, at most `limit()` live numbers."""
+
+    def __init__(self, start: int, end: int, limit: Callable[[], int]):
+        self.start, self.end, self.limit = start, end, limit
+        self.next = start
+
+    def alloc(self, table: dict, what: str) -> int:
+        if len(table) >= min(self.limit(), self.end - self.start):
+            raise FwError(MLX5_CMD_STAT_LIM_ERR, f"{what}_table_full")
+        n = self.next
+        while n in table:
+            n = n + 1 if n + 1 < self.end else self.start
+        self.next = n + 1 if n + 1 < self.end else self.start
+        return n
+
+
+class Firmware:
+    """The firmware of one ConnectX function.  See the module docstring."""
+
+    def __init__(self, hca: ConnectX, cap_overrides: dict[str, int]):
+        self.hca = hca
+        per_type = mlx5_caps.split_overrides(cap_overrides)
+        self.caps_max: dict[int, IfcStruct] = {}
+        self.caps_cur: dict[int, IfcStruct] = {}
+        defaults = {MLX5_CAP_GENERAL: mlx5_caps.GENERAL_MAX,
+                    mlx5_caps.MLX5_CAP_ROCE: mlx5_caps.ROCE,
+                    mlx5_caps.MLX5_CAP_ETHERNET_OFFLOADS: mlx5_caps.ETH}
+        for cap, layout in mlx5_caps.CAP_LAYOUT.items():
+            page = IfcStruct(layout)
+            for field, value in {**defaults[cap], **per_type[cap]}.items():
+                MLX5_SET(layout, page, field, value)
+            self.caps_max[cap] = page
+        self.injected: list[Injection] = []
+        self.leaked: list[str] = []     # objects a TEARDOWN_HCA / reset found allocated
+        self.cmd_log: list[tuple[str, int, int, int]] = []  # (name, op_mod, status, syndrome)
+        self.reset()
+
+    # -- state -----------------------------------------------------------------------
+    def reset(self) -> None:
+        """Function-level reset: back to disabled with default capabilities, no objects."""
+        self._drop_objects("function reset")
+        self.state = "disabled"
+        self.caps_cur = {cap: page.copy() for cap, page in self.caps_max.items()}
+        for field, value in mlx5_caps.GENERAL_CUR_DEFAULTS.items():
+            MLX5_SET("cmd_hca_cap", self.caps_cur[MLX5_CAP_GENERAL], field, value)
+        self.uars: dict[int, Mlx5Uar] = {}
+        self.pds: dict[int, Mlx5Pd] = {}
+        self.tds: dict[int, Mlx5Td] = {}
+        self.uctxs: dict[int, Mlx5Uctx] = {}
+        self.eqs: dict = {}
+        self.cqs: dict = {}
+        self.qps: dict = {}
+        self.mkeys: dict = {}   # mkey index -> Mlx5Mkey
+        self._new_ids()
+        self.vport = mlx5_fw_port.default_vport(self.hca)
+
+    def _new_ids(self) -> None:
+        """Fresh number spaces: after a reset or teardown, numbering starts over."""
+        self._ids = {
+            "uar": IdAllocator(0, 1 << 24, lambda: self.nr_uars - self.first_uar),
+            "pd": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_pd")),
+            "td": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_transport_domain")),
+            "uctx": IdAllocator(1, 1 << 16, lambda: 1 << self.cap("log_max_uctx")),
+            "eq": IdAllocator(7, 1 << 8, lambda: 1 << self.cap("log_max_eq")),
+            "cq": IdAllocator(0x400, 1 << 24, lambda: 1 << self.cap("log_max_cq")),
+            "qp": IdAllocator(0x100, 1 << 24, lambda: 1 << self.cap("log_max_qp")),
+            "mkey": IdAllocator(8, 1 << 24, lambda: 1 << self.cap("log_max_mkey")),
+        }
+
+    def tables(self) -> dict[str, dict]:
+        return {"QP": self.qps, "MKEY": self.mkeys, "CQ": self.cqs, "EQ": self.eqs,
+                "TD": self.tds, "PD": self.pds, "UAR": self.uars, "UCTX": self.uctxs}
+
+    def live_objects(self) -> list[object]:
+        return [obj for table in self.tables().values() for obj in table.values()]
+
+    def _drop_objects(self, why: str) -> None:
+        if getattr(self, "uars", None) is None:
+            return
+        live = self.live_objects()
+        if live:
+            self.leaked.append(f"{self.hca.name}: {len(live)} firmware object(s) still "
+                               f"allocated at {why}: " + "; ".join(map(repr, live)))
+        for table in self.tables().values():
+            table.clear()
+        self._new_ids()
+
+    def cap(self, field: str, cap_type: int = MLX5_CAP_GENERAL) -> int:
+        """A current capability (what QUERY_HCA_CAP GET_CUR would report)."""
+        return MLX5_GET(mlx5_caps.CAP_LAYOUT[cap_type], self.caps_cur[cap_type], field)
+
+    @property
+    def uar_page_size(self) -> int:
+        """Bytes per UAR in BAR0: 4 KiB with uar_4k, else 4 KiB << log_uar_page_sz."""
+        return ADAPTER_PAGE if self.cap("uar_4k") else ADAPTER_PAGE << self.cap("log_uar_page_sz")
+
+    @property
+    def first_uar(self) -> int:
+        """UARs overlapping the initialisation segment are never handed out."""
+        return -(-INIT_SEG_SIZE // self.uar_page_size)
+
+    @property
+    def nr_uars(self) -> int:
+        return self.hca.config.bar_size // self.uar_page_size
+
+    # -- dispatch --------------------------------------------------------------------
+    def inject(self, opcode: int, status: int, check: str = "injected", *,
+               op_mod: int | None = None, count: int = 1) -> None:
+        """Make the next `count` commands `opcode` (op_mod) fail with `status`."""
+        self.injected.append(Injection(opcode, status, check, op_mod, count))
+
+    def execute(self, in_: IfcStruct, out: IfcStruct) -> int:
+        """Run one command; its status (and syndrome) land in `out`.  Returns the status."""
+        opcode = MLX5_GET("mbox_in", in_, "opcode")
+        op_mod = MLX5_GET("mbox_in", in_, "op_mod")
+        try:
+            self._run(opcode, op_mod, in_, out)
+            status, synd = MLX5_CMD_STAT_OK, 0
+        except FwError as e:
+            status, synd = e.status, e.syndrome
+        if out.typ.endswith("_out"):
+            MLX5_SET("mbox_out", out, "status", status)
+            MLX5_SET("mbox_out", out, "syndrome", synd)
+        self.cmd_log.append((MLX5_CMD_NAMES.get(opcode, hex(opcode)), op_mod, status, synd))
+        return status
+
+    def _run(self, opcode: int, op_mod: int, in_: IfcStruct, out: IfcStruct) -> None:
+        for inj in self.injected:
+            if inj.opcode == opcode and inj.op_mod in (None, op_mod) and inj.count > 0:
+                inj.count -= 1
+                raise FwError(inj.status, inj.check)
+        cmd = COMMANDS.get(opcode)
+        if cmd is None:
+            raise FwError(MLX5_CMD_STAT_BAD_OP_ERR, "bad_opcode")
+        if in_.typ != cmd.name + "_in":
+            raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, f"{cmd.name}_inlen")
+        if out.typ != cmd.name + "_out":
+            raise FwError(MLX5_CMD_STAT_BAD_OUTP_LEN_ERR, f"{cmd.name}_outlen")
+        if _STATES.index(self.state) < _STATES.index(cmd.state):
+            raise FwError(MLX5_CMD_STAT_BAD_SYS_STATE_ERR, f"{cmd.name}_hca_{self.state}")
+        uid = MLX5_GET("mbox_in", in_, "uid")
+        if uid and uid not in self.uctxs and opcode != MLX5_CMD_OP_DESTROY_UCTX:
+            raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, f"{cmd.name}_bad_uid")
+        cmd.handler(self, in_, out)
+
+    # -- helpers for handlers -------------------------------------------------------
+    def lookup(self, table: dict, num: int, uid: int, what: str,
+               kernel_any: bool = False) -> FwObject:
+        """The object a destroy/dealloc names: BAD_RES if none, BAD_PARAM on a uid mismatch
+        (with `kernel_any`, uid 0 - the kernel - may name any object)."""
+        obj = table.get(num)
+        if obj is None:
+            raise FwError(MLX5_CMD_STAT_BAD_RES_ERR, f"{what}_not_found")
+        if obj.uid != uid and not (kernel_any and uid == 0):
+            raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, f"{what}_uid_mismatch")
+        return obj
+
+    def ref(self, table: dict, num: int, uid: int, check: str, shared: bool = True) -> FwObject:
+        """An object a context refers to: BAD_PARAM if absent or owned by another uid
+        (objects of uid 0 are shared with every uid, unless `shared` is False)."""
+        obj = table.get(num)
+        if obj is None or obj.uid not in ((0, uid) if shared else (uid,)):
+            raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, check)
+        return obj
+
+    def release(self, obj: FwObject, what: str) -> None:
+        if obj.users:
+            raise FwError(MLX5_CMD_STAT_RES_BUSY, f"{what}_busy")
+
+    def new_id(self, kind: str, table: dict) -> int:
+        return self._ids[kind].alloc(table, kind)
+
+
+def _uid(in_: IfcStruct) -> int:
+    return MLX5_GET("mbox_in", in_, "uid")
+
+
+# -- lifecycle and capabilities -------------------------------------------------------------
+@fw_command(MLX5_CMD_OP_ENABLE_HCA, "enable_hca", "disabled")
+def enable_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    if fw.state == "disabled":
+        fw.state = "enabled"
+
+
+@fw_command(MLX5_CMD_OP_DISABLE_HCA, "disable_hca", "enabled")
+def disable_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    fw._drop_objects("DISABLE_HCA")
+    fw.state = "disabled"
+
+
+@fw_command(MLX5_CMD_OP_INIT_HCA, "init_hca", "enabled")
+def init_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    if fw.state == "initialized":
+        raise FwError(MLX5_CMD_STAT_BAD_SYS_STATE_ERR, "init_hca_twice")
+    fw.state = "initialized"
+
+
+@fw_command(MLX5_CMD_OP_TEARDOWN_HCA, "teardown_hca", "initialized")
+def teardown_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    fw._drop_objects("TEARDOWN_HCA")
+    fw.state = "enabled"
+
+
+@fw_command(MLX5_CMD_OP_QUERY_HCA_CAP, "query_hca_cap", "enabled")
+def query_hca_cap(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    op_mod = MLX5_GET("mbox_in", in_, "op_mod")
+    cap_type, mode = op_mod >> 1, op_mod & 1
+    pages = fw.caps_cur if mode == HCA_CAP_OPMOD_GET_CUR else fw.caps_max
+    if cap_type not in pages or MLX5_GET("query_hca_cap_in", in_, "other_function"):
+        raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, "query_hca_cap_type")
+    memcpy_ifc(MLX5_ADDR_OF("query_hca_cap_out", out, "capability"), pages[cap_type])
+
+
+@fw_command(MLX5_CMD_OP_SET_HCA_CAP, "set_hca_cap", "enabled")
+def set_hca_cap(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    if fw.state == "initialized":
+        raise FwError(MLX5_CMD_STAT_BAD_SYS_STATE_ERR, "set_hca_cap_after_init")
+    if MLX5_GET("mbox_in", in_, "op_mod") >> 1 != MLX5_CAP_GENERAL:
+        raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, "set_hca_cap_type")
+    new = MLX5_ADDR_OF("set_hca_cap_in", in_, "capability")
+    cur, mx = fw.caps_cur[MLX5_CAP_GENERAL], fw.caps_max[MLX5_CAP_GENERAL]
+    for field, rule in mlx5_caps.WRITABLE_GENERAL.items():
+        v, top = MLX5_GET("cmd_hca_cap", new, field), MLX5_GET("cmd_hca_cap", mx, field)
+        if (rule in ("log", "bool") and v > top) or (rule == "zero" and v) or (
+                rule == "enum" and v > 5):
+            raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, f"set_hca_cap_{field}")
+    for field in mlx5_caps.WRITABLE_GENERAL:
+        MLX5_SET("cmd_hca_cap", cur, field, MLX5_GET("cmd_hca_cap", new, field))
+    per_page = 1 << fw.cap("log_uar_page_sz") if fw.cap("uar_4k") else 1
+    MLX5_SET("cmd_hca_cap", cur, "num_of_uars_per_page", per_page)
+
+
+# -- UAR, PD, transport domain, user context ---------------------------------------------------
+def _alloc(fw: Firmware, kind: str, table: dict, cls: type, in_: IfcStruct) -> int:
+    num = fw.new_id(kind, table)
+    table[num] = cls(num, _uid(in_))
+    return num
+
+
+@fw_command(MLX5_CMD_OP_ALLOC_UAR, "alloc_uar")
+def alloc_uar(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    ids = fw._ids["uar"]
+    ids.start = max(ids.start, fw.first_uar)
+    ids.end = fw.nr_uars
+    ids.next = max(ids.next, ids.start)
+    MLX5_SET("alloc_uar_out", out, "uar", _alloc(fw, "uar", fw.uars, Mlx5Uar, in_))
+
+
+@fw_command(MLX5_CMD_OP_DEALLOC_UAR, "dealloc_uar")
+def dealloc_uar(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    uar = fw.lookup(fw.uars, MLX5_GET("dealloc_uar_in", in_, "uar"), _uid(in_), "uar")
+    fw.release(uar, "uar")
+    del fw.uars[uar.num]
+
+
+@fw_command(MLX5_CMD_OP_ALLOC_PD, "alloc_pd")
+def alloc_pd(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    MLX5_SET("alloc_pd_out", out, "pd", _alloc(fw, "pd", fw.pds, Mlx5Pd, in_))
+
+
+@fw_command(MLX5_CMD_OP_DEALLOC_PD, "dealloc_pd")
+def dealloc_pd(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    pd = fw.lookup(fw.pds, MLX5_GET("dealloc_pd_in", in_, "pd"), _uid(in_), "pd")
+    fw.release(pd, "pd")
+    del fw.pds[pd.num]
+
+
+@fw_command(MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN, "alloc_transport_domain")
+def alloc_transport_domain(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    MLX5_SET("alloc_transport_domain_out", out, "transport_domain",
+             _alloc(fw, "td", fw.tds, Mlx5Td, in_))
+
+
+@fw_command(MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN, "dealloc_transport_domain")
+def dealloc_transport_domain(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    tdn = MLX5_GET("dealloc_transport_domain_in", in_, "transport_domain")
+    td = fw.lookup(fw.tds, tdn, _uid(in_), "transport_domain")
+    del fw.tds[td.num]
+
+
+@fw_command(MLX5_CMD_OP_CREATE_UCTX, "create_uctx")
+def create_uctx(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    if _uid(in_):
+        raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, "create_uctx_with_uid")
+    num = fw.new_id("uctx", fw.uctxs)
+    fw.uctxs[num] = Mlx5Uctx(num, num)
+    MLX5_SET("create_uctx_out", out, "uid", num)
+
+
+@fw_command(MLX5_CMD_OP_DESTROY_UCTX, "destroy_uctx")
+def destroy_uctx(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    uid = MLX5_GET("destroy_uctx_in", in_, "uid")
+    if uid not in fw.uctxs:
+        raise FwError(MLX5_CMD_STAT_BAD_RES_ERR, "uctx_not_found")
+    if any(o.uid == uid for o in fw.live_objects() if not isinstance(o, Mlx5Uctx)):
+        raise FwError(MLX5_CMD_STAT_RES_BUSY, "uctx_busy")
+    del fw.uctxs[uid]
+
+
+# the rest of the opcode table
+from kernel_model.hw import mlx5_fw_ctx, mlx5_fw_port  # noqa: E402,F401

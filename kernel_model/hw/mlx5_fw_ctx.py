@@ -1,0 +1,336 @@
+"""The firmware's queue and memory-key contexts: EQ, CQ, QP, mkey (device model).
+
+The firmware keeps what the real device keeps, because the data path
+executes through it: each object holds a copy of the context the driver
+wrote (qpc, cqc, mkc, eqc as IfcStructs, read with obj.qpc["uar_page"]), the
+PAS/MTT array exactly as the command carried it (big-endian U64Array), its
+owning uid, and the objects it refers to (whose user counts make DEALLOC_PD,
+DESTROY_CQ, DEALLOC_UAR and DESTROY_EQ fail with RES_BUSY while in use).
+
+    fw.qps[qpn].qpc["log_sq_size"]       fw.qps[qpn].state == MLX5_QPC_STATE_RST
+    fw.cqs[cqn].cqc["c_eqn_or_apu_element"]
+    fw.mkeys[index].mkey, .mkc["start_addr"], .pas
+
+Checks are the cheap ones a real firmware makes: field ranges against the
+current capabilities, referenced objects exist and are the caller's (uid)
+or shared (uid 0; a UAR must be the caller's own), the PAS covers the buffer
+the context describes.
+# EMU: SRQs, XRC domains, DEVX umems and event delivery (EQEs) are not
+# modelled: an SRQ number in a QPC is not checked, a context naming a umem
+# is refused with BAD_PARAM, and no EQE is ever written to an EQ's buffer.
+"""
+
+from __future__ import annotations
+
+from c_ext import U64Array
+from kernel_model.hw.mlx5_fw import (
+    ADAPTER_PAGE,
+    Firmware,
+    FwError,
+    FwObject,
+    fw_command,
+)
+from kernel_model.hw.mlx5_ifc import (
+    MLX5_ADDR_OF,
+    MLX5_CMD_OP_CREATE_CQ,
+    MLX5_CMD_OP_CREATE_EQ,
+    MLX5_CMD_OP_CREATE_MKEY,
+    MLX5_CMD_OP_CREATE_QP,
+    MLX5_CMD_OP_DESTROY_CQ,
+    MLX5_CMD_OP_DESTROY_EQ,
+    MLX5_CMD_OP_DESTROY_MKEY,
+    MLX5_CMD_OP_DESTROY_QP,
+    MLX5_CMD_OP_QUERY_CQ,
+    MLX5_CMD_OP_QUERY_MKEY,
+    MLX5_CMD_OP_QUERY_QP,
+    MLX5_CMD_STAT_BAD_INP_LEN_ERR,
+    MLX5_CMD_STAT_BAD_PARAM_ERR,
+    MLX5_GET,
+    MLX5_MKC_ACCESS_MODE_KSM,
+    MLX5_MKC_ACCESS_MODE_MTT,
+    MLX5_NON_ZERO_RQ,
+    MLX5_QPC_STATE_RST,
+    MLX5_SET,
+    MLX5_SRQ_RQ,
+    MLX5_ZERO_LEN_RQ,
+    IfcStruct,
+    memcpy_ifc,
+)
+
+_QP_STATES = {0: "RST", 1: "INIT", 2: "RTR", 3: "RTS", 4: "SQER", 6: "ERR", 7: "SQD"}
+_QP_TYPES = {0x0: "RC", 0x1: "UC", 0x2: "UD", 0x3: "XRC", 0x5: "DCI", 0x7: "QP0", 0x8: "QP1",
+             0x9: "RAW", 0xc: "REG_UMR"}
+_ACCESS_MODES = {0: "PA", 1: "MTT", 2: "KLM", 3: "KSM"}
+
+
+class Mlx5Ctx(FwObject):
+    """A context-holding object: its context copy, PAS copy and referenced objects."""
+
+    def __init__(self, num: int, uid: int, ctx: IfcStruct, pas: U64Array,
+                 refs: list[FwObject]):
+        super().__init__(num, uid)
+        self.ctx, self.pas, self.refs = ctx, pas, refs
+        for r in refs:
+            r.users += 1
+
+    def drop_refs(self) -> None:
+        for r in self.refs:
+            r.users -= 1
+        self.refs = []
+
+
+class Mlx5Eq(Mlx5Ctx):
+    kind = "EQ"
+
+    @property
+    def eqc(self) -> IfcStruct:
+        return self.ctx
+
+    def __repr__(self) -> str:
+        return (f"EQ {self.num:#x} size=2^{self.eqc['log_eq_size']} "
+                f"uar={self.eqc['uar_page']:#x} intr={self.eqc['intr']}")
+
+
+class Mlx5Cq(Mlx5Ctx):
+    kind = "CQ"
+
+    @property
+    def cqc(self) -> IfcStruct:
+        return self.ctx
+
+    def __repr__(self) -> str:
+        c = self.cqc
+        return (f"CQ {self.num:#x} size=2^{c['log_cq_size']} cqe={64 << c['cqe_sz']} "
+                f"uar={c['uar_page']:#x} eqn={c['c_eqn_or_apu_element']:#x} uid={self.uid}")
+
+
+class Mlx5Qp(Mlx5Ctx):
+    kind = "QP"
+
+    @property
+    def qpc(self) -> IfcStruct:
+        return self.ctx
+
+    @property
+    def state(self) -> int:
+        return self.qpc["state"]
+
+    def __repr__(self) -> str:
+        q = self.qpc
+        return (f"QP {self.num:#x} {_QP_STATES.get(q['state'], q['state'])} "
+                f"{_QP_TYPES.get(q['st'], hex(q['st']))} pd={q['pd']:#x} "
+                f"uar={q['uar_page']:#x} cqn_snd={q['cqn_snd']:#x} cqn_rcv={q['cqn_rcv']:#x} "
+                f"uid={self.uid}")
+
+
+class Mlx5Mkey(Mlx5Ctx):
+    kind = "MKEY"
+
+    @property
+    def mkc(self) -> IfcStruct:
+        return self.ctx
+
+    @property
+    def mkey(self) -> int:
+        """The key a WQE names: index << 8 | the variant byte the driver chose."""
+        return self.num << 8 | self.mkc["mkey_7_0"]
+
+    def __repr__(self) -> str:
+        m = self.mkc
+        mode = _ACCESS_MODES.get(m["access_mode_4_2"] << 2 | m["access_mode_1_0"], "?")
+        acc = " ".join(a for a in ("lr", "lw", "rr", "rw", "a") if m[a])
+        return (f"MKEY {self.mkey:#x} pd={m['pd']:#x} va={m['start_addr']:#x} "
+                f"len={m['len']:#x} {mode} {acc}{' free' if m['free'] else ''} uid={self.uid}")
+
+
+def _uid(in_: IfcStruct) -> int:
+    return MLX5_GET("mbox_in", in_, "uid")
+
+
+def _bad(check: str) -> FwError:
+    return FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, check)
+
+
+def _check_pas(pas: U64Array, log_page_size: int, page_offset: int, nbytes: int,
+               check: str) -> None:
+    """The PAS must cover page_offset (in 1/64 page units) plus nbytes."""
+    page = ADAPTER_PAGE << log_page_size
+    need = -(-(page_offset * (page // 64) + nbytes) // page)
+    if len(pas) < need:
+        raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, check)
+
+
+def _copy_pas(pas: U64Array) -> U64Array:
+    keep = U64Array(pas.n)
+    keep.view[: pas.n] = pas.view[: pas.n]
+    return keep
+
+
+# -- EQ -----------------------------------------------------------------------------------
+@fw_command(MLX5_CMD_OP_CREATE_EQ, "create_eq")
+def create_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    eqc = MLX5_ADDR_OF("create_eq_in", in_, "eq_context_entry")
+    if _uid(in_):
+        raise _bad("create_eq_uid")
+    if eqc["log_eq_size"] > fw.cap("log_max_eq_sz"):
+        raise _bad("create_eq_log_size")
+    uar = fw.ref(fw.uars, eqc["uar_page"], 0, "create_eq_uar")
+    pas = MLX5_ADDR_OF("create_eq_in", in_, "pas")
+    _check_pas(pas, eqc["log_page_size"], eqc["page_offset"], 64 << eqc["log_eq_size"],
+               "create_eq_pas")
+    eqn = fw.new_id("eq", fw.eqs)
+    fw.eqs[eqn] = Mlx5Eq(eqn, 0, eqc.copy(), _copy_pas(pas), [uar])
+    MLX5_SET("create_eq_out", out, "eq_number", eqn)
+
+
+@fw_command(MLX5_CMD_OP_DESTROY_EQ, "destroy_eq")
+def destroy_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    eq = fw.lookup(fw.eqs, MLX5_GET("destroy_eq_in", in_, "eq_number"), _uid(in_), "eq")
+    fw.release(eq, "eq")
+    eq.drop_refs()
+    del fw.eqs[eq.num]
+
+
+# -- CQ -----------------------------------------------------------------------------------
+@fw_command(MLX5_CMD_OP_CREATE_CQ, "create_cq")
+def create_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    uid = _uid(in_)
+    cqc = MLX5_ADDR_OF("create_cq_in", in_, "cq_context")
+    if MLX5_GET("create_cq_in", in_, "cq_umem_valid") or cqc["dbr_umem_valid"]:
+        raise _bad("create_cq_umem")
+    if cqc["log_cq_size"] > fw.cap("log_max_cq_sz"):
+        raise _bad("create_cq_log_size")
+    if cqc["cqe_sz"] > 1:
+        raise _bad("create_cq_cqe_sz")
+    uar = fw.ref(fw.uars, cqc["uar_page"], uid, "create_cq_uar", shared=False)
+    eq = fw.ref(fw.eqs, cqc["c_eqn_or_apu_element"], uid, "create_cq_eqn")
+    pas = MLX5_ADDR_OF("create_cq_in", in_, "pas")
+    _check_pas(pas, cqc["log_page_size"], cqc["page_offset"],
+               (64 << cqc["cqe_sz"]) << cqc["log_cq_size"], "create_cq_pas")
+    cqn = fw.new_id("cq", fw.cqs)
+    fw.cqs[cqn] = Mlx5Cq(cqn, uid, cqc.copy(), _copy_pas(pas), [uar, eq])
+    MLX5_SET("create_cq_out", out, "cqn", cqn)
+
+
+@fw_command(MLX5_CMD_OP_DESTROY_CQ, "destroy_cq")
+def destroy_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    cq = fw.lookup(fw.cqs, MLX5_GET("destroy_cq_in", in_, "cqn"), _uid(in_), "cq")
+    fw.release(cq, "cq")
+    cq.drop_refs()
+    del fw.cqs[cq.num]
+
+
+@fw_command(MLX5_CMD_OP_QUERY_CQ, "query_cq")
+def query_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    cq = fw.lookup(fw.cqs, MLX5_GET("query_cq_in", in_, "cqn"), _uid(in_), "cq")
+    memcpy_ifc(MLX5_ADDR_OF("query_cq_out", out, "cq_context"), cq.cqc)
+
+
+# -- QP -----------------------------------------------------------------------------------
+def _qp_buffer_bytes(fw: Firmware, qpc: IfcStruct) -> int:
+    """Bytes of the RQ (first) and SQ the QPC describes, after range checks."""
+    if qpc["st"] not in _QP_TYPES:
+        raise _bad("create_qp_st")
+    if max(qpc["log_sq_size"], qpc["log_rq_size"]) > fw.cap("log_max_qp_sz"):
+        raise _bad("create_qp_log_size")
+    if 16 << qpc["log_rq_stride"] > fw.cap("max_wqe_sz_rq"):
+        raise _bad("create_qp_rq_stride")
+    if qpc["ts_format"] > 2:
+        raise _bad("create_qp_ts_format")
+    if qpc["dbr_addr"] & 3:
+        raise _bad("create_qp_dbr_align")
+    rq = (1 << qpc["log_rq_size"]) << (qpc["log_rq_stride"] + 4) \
+        if qpc["rq_type"] == MLX5_NON_ZERO_RQ else 0
+    sq = 0 if qpc["no_sq"] else 64 << qpc["log_sq_size"]
+    return rq + sq
+
+
+def _qp_refs(fw: Firmware, qpc: IfcStruct, uid: int) -> list[FwObject]:
+    refs = [fw.ref(fw.pds, qpc["pd"], uid, "create_qp_pd"),
+            fw.ref(fw.uars, qpc["uar_page"], uid, "create_qp_uar", shared=False)]
+    if not qpc["no_sq"]:
+        refs.append(fw.ref(fw.cqs, qpc["cqn_snd"], uid, "create_qp_cqn_snd"))
+    if qpc["rq_type"] in (MLX5_NON_ZERO_RQ, MLX5_SRQ_RQ) or (
+            qpc["rq_type"] == MLX5_ZERO_LEN_RQ and qpc["cqn_rcv"]):
+        refs.append(fw.ref(fw.cqs, qpc["cqn_rcv"], uid, "create_qp_cqn_rcv"))
+    return refs
+
+
+@fw_command(MLX5_CMD_OP_CREATE_QP, "create_qp")
+def create_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    uid = _uid(in_)
+    qpc = MLX5_ADDR_OF("create_qp_in", in_, "qpc")
+    if MLX5_GET("create_qp_in", in_, "wq_umem_valid") or qpc["dbr_umem_valid"]:
+        raise _bad("create_qp_umem")
+    nbytes = _qp_buffer_bytes(fw, qpc)
+    refs = _qp_refs(fw, qpc, uid)
+    pas = MLX5_ADDR_OF("create_qp_in", in_, "pas")
+    if nbytes:
+        _check_pas(pas, qpc["log_page_size"], qpc["page_offset"], nbytes, "create_qp_pas")
+    qpn = fw.new_id("qp", fw.qps)
+    keep = qpc.copy()
+    MLX5_SET("qpc", keep, "state", MLX5_QPC_STATE_RST)
+    fw.qps[qpn] = Mlx5Qp(qpn, uid, keep, _copy_pas(pas), refs)
+    MLX5_SET("create_qp_out", out, "qpn", qpn)
+
+
+@fw_command(MLX5_CMD_OP_DESTROY_QP, "destroy_qp")
+def destroy_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    qp = fw.lookup(fw.qps, MLX5_GET("destroy_qp_in", in_, "qpn"), _uid(in_), "qp")
+    qp.drop_refs()
+    del fw.qps[qp.num]
+
+
+@fw_command(MLX5_CMD_OP_QUERY_QP, "query_qp")
+def query_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    qp = fw.lookup(fw.qps, MLX5_GET("query_qp_in", in_, "qpn"), _uid(in_), "qp")
+    memcpy_ifc(MLX5_ADDR_OF("query_qp_out", out, "qpc"), qp.qpc)
+
+
+# -- mkey ---------------------------------------------------------------------------------
+def _check_mtt(in_: IfcStruct, mkc: IfcStruct) -> None:
+    """An MTT mkey's translation table must cover [start_addr, start_addr + len)."""
+    if mkc["free"] or mkc["length64"] or MLX5_GET("create_mkey_in", in_, "pg_access"):
+        return  # created free for UMR, or whole address space: no table yet
+    if mkc["log_page_size"] < 12:
+        raise _bad("create_mkey_log_page_size")
+    page = 1 << mkc["log_page_size"]
+    need = -(-((mkc["start_addr"] & (page - 1)) + mkc["len"]) // page)
+    if mkc["translations_octword_size"] * 2 < need:
+        raise _bad("create_mkey_octwords")
+    if len(MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt")) < need:
+        raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, "create_mkey_mtt")
+
+
+@fw_command(MLX5_CMD_OP_CREATE_MKEY, "create_mkey")
+def create_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    uid = _uid(in_)
+    mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
+    if MLX5_GET("create_mkey_in", in_, "mkey_umem_valid"):
+        raise _bad("create_mkey_umem")
+    mode = mkc["access_mode_4_2"] << 2 | mkc["access_mode_1_0"]
+    if mode > MLX5_MKC_ACCESS_MODE_KSM:
+        raise _bad("create_mkey_access_mode")
+    pd = fw.ref(fw.pds, mkc["pd"], uid, "create_mkey_pd")
+    if mode == MLX5_MKC_ACCESS_MODE_MTT:
+        _check_mtt(in_, mkc)
+    index = fw.new_id("mkey", fw.mkeys)
+    pas = MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt")
+    fw.mkeys[index] = Mlx5Mkey(index, uid, mkc.copy(), _copy_pas(pas), [pd])
+    MLX5_SET("create_mkey_out", out, "mkey_index", index)
+
+
+@fw_command(MLX5_CMD_OP_DESTROY_MKEY, "destroy_mkey")
+def destroy_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    index = MLX5_GET("destroy_mkey_in", in_, "mkey_index")
+    # mlx5_core_destroy_mkey() sends no uid, even for a user context's mkey: the
+    # kernel's uid 0 may destroy any mkey; a user uid only its own
+    mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
+    mkey.drop_refs()
+    del fw.mkeys[index]
+
+
+@fw_command(MLX5_CMD_OP_QUERY_MKEY, "query_mkey")
+def query_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    mkey = fw.lookup(fw.mkeys, MLX5_GET("query_mkey_in", in_, "mkey_index"), _uid(in_), "mkey")
+    memcpy_ifc(MLX5_ADDR_OF("query_mkey_out", out, "memory_key_mkey_entry"), mkey.mkc)

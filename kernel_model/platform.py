@@ -1,0 +1,36 @@
+"""An RDMA host in one call: a Machine with ConnectX HCAs and the driver modules loaded.
+
+Emulator-level (the "BIOS and modprobe" of a test or a demo):
+
+    m = rdma_host()                        # 256 MiB, 4 KiB pages, one ConnectX-6 Dx
+    m.hcas[0].fw.state                     # "initialized": mlx5_core probed it
+    m = rdma_host(page_size=65536, nr_hcas=2, modules=())   # nothing loaded yet
+
+Modules are loaded by name (machine.load_module), as modprobe does, so
+kernel_model never imports a driver.
+"""
+
+from __future__ import annotations
+
+from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
+from kernel_model.machine import Machine
+
+DEFAULT_MODULES: tuple[str, ...] = ("mlx5_core",)
+
+
+def rdma_host(ram_size: int = 256 << 20, page_size: int = 4096, backend: str | None = None,
+              name: str | None = None, hca: Mlx5Config | None = None,
+              modules: tuple[str, ...] = DEFAULT_MODULES, *, nr_hcas: int = 1,
+              iommu: str = "identity") -> Machine:
+    """Build a Machine, plug `nr_hcas` ConnectX functions (config `hca`), load `modules`.
+
+    The HCAs are reachable as machine.hcas (kernel_model.hw.mlx5.ConnectX).
+    """
+    machine = Machine(ram_size=ram_size, page_size=page_size, backend=backend, name=name,
+                      iommu=iommu)
+    for _ in range(nr_hcas):
+        ConnectX(machine, hca)
+    for mod in modules:
+        if mod not in machine.modules:  # a dependency may have loaded it already
+            machine.load_module(mod)
+    return machine
