@@ -115,7 +115,7 @@ def _poison_class(cls: type) -> type:
     if p is None:
         p = type(f"freed_{cls.__name__}", (cls,), {
             "__slots__": (), "__getattribute__": _poison_get, "__setattr__": _poison_set,
-            "__delattr__": _poison_del, "__repr__": _poison_repr,
+            "__delattr__": _poison_del, "__repr__": _poison_repr, "kasan_freed": True,
             "__module__": cls.__module__})
         _poisoned[cls] = p
         _poison_classes.add(p)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, TypeVar
 
+from kernel_model.trace import traced
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi.ustruct import UStruct
 
@@ -33,6 +34,7 @@ class VerbsError(OSError):
         super().__init__(errno_, f"{what} failed: {os.strerror(errno_)} (errno {errno_})")
 
 
+@traced
 def execute_write(ctx: Any, command: int, req: UStruct, resp_cls: type[T] | None,
                   drv_req: UStruct | None = None, drv_resp_cls: type[UStruct] | None = None,
                   what: str = "") -> tuple[T | None, Any]:
@@ -58,6 +60,7 @@ def execute_write(ctx: Any, command: int, req: UStruct, resp_cls: type[T] | None
     return resp, drv
 
 
+@traced
 def ibv_cmd_get_context(ctx: Any, drv_req: UStruct, drv_resp_cls: type[UStruct]):
     """GET_CONTEXT with the provider's alloc_ucontext request."""
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_GET_CONTEXT, uv.ib_uverbs_get_context(),
@@ -65,28 +68,33 @@ def ibv_cmd_get_context(ctx: Any, drv_req: UStruct, drv_resp_cls: type[UStruct])
                          "ibv_cmd_get_context")
 
 
+@traced
 def ibv_cmd_query_device(ctx: Any) -> uv.ib_uverbs_query_device_resp:
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_DEVICE, uv.ib_uverbs_query_device(),
                          uv.ib_uverbs_query_device_resp, what="ibv_cmd_query_device")[0]
 
 
+@traced
 def ibv_cmd_query_port(ctx: Any, port_num: int) -> uv.ib_uverbs_query_port_resp:
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_PORT,
                          uv.ib_uverbs_query_port(port_num=port_num),
                          uv.ib_uverbs_query_port_resp, what="ibv_cmd_query_port")[0]
 
 
+@traced
 def ibv_cmd_alloc_pd(ctx: Any, drv_resp_cls: type[UStruct] | None = None):
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_ALLOC_PD, uv.ib_uverbs_alloc_pd(),
                          uv.ib_uverbs_alloc_pd_resp, None, drv_resp_cls, "ibv_cmd_alloc_pd")
 
 
+@traced
 def ibv_cmd_dealloc_pd(ctx: Any, pd_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DEALLOC_PD,
                   uv.ib_uverbs_dealloc_pd(pd_handle=pd_handle), None,
                   what="ibv_cmd_dealloc_pd")
 
 
+@traced
 def ibv_cmd_reg_mr(ctx: Any, pd_handle: int, addr: int, length: int, hca_va: int,
                    access: int) -> uv.ib_uverbs_reg_mr_resp:
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_REG_MR,
@@ -95,11 +103,13 @@ def ibv_cmd_reg_mr(ctx: Any, pd_handle: int, addr: int, length: int, hca_va: int
                          uv.ib_uverbs_reg_mr_resp, what="ibv_cmd_reg_mr")[0]
 
 
+@traced
 def ibv_cmd_dereg_mr(ctx: Any, mr_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DEREG_MR,
                   uv.ib_uverbs_dereg_mr(mr_handle=mr_handle), None, what="ibv_cmd_dereg_mr")
 
 
+@traced
 def ibv_cmd_create_cq(ctx: Any, cqe: int, comp_vector: int, drv_req: UStruct,
                       drv_resp_cls: type[UStruct], user_handle: int = 0):
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_CQ,
@@ -109,18 +119,21 @@ def ibv_cmd_create_cq(ctx: Any, cqe: int, comp_vector: int, drv_req: UStruct,
                          "ibv_cmd_create_cq")
 
 
+@traced
 def ibv_cmd_destroy_cq(ctx: Any, cq_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_CQ,
                   uv.ib_uverbs_destroy_cq(cq_handle=cq_handle), uv.ib_uverbs_destroy_cq_resp,
                   what="ibv_cmd_destroy_cq")
 
 
+@traced
 def ibv_cmd_create_qp(ctx: Any, req: uv.ib_uverbs_create_qp, drv_req: UStruct,
                       drv_resp_cls: type[UStruct]):
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_QP, req, uv.ib_uverbs_create_qp_resp,
                          drv_req, drv_resp_cls, "ibv_cmd_create_qp")
 
 
+@traced
 def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
                   uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from kernel_model.trace import traced
 from userspace.libc import O_CLOEXEC, O_RDWR, free, posix_memalign, read_sysfs
 from userspace.libibverbs.cmd import CMD_BUF_SIZE, VerbsError, ibv_cmd_query_device
 
@@ -161,6 +162,7 @@ def _sysfs_int(proc, path: str) -> int:
     return int(text.strip(), 0) if text else 0
 
 
+@traced
 def ibv_get_device_list(proc) -> list[ibv_device]:
     """Mirrors ibv_get_device_list(): every uverbsN in sysfs with a provider."""
     names = proc.getdents(SYSFS_VERBS)
@@ -184,10 +186,12 @@ def ibv_get_device_list(proc) -> list[ibv_device]:
     return devices
 
 
+@traced
 def ibv_get_device_name(device: ibv_device) -> str:
     return device.name
 
 
+@traced
 def ibv_open_device(proc, device: ibv_device) -> ibv_context:
     """Mirrors ibv_open_device() -> verbs_open_device(): open the uverbs file,
     then the provider's alloc_context (which issues GET_CONTEXT)."""
@@ -205,6 +209,7 @@ def ibv_open_device(proc, device: ibv_device) -> ibv_context:
         raise
 
 
+@traced
 def ibv_close_device(ctx: ibv_context) -> int:
     """Mirrors ibv_close_device(): the provider unmaps its pages, then the fds close."""
     ctx.ops.free_context(ctx)
@@ -215,46 +220,56 @@ def ibv_close_device(ctx: ibv_context) -> int:
     return 0
 
 
+@traced
 def ibv_query_device(ctx: ibv_context):
     """Mirrors ibv_query_device(): the core's ib_uverbs_query_device_resp."""
     return ibv_cmd_query_device(ctx)
 
 
+@traced
 def ibv_query_port(ctx: ibv_context, port_num: int):
     """Mirrors ibv_query_port()."""
     return ctx.ops.query_port(ctx, port_num)
 
 
+@traced
 def ibv_alloc_pd(ctx: ibv_context) -> ibv_pd:
     return ctx.ops.alloc_pd(ctx)
 
 
+@traced
 def ibv_dealloc_pd(pd: ibv_pd) -> int:
     return _errno_of(pd.context.ops.dealloc_pd, pd)
 
 
+@traced
 def ibv_reg_mr(pd: ibv_pd, addr: int, length: int, access: int) -> ibv_mr:
     return pd.context.ops.reg_mr(pd, addr, length, addr, access)
 
 
+@traced
 def ibv_dereg_mr(mr: ibv_mr) -> int:
     return _errno_of(mr.context.ops.dereg_mr, mr)
 
 
+@traced
 def ibv_create_cq(ctx: ibv_context, cqe: int, cq_context: Any = None, channel: Any = None,
                   comp_vector: int = 0) -> ibv_cq:
     return ctx.ops.create_cq(ctx, cqe, comp_vector)
 
 
+@traced
 def ibv_destroy_cq(cq: ibv_cq) -> int:
     return _errno_of(cq.context.ops.destroy_cq, cq)
 
 
+@traced
 def ibv_create_qp(pd: ibv_pd, attr: ibv_qp_init_attr) -> ibv_qp:
     """Mirrors ibv_create_qp(): attr.cap is updated with what the QP really has."""
     return pd.context.ops.create_qp(pd, attr)
 
 
+@traced
 def ibv_destroy_qp(qp: ibv_qp) -> int:
     return _errno_of(qp.context.ops.destroy_qp, qp)
 

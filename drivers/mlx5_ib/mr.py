@@ -1,0 +1,179 @@
+"""Mirrors drivers/infiniband/hw/mlx5/mr.c (user MRs): reg_user_mr and dereg_mr.
+
+ibv_reg_mr(pd, addr, len, access) reaches mlx5_ib_reg_user_mr():
+
+    ib_umem_get(addr, len, access)    pin + DMA-map (FOLL_WRITE only if writable)
+    mlx5_umem_find_best_pgsz          the largest page size the mkc can say that
+                                      the DMA layout and the iova both allow
+    reg_create                        create_mkey_in: mkc access bits (a/rw/rr/lw/lr),
+                                      pd, start_addr = iova, len, log_page_size,
+                                      translations_octword_size, and the MTT filled
+                                      by mlx5_ib_populate_pas (one entry per block)
+    mlx5_ib_create_mkey               CREATE_MKEY, the key = index << 8 | variant
+    set_mr_fields                     lkey = rkey = the key
+
+# EMU: the mkey cache and UMR (alloc_cacheable_mr + mlx5r_umr_update_mr_pas)
+# are not modelled: every user MR takes reg_create(populate=true), the path
+# the kernel uses when UMR cannot load the PAS, so CREATE_MKEY always carries
+# the MTT.  The user-visible result (a key whose MTT maps the pinned pages)
+# is the same.
+
+Lock order: none of the driver's own (ib_umem_get takes the mm's locks).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+from drivers.ib_core.ib_verbs import (
+    IB_ACCESS_ON_DEMAND,
+    IB_ACCESS_REMOTE_ATOMIC,
+    IB_ACCESS_REMOTE_READ,
+    IB_ACCESS_REMOTE_WRITE,
+    ib_udata,
+)
+from drivers.ib_core.umem import ib_umem, ib_umem_get, ib_umem_num_dma_blocks, ib_umem_release
+from drivers.mlx5_core.driver import MLX5_CAP_GEN
+from drivers.mlx5_core.ifc import (
+    MLX5_ADDR_OF,
+    MLX5_MKC_ACCESS_MODE_MTT,
+    MLX5_SET,
+    MLX5_SET64,
+    IfcStruct,
+)
+from drivers.mlx5_core.mr import mlx5_core_create_mkey, mlx5_core_destroy_mkey
+from drivers.mlx5_ib.mem import mlx5_ib_populate_pas, mlx5_umem_find_best_pgsz
+from drivers.mlx5_ib.mlx5_ib import (
+    MLX5_MKEY_MR,
+    mlx5_ib_dev,
+    mlx5_ib_mkey,
+    mlx5_ib_mr,
+    mlx5_ib_pd,
+    order_base_2,
+    to_mdev,
+)
+from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
+from kernel_model.slab import kfree, kmalloc_obj
+from kernel_model.trace import traced
+
+MLX5_IB_MTT_READ, MLX5_IB_MTT_WRITE = 1 << 0, 1 << 1
+MLX5_IB_MTT_PRESENT = MLX5_IB_MTT_READ | MLX5_IB_MTT_WRITE
+
+
+def get_octo_len(addr: int, length: int, page_shift: int) -> int:
+    """Mirrors get_octo_len(): 16-byte octowords of MTT (two 8-byte entries each)."""
+    page_size = 1 << page_shift
+    offset = addr & (page_size - 1)
+    npages = (length + offset + page_size - 1) >> page_shift
+    return (npages + 1) // 2
+
+
+def set_mkc_access_pd_addr_fields(mkc: IfcStruct, acc: int, start_addr: int,
+                                  pd: mlx5_ib_pd) -> None:
+    """Mirrors set_mkc_access_pd_addr_fields(): local read/write always; the rest by
+    the access flags."""
+    MLX5_SET("mkc", mkc, "a", bool(acc & IB_ACCESS_REMOTE_ATOMIC))
+    MLX5_SET("mkc", mkc, "rw", bool(acc & IB_ACCESS_REMOTE_WRITE))
+    MLX5_SET("mkc", mkc, "rr", bool(acc & IB_ACCESS_REMOTE_READ))
+    MLX5_SET("mkc", mkc, "lw", 1)
+    MLX5_SET("mkc", mkc, "lr", 1)
+    MLX5_SET("mkc", mkc, "pd", pd.pdn)
+    MLX5_SET64("mkc", mkc, "start_addr", start_addr)
+
+
+@traced
+def mlx5_ib_create_mkey(dev: mlx5_ib_dev, mkey: mlx5_ib_mkey, in_: IfcStruct) -> None:
+    """Mirrors mlx5_ib_create_mkey(): assign_mkey_variant (an 8-bit rolling counter,
+    so a recycled index gives a new key), then CREATE_MKEY."""
+    dev.mkey_var = (dev.mkey_var + 1) & 0xFF  # atomic_inc_return(&dev->mkey_var)
+    MLX5_SET("mkc", MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry"),
+             "mkey_7_0", dev.mkey_var)
+    mkey.key = mlx5_core_create_mkey(dev.mdev, in_)
+
+
+def set_mr_fields(mr: mlx5_ib_mr, length: int, access_flags: int, iova: int) -> None:
+    """Mirrors set_mr_fields(): lkey = rkey = the mkey."""
+    mr.lkey = mr.rkey = mr.mmkey.key
+    mr.length, mr.access_flags, mr.iova = length, access_flags, iova
+
+
+@traced
+def reg_create(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int,
+               page_size: int) -> mlx5_ib_mr:
+    """Mirrors reg_create(..., populate=true, MLX5_MKC_ACCESS_MODE_MTT): the mkey with
+    its MTT in the command."""
+    dev = to_mdev(pd.device)
+    pg_cap = bool(MLX5_CAP_GEN(dev.mdev, "pg"))
+    mr = kmalloc_obj(mlx5_ib_mr(pd.device))
+    with ExitStack() as unwind:
+        unwind.callback(kfree, mr)                                     # err_1:
+        mr.page_shift = order_base_2(page_size)
+        nblocks = ib_umem_num_dma_blocks(umem, page_size)
+        in_ = IfcStruct("create_mkey_in", klm_pas_mtt=nblocks + (nblocks & 1))  # roundup 2
+        mlx5_ib_populate_pas(umem, page_size, MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt"),
+                             MLX5_IB_MTT_PRESENT if pg_cap else 0)
+        MLX5_SET("create_mkey_in", in_, "pg_access", pg_cap)
+        MLX5_SET("create_mkey_in", in_, "uid", pd.uid)
+        mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
+        set_mkc_access_pd_addr_fields(mkc, access_flags, iova, pd)
+        MLX5_SET("mkc", mkc, "free", 0)
+        MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_MTT)
+        MLX5_SET64("mkc", mkc, "len", umem.length)
+        MLX5_SET("mkc", mkc, "bsf_octword_size", 0)
+        octo = get_octo_len(iova, umem.length, mr.page_shift)
+        MLX5_SET("mkc", mkc, "translations_octword_size", octo)
+        MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
+        MLX5_SET("create_mkey_in", in_, "translations_octword_actual_size", octo)
+        mlx5_ib_create_mkey(dev, mr.mmkey, in_)
+        unwind.pop_all()
+    mr.mmkey.type = MLX5_MKEY_MR
+    mr.mmkey.ndescs = octo
+    mr.umem = umem
+    set_mr_fields(mr, umem.length, access_flags, iova)
+    return mr
+
+
+@traced
+def create_real_mr(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int) -> mlx5_ib_mr:
+    """Mirrors create_real_mr(): the best page size, then reg_create (see the EMU note).
+
+    EINVAL when no page size the mkey can encode fits the layout.
+    """
+    page_size = mlx5_umem_find_best_pgsz(umem, "mkc", "log_page_size", 0, iova)
+    if not page_size:
+        raise KernelError(EINVAL, "create_real_mr: no page size fits the region and iova")
+    return reg_create(pd, umem, iova, access_flags, page_size)
+
+
+@traced
+def mlx5_ib_reg_user_mr(pd: mlx5_ib_pd, start: int, length: int, iova: int,
+                        access_flags: int, udata: ib_udata) -> mlx5_ib_mr:
+    """Mirrors mlx5_ib_reg_user_mr(): pin the range, then create the mkey.
+
+    EOPNOTSUPP for on-demand paging (not modelled); ib_umem_get's errors
+    (EINVAL for length 0 or a wrapping range, EFAULT, ENOMEM/EPERM for the
+    memlock limit); EINVAL from create_real_mr; firmware errors.  On any
+    failure the umem is released.
+    """
+    if access_flags & IB_ACCESS_ON_DEMAND:
+        # EMU: ODP MRs (mlx5_ib_reg_user_mr's ODP branch) are not modelled
+        raise KernelError(EOPNOTSUPP, "mlx5_ib_reg_user_mr: on-demand paging")
+    umem = ib_umem_get(pd.device, start, length, access_flags)
+    try:
+        return create_real_mr(pd, umem, iova, access_flags)
+    except BaseException:
+        ib_umem_release(umem)
+        raise
+
+
+@traced
+def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
+    """Mirrors mlx5_ib_dereg_mr() -> __mlx5_ib_dereg_mr(): DESTROY_MKEY (the HCA can
+    no longer reach the pages), then unpin them, then free the MR."""
+    dev = to_mdev(mr.device)
+    mlx5_core_destroy_mkey(dev.mdev, mr.mmkey.key)
+    ib_umem_release(mr.umem)
+    mr.umem = None
+    kfree(mr)
+
+

@@ -1,0 +1,213 @@
+"""Mirrors the probe part of drivers/infiniband/hw/mlx5/main.c: stages, ops, probe/remove.
+
+mlx5r_probe() runs when mlx5_core offers "mlx5_core.rdma.<n>": it allocates
+the mlx5_ib_dev and runs __mlx5_ib_add(), the driver's profile - a table of
+(init, cleanup) stages executed in order, unwound in reverse on a failing
+stage and at remove:
+
+    init          ports, capabilities, dump_fill_mkey (QUERY_SPECIAL_CONTEXTS)
+    caps          the ops table (ib_set_device_ops)
+    roce          enable RoCE on the NIC vport          / disable it
+    clock         the clock-info page user space maps  / freed
+    ib_reg        ib_register_device("mlx5_%d")        / ib_unregister_device
+
+then sets ib_active, which alloc_ucontext checks (EAGAIN before).
+# EMU: the real Ethernet profile has ~20 stages (flow steering, SRQ/XRC
+# resources, ODP, counters, UMR, delay drop, restrack, debugfs); only those
+# the control path above uses are modelled.  The clock-info page is
+# mlx5_core's (mlx5_init_clock_info); here the RDMA driver allocates it,
+# since the model has no PTP clock for mlx5_core to own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from drivers.ib_core.device import (
+    ib_alloc_device,
+    ib_dealloc_device,
+    ib_device_ops,
+    ib_register_device,
+    ib_set_device_ops,
+    ib_unregister_device,
+)
+from drivers.mlx5_core.driver import MLX5_CAP_GEN
+from drivers.mlx5_core.eq import mlx5_comp_vectors_max
+from drivers.mlx5_core.vport import (
+    mlx5_nic_vport_disable_roce,
+    mlx5_nic_vport_enable_roce,
+    mlx5_query_nic_vport_node_guid,
+)
+from drivers.mlx5_ib.cmd import mlx5_cmd_dump_fill_mkey
+from drivers.mlx5_ib.cq import mlx5_ib_create_cq, mlx5_ib_destroy_cq
+from drivers.mlx5_ib.main import (
+    mlx5_ib_alloc_pd,
+    mlx5_ib_alloc_ucontext,
+    mlx5_ib_dealloc_pd,
+    mlx5_ib_dealloc_ucontext,
+)
+from drivers.mlx5_ib.mlx5_ib import (
+    mlx5_ib_cq,
+    mlx5_ib_dev,
+    mlx5_ib_pd,
+    mlx5_ib_port,
+    mlx5_ib_qp,
+    mlx5_ib_ucontext,
+)
+from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free
+from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr
+from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
+from drivers.mlx5_ib.query import (
+    mlx5_get_dev_fw_str,
+    mlx5_ib_get_link_layer,
+    mlx5_ib_query_device,
+    mlx5_ib_query_port,
+    mlx5_port_roce_immutable,
+)
+from kernel_model.auxiliary import auxiliary_device, auxiliary_device_id, auxiliary_driver
+from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_pages
+from kernel_model.trace import traced
+
+#: module parameters and their defaults (see __init__.py)
+MLX5_IB_PARAMS: dict[str, bool] = {"dyn_uar": False, "comp_mask_v6": False,
+                                   "mkey_update_tag": False}
+MLX5_IB_UVERBS_ABI_VERSION = 1
+RDMA_DRIVER_MLX5 = 1  # enum rdma_driver_id
+
+#: Mirrors mlx5_ib_dev_ops (the subset the model implements)
+mlx5_ib_dev_ops = ib_device_ops(
+    owner="mlx5_ib", driver_id=RDMA_DRIVER_MLX5, uverbs_abi_ver=MLX5_IB_UVERBS_ABI_VERSION,
+    query_device=mlx5_ib_query_device, query_port=mlx5_ib_query_port,
+    get_port_immutable=mlx5_port_roce_immutable, get_link_layer=mlx5_ib_get_link_layer,
+    get_dev_fw_str=mlx5_get_dev_fw_str,
+    alloc_ucontext=mlx5_ib_alloc_ucontext, dealloc_ucontext=mlx5_ib_dealloc_ucontext,
+    mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free,
+    alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
+    reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
+    create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq,
+    create_qp=mlx5_ib_create_qp, destroy_qp=mlx5_ib_destroy_qp,
+    size_ib_ucontext=mlx5_ib_ucontext, size_ib_pd=mlx5_ib_pd, size_ib_cq=mlx5_ib_cq,
+    size_ib_qp=mlx5_ib_qp,
+)
+
+
+# -- stages --------------------------------------------------------------------------------
+@traced
+def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_stage_init_init(): ports, GUID, dump_fill_mkey."""
+    mdev = dev.mdev
+    dev.num_ports = MLX5_CAP_GEN(mdev, "num_ports")
+    dev.phys_port_cnt = dev.num_ports
+    dev.port = [mlx5_ib_port(i + 1) for i in range(dev.num_ports)]
+    dev.node_guid = mlx5_query_nic_vport_node_guid(mdev)
+    dev.num_comp_vectors = mlx5_comp_vectors_max(mdev)
+    dev.dev_parent = mdev.device
+    if MLX5_CAP_GEN(mdev, "dump_fill_mkey"):
+        dev.dump_fill_mkey = mlx5_cmd_dump_fill_mkey(mdev)
+
+
+def mlx5_ib_stage_caps_init(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_stage_caps_init(): the ops table."""
+    ib_set_device_ops(dev, mlx5_ib_dev_ops)
+
+
+@traced
+def mlx5_ib_roce_init(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_roce_init() -> mlx5_enable_eth(): RoCE on at the NIC vport."""
+    if MLX5_CAP_GEN(dev.mdev, "roce"):
+        mlx5_nic_vport_enable_roce(dev.mdev)
+
+
+@traced
+def mlx5_ib_roce_cleanup(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_roce_cleanup() -> mlx5_disable_eth()."""
+    if MLX5_CAP_GEN(dev.mdev, "roce"):
+        mlx5_nic_vport_disable_roce(dev.mdev)
+
+
+def mlx5_ib_stage_clock_init(dev: mlx5_ib_dev) -> None:
+    """The clock-info page (mlx5_init_clock_info: one zeroed kernel page)."""
+    dev.clock_info = alloc_pages(GFP_KERNEL | __GFP_ZERO, 0, owner="mlx5 clock_info")
+
+
+def mlx5_ib_stage_clock_cleanup(dev: mlx5_ib_dev) -> None:
+    __free_pages(dev.clock_info, 0)
+    dev.clock_info = None
+
+
+@traced
+def mlx5_ib_stage_ib_reg_init(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_stage_ib_reg_init(): ib_register_device("mlx5_%d")."""
+    ib_register_device(dev, "mlx5_%d", dev.mdev.device)
+
+
+def mlx5_ib_stage_ib_reg_cleanup(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_stage_ib_reg_cleanup()."""
+    ib_unregister_device(dev)
+
+
+@attrs.frozen
+class mlx5_ib_stage:
+    """Mirrors struct mlx5_ib_stage: one init/cleanup pair of the profile."""
+
+    name: str
+    init: Callable[[mlx5_ib_dev], None]
+    cleanup: Callable[[mlx5_ib_dev], None] | None = None
+
+
+#: Mirrors pf_profile (the stages this model has), in order
+pf_profile: tuple[mlx5_ib_stage, ...] = (
+    mlx5_ib_stage("init", mlx5_ib_stage_init_init),
+    mlx5_ib_stage("caps", mlx5_ib_stage_caps_init),
+    mlx5_ib_stage("roce", mlx5_ib_roce_init, mlx5_ib_roce_cleanup),
+    mlx5_ib_stage("clock", mlx5_ib_stage_clock_init, mlx5_ib_stage_clock_cleanup),
+    mlx5_ib_stage("ib_reg", mlx5_ib_stage_ib_reg_init, mlx5_ib_stage_ib_reg_cleanup),
+)
+
+
+@traced
+def __mlx5_ib_remove(dev: mlx5_ib_dev, profile: tuple[mlx5_ib_stage, ...], stage: int) -> None:
+    """Mirrors __mlx5_ib_remove(): the cleanups of stages [0, stage), newest first."""
+    dev.ib_active = False
+    for st in reversed(profile[:stage]):
+        if st.cleanup is not None:
+            st.cleanup(dev)
+    ib_dealloc_device(dev)
+
+
+@traced
+def __mlx5_ib_add(dev: mlx5_ib_dev, profile: tuple[mlx5_ib_stage, ...]) -> None:
+    """Mirrors __mlx5_ib_add(): each stage's init; a failure unwinds the earlier ones."""
+    for i, st in enumerate(profile):
+        try:
+            st.init(dev)
+        except BaseException:
+            __mlx5_ib_remove(dev, profile, i)  # err_out:
+            raise
+    dev.ib_active = True
+
+
+def mlx5r_driver(params: dict[str, bool]) -> auxiliary_driver:
+    """The auxiliary driver "mlx5_ib.rdma" with this module instance's parameters."""
+
+    @traced
+    def mlx5r_probe(adev: auxiliary_device, ident: auxiliary_device_id) -> None:
+        """Mirrors mlx5r_probe(): allocate the mlx5_ib_dev, run the profile."""
+        dev = ib_alloc_device(mlx5_ib_dev)
+        dev.mdev, dev.adev = adev.mdev, adev
+        dev.dyn_uar = params["dyn_uar"]
+        dev.comp_mask_v6 = params["comp_mask_v6"]
+        dev.mkey_update_tag = params["mkey_update_tag"]
+        __mlx5_ib_add(dev, pf_profile)
+        adev.drvdata = dev  # auxiliary_set_drvdata()
+
+    @traced
+    def mlx5r_remove(adev: auxiliary_device) -> None:
+        """Mirrors mlx5r_remove(): every stage's cleanup."""
+        dev = adev.drvdata
+        __mlx5_ib_remove(dev, pf_profile, len(pf_profile))
+        adev.drvdata = None
+
+    return auxiliary_driver("mlx5_ib.rdma", ["mlx5_core.rdma"], mlx5r_probe, mlx5r_remove)
