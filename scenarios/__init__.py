@@ -25,7 +25,8 @@ from kernel_model.trace import Tracer
 from kernel_model.tracedata import Trace
 
 #: the modules that define scenarios, imported on first use
-_MODULES = ("scenarios.pin",)
+_MODULES = ("scenarios.pin", "scenarios.open_device", "scenarios.create_qp",
+            "scenarios.reg_mr")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ ALLOWED = {
 # the tracer's reading side (like trace-cmd reading /sys/kernel/tracing), with the
 # scheduler's exceptions a traced run may end in.
 USERSPACE_KERNEL_OK = ("kernel_model.uapi", "kernel_model.machine", "kernel_model.process",
+                       "kernel_model.platform",
                        "kernel_model.errno", "kernel_model.trace", "kernel_model.sched")
 
 

@@ -5,10 +5,11 @@
     peermem scenarios                # what `trace` can run
     peermem trace pin                # ftrace function_graph text of a scenario
     peermem trace pin --format perfetto -o pin.json
+    peermem devinfo -v               # ibv_devinfo -v on an emulated ConnectX
 
 Each subcommand boots a Machine, loads the modules it needs by name (as
 modprobe would) and runs a user program on it through system calls only.
-Later issues add subcommands (trace, scenarios, devinfo, write-bw, explore).
+Later issues add subcommands (write-bw, explore).
 """
 
 from __future__ import annotations
@@ -40,6 +41,31 @@ def _gup_test(args: argparse.Namespace) -> int:
     m.check_leaks()
     print("leak check: clean")
     return 0
+
+
+def _rdma_host(args: argparse.Namespace) -> Machine:
+    """A machine with one ConnectX HCA, mlx5_core and mlx5_ib loaded (modprobe mlx5_ib)."""
+    from kernel_model.platform import rdma_host
+    m = rdma_host(page_size=args.page_size, backend=args.backend)
+    m.load_module("mlx5_ib", dyn_uar=args.dyn_uar)
+    return m
+
+
+def _devinfo(args: argparse.Namespace) -> int:
+    from userspace.tools import devinfo
+    m = _rdma_host(args)
+    p = m.spawn("ibv_devinfo")
+    rc = p.run(devinfo.main, p, ib_devname=args.d, ib_port=args.i, verbose=args.v,
+               list_only=args.l)
+    p.exit(0)
+    m.check_leaks()
+    return rc & 0xFF  # the exit status a shell sees (devinfo returns -1 for "not found")
+
+
+def _add_machine_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--backend", choices=["c", "python"], default=None,
+                    help="page loops in C (default) or their Python twins")
+    sp.add_argument("--page-size", type=int, default=4096, choices=[4096, 16384, 65536])
 
 
 def _scenarios(args: argparse.Namespace) -> int:
@@ -104,10 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-w", action="store_true", help="pin with FOLL_WRITE")
     g.add_argument("-L", action="store_true",
                    help="PIN_LONGTERM_BENCHMARK (pin_user_pages + FOLL_LONGTERM)")
-    g.add_argument("--backend", choices=["c", "python"], default=None,
-                   help="page loops in C (default) or their Python twins")
-    g.add_argument("--page-size", type=int, default=4096, choices=[4096, 16384, 65536])
+    _add_machine_options(g)
     g.set_defaults(func=_gup_test)
+    d = sub.add_parser("devinfo", help="print the HCA's attributes, as ibv_devinfo does",
+                       description="Mirrors rdma-core's ibv_devinfo: a user process opens "
+                       "each RDMA device through libibverbs and prints its attributes and "
+                       "ports. -v adds every device attribute and the mlx5 provider's "
+                       "alloc_ucontext response (bf_reg_size, tot_bfregs, ...).")
+    d.add_argument("-d", "--ib-dev", dest="d", metavar="DEV",
+                   help="use IB device DEV (default all devices)")
+    d.add_argument("-i", "--ib-port", dest="i", type=int, default=0, metavar="PORT",
+                   help="use port PORT of the device (default all ports)")
+    d.add_argument("-l", "--list", dest="l", action="store_true",
+                   help="print only the IB devices names")
+    d.add_argument("-v", "--verbose", dest="v", action="store_true",
+                   help="print all the attributes of the IB device(s)")
+    d.add_argument("--dyn-uar", action="store_true",
+                   help="load mlx5_ib with dyn_uar=1: honour the library's dynamic-UAR "
+                   "capability (tot_bfregs 0, no static UARs)")
+    _add_machine_options(d)
+    d.set_defaults(func=_devinfo)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")
     s.set_defaults(func=_scenarios)
