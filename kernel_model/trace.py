@@ -166,7 +166,10 @@ def traced(fn: Callable | None = None, *, layer: str | None = None,
             raise ValueError(f"traced: unknown layer {lay!r} for {f.__qualname__}")
         if not isinstance(f, types.FunctionType) or f.__code__.co_flags & 0x2A0:
             raise TypeError(f"traced: {f!r} is not a plain function")
-        _REGISTRY.append(_Traced(f, lay, name or f.__name__))
+        r = _Traced(f, lay, name or f.__name__)
+        _REGISTRY.append(r)
+        if _active is not None:  # a module loaded (imported) while tracing: as ftrace
+            _active._patch_function(r)  # patches a module's call sites at load
         return f
 
     return mark(fn) if fn is not None else mark
@@ -234,6 +237,8 @@ def tracepoint(name: str, fields: str, layer: str = "kernel_model") -> Callable[
     fn.codes = {mode: f.__code__ for mode, f in fns.items()}  # type: ignore[attr-defined]
     fn.cells = dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True))  # type: ignore
     _TRACEPOINTS.append(fn)
+    if _active is not None:
+        _active._patch_tracepoint(fn)
     return fn
 
 
@@ -281,18 +286,26 @@ class Tracer:
         return self
 
     def _patch(self) -> None:
+        for r in _REGISTRY:
+            self._patch_function(r)
+        for tp in _TRACEPOINTS:
+            self._patch_tracepoint(tp)
+
+    def _patch_function(self, r: _Traced) -> None:
+        """Swap one registered function's code for its trampoline."""
+        if self.layers is not None and r.layer not in self.layers:
+            return
         defaults = {"_pm_a": self._events.append, "_pm_c": _cur, "_pm_s": SCHED}
         if self.clock == "wall":
             defaults["_pm_t"] = time.perf_counter_ns
-        for r in _REGISTRY:
-            if self.layers is None or r.layer in self.layers:
-                r.fn.__code__ = r.tramps[self.clock]
-                r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), **defaults}
-                self._patched.append(r)
-        for tp in _TRACEPOINTS:
-            if self.layers is None or tp.tp.layer in self.layers:
-                tp.__code__ = tp.codes[self.clock]
-                tp.cells["_pm_a"].cell_contents = self._events.append
+        r.fn.__code__ = r.tramps[self.clock]
+        r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), **defaults}
+        self._patched.append(r)
+
+    def _patch_tracepoint(self, tp: types.FunctionType) -> None:
+        if self.layers is None or tp.tp.layer in self.layers:
+            tp.__code__ = tp.codes[self.clock]
+            tp.cells["_pm_a"].cell_contents = self._events.append
 
     def stop(self) -> None:
         """Restore the original code; `trace` builds the Trace when first read."""

@@ -15,6 +15,7 @@ Later issues add subcommands (write-bw, explore).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -55,8 +56,8 @@ def _devinfo(args: argparse.Namespace) -> int:
     from userspace.tools import devinfo
     m = _rdma_host(args)
     p = m.spawn("ibv_devinfo")
-    rc = p.run(devinfo.main, p, ib_devname=args.d, ib_port=args.i, verbose=args.v,
-               list_only=args.l)
+    rc = p.run(functools.partial(devinfo.main, p, ib_devname=args.d, ib_port=args.i,
+                                 verbose=args.v, list_only=args.l))
     p.exit(0)
     m.check_leaks()
     return rc & 0xFF  # the exit status a shell sees (devinfo returns -1 for "not found")
