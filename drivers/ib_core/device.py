@@ -78,6 +78,9 @@ class ib_device_ops:
     create_qp: Callable | None = None
     modify_qp: Callable | None = None
     destroy_qp: Callable | None = None
+    # the driver's ioctl methods: (object_id, method_id) -> uverbs_api_ioctl_method
+    # (EMU: the kernel chains uapi definition trees; see uverbs_ioctl.py)
+    uapi_methods: dict | None = None
     # INIT_RDMA_OBJ_SIZE(): the driver's object types the core allocates
     size_ib_ucontext: type = ib_ucontext
     size_ib_pd: type = ib_pd

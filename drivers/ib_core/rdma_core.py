@@ -79,6 +79,7 @@ class uverbs_attr_bundle:
     driver_udata: ib_udata = attrs.Factory(ib_udata)
     uobject: ib_uobject | None = None
     context: Any = None
+    ioctl: Any = None  # the ioctl path's attributes (uverbs_ioctl.ioctl_attrs)
 
 
 def ufile_init_uobjects(ufile: Any) -> None:

@@ -36,6 +36,7 @@ from drivers.ib_core.rdma_core import (
     uverbs_attr_bundle,
     uverbs_destroy_ufile_hw,
 )
+from drivers.ib_core.uverbs_ioctl import ib_uverbs_ioctl
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, EIO, ENOSPC, EOPNOTSUPP, KernelError
 from kernel_model.fs import (
@@ -270,7 +271,8 @@ def ib_uverbs_alloc_async_event_file(ufile: ib_uverbs_file) -> int:
 def uverbs_fops(owner: Any) -> file_operations:
     """uverbs_mmap_fops: the file operations of every uverbsN."""
     return file_operations(owner=owner, open=ib_uverbs_open, release=ib_uverbs_close,
-                           write=ib_uverbs_write, mmap=ib_uverbs_mmap)
+                           write=ib_uverbs_write, mmap=ib_uverbs_mmap,
+                           unlocked_ioctl=ib_uverbs_ioctl)
 
 
 # -- the client ----------------------------------------------------------------------

@@ -22,6 +22,8 @@ the UAR command; ufile.umap_lock -> mmap_xa lock in ib_core_uverbs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drivers.ib_core.ib_core_uverbs import (
     rdma_user_mmap_entry,
     rdma_user_mmap_entry_get_pgoff,
@@ -30,6 +32,8 @@ from drivers.ib_core.ib_core_uverbs import (
     rdma_user_mmap_entry_remove,
     rdma_user_mmap_io,
 )
+from drivers.ib_core.rdma_core import uverbs_obj_type
+from drivers.ib_core.uverbs_ioctl import uverbs_api_ioctl_method, uverbs_copy_to, uverbs_get_const
 from drivers.mlx5_core.ifc import MLX5_ISEG_INTERNAL_TIMER_H, MLX5_NON_FP_BFREGS_PER_UAR
 from drivers.mlx5_ib.cmd import mlx5_cmd_uar_alloc, mlx5_cmd_uar_dealloc
 from drivers.mlx5_ib.mlx5_ib import (
@@ -68,6 +72,17 @@ from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_MMAP_NC_PAGE,
     MLX5_IB_MMAP_REGULAR_PAGE,
     MLX5_IB_MMAP_WC_PAGE,
+)
+from kernel_model.uapi.rdma_user_ioctl import (
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+    MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE,
+    MLX5_IB_METHOD_UAR_OBJ_ALLOC,
+    MLX5_IB_METHOD_UAR_OBJ_DESTROY,
+    MLX5_IB_OBJECT_UAR,
 )
 
 # enum mlx5_ib_uapi_uar_alloc_type
@@ -359,3 +374,42 @@ def mlx5_ib_uar_obj_destroy(uctx: mlx5_ib_ucontext, mmap_offset: int) -> None:
         raise KernelError(EINVAL, f"mlx5_ib_uar_obj_destroy: no UAR object at offset "
                           f"{mmap_offset:#x}")
     rdma_user_mmap_entry_remove(entry)
+
+
+# -- the UAR object's ioctl methods (MLX5_IB_OBJECT_UAR) -------------------------------------
+def mmap_obj_cleanup(uobj: Any, why: int, attrs_: Any) -> None:
+    """Mirrors mmap_obj_cleanup(): no new mmaps of the entry; the UAR is freed by
+    mlx5_ib_mmap_free once no VMA maps it any more."""
+    rdma_user_mmap_entry_remove(uobj.object)
+
+
+UVERBS_OBJECT_MLX5_UAR = uverbs_obj_type("UAR", mmap_obj_cleanup)
+
+
+@traced
+def UVERBS_HANDLER_MLX5_IB_METHOD_UAR_OBJ_ALLOC(attrs_: Any) -> None:
+    """Mirrors UVERBS_HANDLER(MLX5_IB_METHOD_UAR_OBJ_ALLOC): the UAR object, and its
+    mmap offset, length and page id for the library."""
+    uobj = attrs_.uobject
+    c = to_mucontext(uobj.context)
+    alloc_type = uverbs_get_const(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE)
+    mmap_offset, page_id, length = mlx5_ib_uar_obj_alloc(c, alloc_type)
+    entry = c.mmap_xa[get_command(mmap_offset >> PAGE_SHIFT()) << 16
+                      | get_extended_index(mmap_offset >> PAGE_SHIFT())]
+    uobj.object = entry
+    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, mmap_offset, 8)
+    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, page_id, 4)
+    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, length, 4)
+
+
+mlx5_ib_uar_methods = {
+    (MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC): uverbs_api_ioctl_method(
+        UVERBS_HANDLER_MLX5_IB_METHOD_UAR_OBJ_ALLOC,
+        mandatory=(MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+                   MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+                   MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID),
+        new_idr=(MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, UVERBS_OBJECT_MLX5_UAR)),
+    (MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_DESTROY): uverbs_api_ioctl_method(
+        lambda attrs_: None, mandatory=(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE,),
+        destroy_idr=(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, UVERBS_OBJECT_MLX5_UAR)),
+}

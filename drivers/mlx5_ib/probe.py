@@ -40,6 +40,7 @@ from drivers.mlx5_core.vport import (
     mlx5_nic_vport_enable_roce,
     mlx5_query_nic_vport_node_guid,
 )
+from drivers.mlx5_core.wc import mlx5_wc_support_get
 from drivers.mlx5_ib.cmd import mlx5_cmd_dump_fill_mkey
 from drivers.mlx5_ib.cq import mlx5_ib_create_cq, mlx5_ib_destroy_cq
 from drivers.mlx5_ib.main import (
@@ -56,7 +57,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_qp,
     mlx5_ib_ucontext,
 )
-from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free
+from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free, mlx5_ib_uar_methods
 from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
 from drivers.mlx5_ib.query import (
@@ -83,7 +84,7 @@ mlx5_ib_dev_ops = ib_device_ops(
     get_port_immutable=mlx5_port_roce_immutable, get_link_layer=mlx5_ib_get_link_layer,
     get_dev_fw_str=mlx5_get_dev_fw_str,
     alloc_ucontext=mlx5_ib_alloc_ucontext, dealloc_ucontext=mlx5_ib_dealloc_ucontext,
-    mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free,
+    mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free, uapi_methods=mlx5_ib_uar_methods,
     alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
     reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
     create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq,
@@ -96,7 +97,7 @@ mlx5_ib_dev_ops = ib_device_ops(
 # -- stages --------------------------------------------------------------------------------
 @traced
 def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
-    """Mirrors mlx5_ib_stage_init_init(): ports, GUID, dump_fill_mkey."""
+    """Mirrors mlx5_ib_stage_init_init(): ports, GUID, dump_fill_mkey, WC support."""
     mdev = dev.mdev
     dev.num_ports = MLX5_CAP_GEN(mdev, "num_ports")
     dev.phys_port_cnt = dev.num_ports
@@ -106,6 +107,7 @@ def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
     dev.dev_parent = mdev.device
     if MLX5_CAP_GEN(mdev, "dump_fill_mkey"):
         dev.dump_fill_mkey = mlx5_cmd_dump_fill_mkey(mdev)
+    dev.wc_support = mlx5_wc_support_get(mdev)  # may BlueFlame pages be write-combining
 
 
 def mlx5_ib_stage_caps_init(dev: mlx5_ib_dev) -> None:

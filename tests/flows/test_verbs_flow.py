@@ -190,3 +190,76 @@ def test_commands_before_get_context_are_einval(host):
         v.ibv_query_device(ctx)
     assert e.value.errno == errno.EINVAL
     p.exit(0)
+
+
+@pytest.fixture
+def dyn_host():
+    m = rdma_host(ram_size=256 << 20)
+    m.load_module("mlx5_ib", dyn_uar=True)
+    return m
+
+
+def test_dynamic_uar_mode_allocates_uars_per_qp(dyn_host):
+    """kernel_facts §13, dynamic end to end: nothing static at open; QP1-4 get the
+    dedicated registers of 2 UARs, QP5-16 the shared ones of 6 more, QP17 shares
+    the first shared register (count 2); 8 BlueFlame UARs plus the NC one."""
+    p = dyn_host.spawn("app")
+    fw = dyn_host.hcas[0].fw
+    with Context(p) as ctx:
+        assert ctx.ctx.resp.tot_bfregs == 0 and len(ctx.ctx.uar) == 0
+        assert ctx.ctx.nc_uar is not None          # the singleton NC UAR object
+        uars_at_open = len(fw.uars)
+        with PD(ctx) as pd:
+            cq = CQ(ctx, 16)
+            qps = [QP(pd, QPInitAttr(scq=cq, rcq=cq, cap=v.ibv_qp_cap(1, 1, 1, 1)))
+                   for _ in range(17)]
+            bfs = [qp.qp.bf for qp in qps]
+            assert all(bf.qp_dedicated for bf in bfs[:4])
+            assert all(bf.qp_shared for bf in bfs[4:])
+            assert len({bf.uar for bf in bfs[:4]}) == 2
+            assert len({bf.uar for bf in bfs[4:16]}) == 6
+            assert bfs[16] is bfs[4] and bfs[4].count == 2
+            assert len(fw.uars) == uars_at_open + 8
+            # each QP's QPC names the UAR its register lives on
+            assert {fw.qps[qp.qp_num].qpc["uar_page"] for qp in qps} == \
+                {bf_page for bf_page in (bf.page_id for bf in bfs)}
+    p.exit(0)
+
+
+def test_uar_object_ioctl_errors(dyn_host):
+    from kernel_model.uapi import rdma_user_ioctl as ui
+    from userspace.libibverbs.cmd import execute_ioctl
+    p = dyn_host.spawn("app")
+    ctx = _open(p)
+    with pytest.raises(VerbsError) as e:          # alloc type 7 is neither BF nor NC
+        execute_ioctl(ctx, ui.MLX5_IB_OBJECT_UAR, ui.MLX5_IB_METHOD_UAR_OBJ_ALLOC, [
+            (ui.MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, 0, "idr"),
+            (ui.MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, 7, "in"),
+            (ui.MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, 0, "out8"),
+            (ui.MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, 0, "out4"),
+            (ui.MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, 0, "out4")])
+    assert e.value.errno == errno.EOPNOTSUPP
+    with pytest.raises(VerbsError) as e:          # a mandatory attribute missing
+        execute_ioctl(ctx, ui.MLX5_IB_OBJECT_UAR, ui.MLX5_IB_METHOD_UAR_OBJ_ALLOC,
+                      [(ui.MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, 1, "in")])
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(VerbsError) as e:          # no such method
+        execute_ioctl(ctx, ui.MLX5_IB_OBJECT_UAR, 0x1FFF, [])
+    assert e.value.errno == errno.EPROTONOSUPPORT
+    with pytest.raises(VerbsError) as e:          # no such handle
+        execute_ioctl(ctx, ui.MLX5_IB_OBJECT_UAR, ui.MLX5_IB_METHOD_UAR_OBJ_DESTROY,
+                      [(ui.MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, 99, "idr")])
+    assert e.value.errno == errno.EINVAL
+    assert p.ioctl(ctx.cmd_fd, 0x1234, 0) == -errno.ENOTTY
+    assert v.ibv_close_device(ctx) == 0
+    p.exit(0)
+
+
+def test_legacy_kernel_has_no_uar_objects(host):
+    """Without dyn_uar (the seed's kernel) UAR objects are EOPNOTSUPP, and the
+    library falls back to the static UARs."""
+    p = host.spawn("app")
+    ctx = _open(p)
+    assert ctx.nc_uar is None and len(ctx.uar) == 8
+    assert v.ibv_close_device(ctx) == 0
+    p.exit(0)

@@ -52,3 +52,52 @@ def test_guid_str_groups_16_bits():
 def test_fw_ver_str_is_the_providers_format():
     assert devinfo.fw_ver_str(22 << 32 | 39 << 16 | 1002) == "22.39.1002"
     assert devinfo.fw_ver_str(16 << 32 | 35 << 16 | 12) == "16.35.0012"
+
+
+# -- the CLI end to end ------------------------------------------------------------------
+
+def test_verbose_prints_the_seed_response_field_by_field(capsys):
+    rc, out, err = _run(capsys, "-v")
+    assert rc == 0 and err == ""
+    assert _resp_section(out) == SEED_RESP
+    assert "hca_id:\tmlx5_0" in out
+    assert re.search(r"\tfw_ver:\t+22\.39\.1002\n", out)
+    assert re.search(r"\tmax_qp:\t+262144\n", out)
+    assert re.search(r"\tmax_sge:\t+30\n", out)      # min(send 30, recv 32)
+    assert re.search(r"\tmax_cqe:\t+4194303\n", out)
+    assert re.search(r"\t\t\tstate:\t+PORT_ACTIVE \(4\)\n", out)
+    assert re.search(r"\t\t\tactive_mtu:\t+1024 \(3\)\n", out)  # 1500-byte netdev MTU
+
+
+def test_plain_output_has_no_response_section(capsys):
+    rc, out, _ = _run(capsys)
+    assert rc == 0
+    assert "alloc_ucontext response" not in out
+    assert "max_qp:" not in out
+    assert re.search(r"\tphys_port_cnt:\t+1\n", out)
+
+
+def test_dyn_uar_reports_no_static_bfregs(capsys):
+    rc, out, _ = _run(capsys, "-v", "--dyn-uar")
+    assert rc == 0
+    resp = _resp_section(out)
+    assert resp["tot_bfregs"] == 0
+    assert resp["num_dyn_bfregs"] == 0
+
+
+def test_list_only(capsys):
+    rc, out, _ = _run(capsys, "-l")
+    assert rc == 0
+    assert out == "1 HCA found:\n\tmlx5_0\n\n"
+
+
+def test_unknown_device_is_an_error(capsys):
+    rc, out, err = _run(capsys, "-d", "mlx5_9")
+    assert rc == 255            # devinfo returns -1: the shell sees 255
+    assert err == "IB device 'mlx5_9' wasn't found\n"
+
+
+def test_port_beyond_the_device_is_an_error(capsys):
+    rc, _, err = _run(capsys, "-i", "2")
+    assert rc == 4
+    assert err == "Invalid port requested for device\n"

@@ -8,8 +8,10 @@ response, and calls write(cmd_fd).  A short write is the errno the kernel
 returned.
 
 EMU: the command is built in a scratch page of the context (rdma-core builds
-it on its stack); the ioctl() command path of modern rdma-core is not used -
-the kernel accepts these legacy write() commands too.
+it on its stack).  The core verbs use the legacy write() commands (the kernel
+accepts them as well as rdma-core's ioctl() encoding of the same verbs);
+driver methods that exist only as ioctls (mlx5's UAR objects) go through
+`execute_ioctl`.
 """
 
 from __future__ import annotations
@@ -138,3 +140,47 @@ def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
                   uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,
                   what="ibv_cmd_destroy_qp")
+
+
+# -- the ioctl() path (rdma-core cmd_ioctl.c), for driver methods ---------------------------
+IOCTL_OUT_OFFSET = 3072  # where output attributes' buffers go in the scratch page
+
+
+@traced
+def execute_ioctl(ctx: Any, object_id: int, method_id: int,
+                  attrs: list[tuple[int, int, str]], what: str = "") -> dict[int, int]:
+    """ioctl(RDMA_VERBS_IOCTL) one method call; returns {attr_id: value} of the outputs.
+
+    `attrs` are (attr_id, value, kind): "in" an inline input, "out4"/"out8" an
+    output of 4/8 bytes (a pointer to a buffer), "idr" a handle (new objects
+    get theirs written back; destroy names one).
+    """
+    from kernel_model.uapi.rdma_user_ioctl import (
+        RDMA_VERBS_IOCTL,
+        UVERBS_ATTR_F_MANDATORY,
+        ib_uverbs_attr,
+        ib_uverbs_ioctl_hdr,
+    )
+    proc, buf = ctx.proc, ctx.cmd_buf
+    out_at: dict[int, tuple[int, int]] = {}
+    packed, next_out = [], buf + IOCTL_OUT_OFFSET
+    for attr_id, value, kind in attrs:
+        size = {"in": 4, "idr": 8, "out4": 4, "out8": 8}[kind]
+        if kind.startswith("out"):
+            out_at[attr_id] = (next_out, size)
+            value, next_out = next_out, next_out + 8
+        packed.append(ib_uverbs_attr(attr_id=attr_id, len=size, flags=UVERBS_ATTR_F_MANDATORY,
+                                     data=value).pack())
+    hdr = ib_uverbs_ioctl_hdr(length=ib_uverbs_ioctl_hdr.SIZE + len(packed) * ib_uverbs_attr.SIZE,
+                              object_id=object_id, method_id=method_id, num_attrs=len(packed),
+                              driver_id=1)
+    proc.store(buf, hdr.pack() + b"".join(packed))
+    ret = proc.ioctl(ctx.cmd_fd, RDMA_VERBS_IOCTL, buf)
+    if ret:
+        raise VerbsError(-ret if ret < 0 else 5, what or f"uverbs method {method_id:#x}")
+    out = {a: int.from_bytes(proc.load(addr, n), "little") for a, (addr, n) in out_at.items()}
+    for i, (attr_id, _v, kind) in enumerate(attrs):
+        if kind == "idr":
+            at = buf + ib_uverbs_ioctl_hdr.SIZE + i * ib_uverbs_attr.SIZE + 8
+            out[attr_id] = int.from_bytes(proc.load(at, 8), "little")
+    return out

@@ -18,7 +18,6 @@ mlx5_free_context() unmaps what was mapped and frees the dynamic UARs.
 
 from __future__ import annotations
 
-import errno
 from typing import Any
 
 import attrs
@@ -31,8 +30,19 @@ from kernel_model.uapi.mlx5_abi import (
     mlx5_ib_alloc_ucontext_req_v2,
     mlx5_ib_alloc_ucontext_resp,
 )
+from kernel_model.uapi.rdma_user_ioctl import (
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+    MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE,
+    MLX5_IB_METHOD_UAR_OBJ_ALLOC,
+    MLX5_IB_METHOD_UAR_OBJ_DESTROY,
+    MLX5_IB_OBJECT_UAR,
+)
 from userspace.libc import MAP_SHARED, PROT_WRITE, SysError, free, posix_memalign
-from userspace.libibverbs.cmd import VerbsError, ibv_cmd_get_context
+from userspace.libibverbs.cmd import VerbsError, execute_ioctl, ibv_cmd_get_context
 from userspace.libibverbs.verbs import ibv_context
 from userspace.providers.mlx5 import env as mlx5_env
 from userspace.providers.mlx5.mlx5dv import MLX5_CTX_FLAGS_NO_KERN_DYN_UAR
@@ -90,6 +100,8 @@ class mlx5_context(ibv_context):
     dbr_map: dict = attrs.Factory(dict)
     # user indexes of QPs (cqe_version 1)
     uidx_table: set[int] = attrs.Factory(set)
+    # UAR objects: mapped address -> uverbs handle
+    uar_obj_handles: dict[int, int] = attrs.Factory(dict)
 
     # -- the I/O the pure modules call back into ---------------------------------
     def mmap_page(self, offset: int) -> int:
@@ -109,15 +121,35 @@ class mlx5_context(ibv_context):
         free(self.proc, addr, self.page_size)
 
     def alloc_uar_obj(self, kind: int) -> tuple[int, int, int]:
-        """MLX5_IB_METHOD_UAR_OBJ_ALLOC + mmap.
+        """mlx5dv_devx_alloc_uar(): MLX5_IB_METHOD_UAR_OBJ_ALLOC, then mmap the page.
 
-        EMU: the uverbs ioctl() interface is not modelled, so UAR objects are
-        unavailable - as on a kernel without them (dynamic UAR mode needs them).
+        A mmap failure destroys the object again.
         """
-        raise VerbsError(errno.EOPNOTSUPP, "mlx5dv_devx_alloc_uar")
+        out = execute_ioctl(self, MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC, [
+            (MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, 0, "idr"),
+            (MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, kind, "in"),
+            (MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, 0, "out8"),
+            (MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, 0, "out4"),
+            (MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, 0, "out4")], "mlx5dv_devx_alloc_uar")
+        handle = out[MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE]
+        offset = out[MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET]
+        try:
+            addr = self.mmap_page(offset)
+        except OSError:
+            self._destroy_uar_obj(handle)
+            raise
+        self.uar_obj_handles[addr] = handle
+        return addr, out[MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID], offset
+
+    def _destroy_uar_obj(self, handle: int) -> None:
+        execute_ioctl(self, MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_DESTROY,
+                      [(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, handle, "idr")],
+                      "mlx5dv_devx_free_uar")
 
     def free_uar_obj(self, bf: mlx5_bf) -> None:
+        """mlx5dv_devx_free_uar(): munmap, then MLX5_IB_METHOD_UAR_OBJ_DESTROY."""
         self.munmap_page(bf.uar)
+        self._destroy_uar_obj(self.uar_obj_handles.pop(bf.uar))
 
 
 def _get_context(ctx: mlx5_context, req: mlx5_ib_alloc_ucontext_req_v2):
