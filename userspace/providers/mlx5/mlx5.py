@@ -18,6 +18,7 @@ mlx5_free_context() unmaps what was mapped and frees the dynamic UARs.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import attrs
@@ -45,6 +46,7 @@ from userspace.libc import MAP_SHARED, PROT_WRITE, SysError, free, posix_memalig
 from userspace.libibverbs.cmd import VerbsError, execute_ioctl, ibv_cmd_get_context
 from userspace.libibverbs.verbs import ibv_context
 from userspace.providers.mlx5 import env as mlx5_env
+from userspace.providers.mlx5.errors import ProviderError
 from userspace.providers.mlx5.mlx5dv import MLX5_CTX_FLAGS_NO_KERN_DYN_UAR
 from userspace.providers.mlx5.uar import (
     adjust_uar_info,
@@ -207,11 +209,9 @@ def mlx5_set_context(ctx: mlx5_context, resp: mlx5_ib_alloc_ucontext_resp) -> No
     else:
         ctx.qp_max_dedicated_uuars = ctx.low_lat_uuars
         ctx.qp_max_shared_uuars = ctx.tot_uuars - ctx.low_lat_uuars
-    try:
-        mlx5_set_singleton_nc_uar(ctx)
-    except OSError:
-        if not ctx.uar:
-            raise  # dynamic mode needs it
+    mlx5_set_singleton_nc_uar(ctx)  # a failure leaves nc_uar None
+    if ctx.nc_uar is None and not ctx.uar:  # dynamic mode has nothing else for CQs
+        raise ProviderError(errno.EOPNOTSUPP, "mlx5_set_context: no NC UAR in dynamic mode")
     ctx.cq_uar_reg = ctx.nc_uar.uar if ctx.nc_uar is not None else ctx.uar[0].reg
 
 
