@@ -235,6 +235,19 @@ class _Backend:
         return lib.pm_dma_blocks(dma_addr.ptr, dma_len.ptr, nents, advance, pg_bit, nblocks,
                                  or_flags, int(bool(big_endian)), out.ptr)
 
+    def pgsz_mask(self, dma_addr: U64Array, dma_len: U64Array, nents: int, va: int,
+                  pgoff: int) -> int:
+        """ib_umem_find_best_pgsz()'s walk over nents DMA segments: the bits in which
+        device and DMA addresses differ at each contiguous run's start (and va at
+        each run after the first)."""
+        _check(dma_addr, 0, nents, "dma_addr")
+        _check(dma_len, 0, nents, "dma_len")
+        if not 0 <= va < 1 << 64 or not 0 <= pgoff < 1 << 64:
+            raise ValueError("pgsz_mask: va and pgoff must be u64")
+        if self.name == "python":
+            return twins.pgsz_mask(dma_addr.view, dma_len.view, nents, va, pgoff)
+        return lib.pm_pgsz_mask(dma_addr.ptr, dma_len.ptr, nents, va, pgoff)
+
     def baseline_pin_map(self, mem: MemCtx, pgd: int, start: int, nr: int, max_seg: int,
                          pfns: U64Array, sg_pfn: U64Array, sg_len: U64Array,
                          dma_addr: U64Array) -> int:

@@ -291,6 +291,35 @@ long pm_dma_blocks(const uint64_t *dma_addr, const uint64_t *dma_len,
 	return count;
 }
 
+/*
+ * ib_umem_find_best_pgsz()'s walk: the address bits in which the device
+ * address (va, advancing with each segment) and the DMA address differ at
+ * the start of every physically contiguous run, plus va itself at each run
+ * after the first (a new run must start a device page).  pgoff is the
+ * umem's offset into its first page.  The caller masks the page sizes with it.
+ */
+uint64_t pm_pgsz_mask(const uint64_t *dma_addr, const uint64_t *dma_len,
+		      long nents, uint64_t va, uint64_t pgoff)
+{
+	uint64_t mask = 0, curr_base = ~0ull, curr_len = 0, end;
+
+	for (long i = 0; i < nents; i++) {
+		uint64_t dma = dma_addr[i];
+
+		if (__builtin_add_overflow(curr_base, curr_len, &end) || end != dma) {
+			curr_base = dma;
+			curr_len = 0;
+			mask |= (dma + pgoff) ^ va;
+			if (i)
+				mask |= va;
+		}
+		curr_len += dma_len[i];
+		va += dma_len[i] - pgoff;
+		pgoff = 0;
+	}
+	return mask;
+}
+
 /* Collect up to cap PFNs from `from` on whose page holds any count. */
 long pm_scan_pages(const struct pm_mem *m, uint64_t from, uint64_t *out,
 		   long cap)

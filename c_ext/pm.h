@@ -59,6 +59,8 @@ long pm_scan_pages(const struct pm_mem *m, uint64_t from, uint64_t *out,
 long pm_dma_blocks(const uint64_t *dma_addr, const uint64_t *dma_len,
 		   long nents, uint64_t advance, int pg_bit, long nblocks,
 		   uint64_t or_flags, int big_endian, uint64_t *out);
+uint64_t pm_pgsz_mask(const uint64_t *dma_addr, const uint64_t *dma_len,
+		      long nents, uint64_t va, uint64_t pgoff);
 long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 			 long nr, uint64_t max_seg, uint64_t *pfns,
 			 uint64_t *sg_pfn, uint64_t *sg_len,

@@ -178,6 +178,22 @@ def dma_blocks(dma_addr, dma_len, nents, advance, pg_bit, nblocks, or_flags, big
     return count
 
 
+def pgsz_mask(dma_addr, dma_len, nents, va, pgoff):
+    mask, curr_base, curr_len = 0, _U64, 0
+    for i in range(nents):
+        dma = dma_addr[i]
+        end = curr_base + curr_len
+        if end > _U64 or end != dma:  # check_add_overflow() or a physical discontinuity
+            curr_base, curr_len = dma, 0
+            mask |= ((dma + pgoff) & _U64) ^ va
+            if i:
+                mask |= va
+        curr_len += dma_len[i]
+        va = (va + dma_len[i] - pgoff) & _U64
+        pgoff = 0
+    return mask
+
+
 def scan_pages(mem, start, out, cap):
     pages = mem.pages
     k = 0

@@ -199,21 +199,10 @@ def ib_umem_find_best_pgsz(umem: ib_umem, pgsz_bitmap: int, virt: int) -> int:
     # sizes that would already cover the whole range: nothing larger than the first
     span_bits = max(1, (((umem.length - 1 + virt) & U64_MAX) ^ virt).bit_length())  # bits_per()
     mask = pgsz_bitmap & U64_MAX & ~((1 << span_bits) - 1)
-    pgoff = ib_umem_offset(umem)
     sgt = umem.sgt_append.sgt
-    addrs, lens = sgt.dma_addr.view, sgt.dma_len.view
-    curr_base, curr_len = U64_MAX, 0
-    for i in range(sgt.nents):
-        dma = addrs[i]
-        end = curr_base + curr_len
-        if end > U64_MAX or end != dma:  # check_add_overflow() or a physical discontinuity
-            curr_base, curr_len = dma, 0
-            mask |= ((dma + pgoff) & U64_MAX) ^ va  # VA and DMA bits that differ
-            if i:
-                mask |= va  # a new physical run must start a device page
-        curr_len += lens[i]
-        va = (va + lens[i] - pgoff) & U64_MAX
-        pgoff = 0
+    # the per-entry walk is a C loop (c_ext pm_pgsz_mask, with its Python twin)
+    mask |= sgt.machine.ops.pgsz_mask(sgt.dma_addr, sgt.dma_len, sgt.nents, va,
+                                      ib_umem_offset(umem))
     if mask:
         pgsz_bitmap &= (1 << (_ctz(mask) + 1)) - 1  # GENMASK(count_trailing_zeros(mask), 0)
     return 1 << (pgsz_bitmap.bit_length() - 1) if pgsz_bitmap else 0

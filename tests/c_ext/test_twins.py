@@ -609,3 +609,35 @@ def test_dma_blocks_wrapper_validates(backend):
         ops.dma_blocks(one, one, 1, 0, 4096, 1, U64Array(1), 1 << 64)
     with pytest.raises(TypeError):
         ops.dma_blocks([0x1000], one, 1, 0, 4096, 1, U64Array(1))
+
+
+@given(table=dma_tables(), va=st.integers(0, U64), pgoff=st.integers(0, 1 << 16))
+def test_pgsz_mask_agrees(table, va, pgoff):
+    addrs, lens = table
+    n = len(addrs)
+    got = {c_ext.backend(b).pgsz_mask(_arr(addrs, max(n, 1)), _arr(lens, max(n, 1)), n, va,
+                                      pgoff) for b in BACKENDS}
+    assert len(got) == 1
+
+
+def test_pgsz_mask_known_answer():
+    """Two runs: [0x200000, +0x200000) and [0x600000, +0x1000) at va 0x7f0000200000.
+    The first run's DMA and VA agree below bit 21; the second starts a new run,
+    so va of that run (0x7f0000400000) joins the mask: nothing below 4 MiB agrees
+    with a 4 MiB page, 2 MiB still does."""
+    for b in BACKENDS:
+        mask = c_ext.backend(b).pgsz_mask(_arr([0x200000, 0x600000]), _arr([0x200000, 0x1000]),
+                                          2, 0x7F0000200000, 0)
+        assert mask == (0x200000 ^ 0x7F0000200000) | (0x600000 ^ 0x7F0000400000) | \
+            0x7F0000400000
+        assert (mask & -mask) == 1 << 21
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pgsz_mask_wrapper_validates(backend):
+    ops = c_ext.backend(backend)
+    one = _arr([0x1000])
+    with pytest.raises(ValueError, match="overflow"):
+        ops.pgsz_mask(one, one, 2, 0, 0)
+    with pytest.raises(ValueError, match="u64"):
+        ops.pgsz_mask(one, one, 1, -1, 0)
