@@ -20,8 +20,9 @@ GIB_PAGES = GiB // 4096
 class Faulted:
     """A process with `size` bytes of anonymous memory, every page present."""
 
-    def __init__(self, size: int, fragmented: bool):
-        self.machine = m = Machine(ram_size=3 * GiB)
+    def __init__(self, size: int, fragmented: bool, machine: Machine | None = None):
+        # `machine`: one built by the caller (an rdma_host with its HCA), else a bare 3 GiB one
+        self.machine = m = machine if machine is not None else Machine(ram_size=3 * GiB)
         self.size = size
         self.nr_pages = size >> m.page_shift
         self.holes: list[int] = []
