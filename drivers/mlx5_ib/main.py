@@ -367,11 +367,17 @@ def mlx5_ib_dealloc_ucontext(uctx: mlx5_ib_ucontext) -> None:
     the DEVX uid - in that order.  The doorbell pages are not walked: uverbs
     destroyed every QP and CQ before."""
     dev = to_mdev(uctx.device)
-    mlx5_ib_dealloc_transport_domain(dev, uctx.tdn, uctx.devx_uid)
+    try:
+        mlx5_ib_dealloc_transport_domain(dev, uctx.tdn, uctx.devx_uid)
+    except KernelError as e:  # void in the kernel: the result is not looked at
+        mlx5_ib_warn(dev, f"mlx5_ib_dealloc_ucontext: {e}")
     deallocate_uars(dev, uctx)
     _free_bfreg_arrays(uctx.bfregi)
     if uctx.devx_uid:
-        mlx5_ib_devx_destroy(dev, uctx.devx_uid)
+        try:
+            mlx5_ib_devx_destroy(dev, uctx.devx_uid)
+        except KernelError as e:
+            mlx5_ib_warn(dev, f"mlx5_ib_dealloc_ucontext: {e}")
 
 
 # -- PD ----------------------------------------------------------------------------------

@@ -200,13 +200,13 @@ def create_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
         raise _bad("create_cq_umem")
     if cqc["log_cq_size"] > fw.cap("log_max_cq_sz"):
         raise _bad("create_cq_log_size")
-    if cqc["cqe_sz"] > 1:
+    if cqc["cqe_sz"] > 2:  # 0: 64 B, 1: 128 B, 2: 128 B padded (cqe_128_always)
         raise _bad("create_cq_cqe_sz")
     uar = fw.ref(fw.uars, cqc["uar_page"], uid, "create_cq_uar", shared=False)
     eq = fw.ref(fw.eqs, cqc["c_eqn_or_apu_element"], uid, "create_cq_eqn")
     pas = MLX5_ADDR_OF("create_cq_in", in_, "pas")
     _check_pas(pas, cqc["log_page_size"], cqc["page_offset"],
-               (64 << cqc["cqe_sz"]) << cqc["log_cq_size"], "create_cq_pas")
+               (64 << min(cqc["cqe_sz"], 1)) << cqc["log_cq_size"], "create_cq_pas")
     cqn = fw.new_id("cq", fw.cqs)
     fw.cqs[cqn] = Mlx5Cq(cqn, uid, cqc.copy(), _copy_pas(pas), [uar, eq])
     MLX5_SET("create_cq_out", out, "cqn", cqn)

@@ -192,7 +192,7 @@ def test_cq_checks(up):
     good = dict(cq_context__log_cq_size=6, cq_context__uar_page=objs["uar"],
                 cq_context__c_eqn_or_apu_element=objs["eqn"])
     for field, value, check in (("cq_context__log_cq_size", 23, "create_cq_log_size"),
-                                ("cq_context__cqe_sz", 2, "create_cq_cqe_sz"),
+                                ("cq_context__cqe_sz", 3, "create_cq_cqe_sz"),
                                 ("cq_context__uar_page", 77, "create_cq_uar"),
                                 ("cq_context__c_eqn_or_apu_element", 8, "create_cq_eqn"),
                                 ("cq_umem_valid", 1, "create_cq_umem")):
