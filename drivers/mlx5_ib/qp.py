@@ -34,6 +34,7 @@ around the QP lists; context.db_page_mutex in doorbell.c.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 
 from drivers.ib_core.ib_verbs import (
@@ -348,6 +349,22 @@ def mlx5_ib_unlock_cqs(send_cq: mlx5_ib_cq | None, recv_cq: mlx5_ib_cq | None) -
         spin_unlock(cq.lock)
 
 
+def _qp_lists(dev: mlx5_ib_dev, qp: mlx5_ib_qp, op: Callable[[list, mlx5_ib_qp], None]) -> None:
+    """Put the QP on (op=list.append) or take it off (list.remove) the device's QP list
+    and its CQs' lists, under reset_flow_resource_lock and both CQ locks (CQN order),
+    as create_qp_common / destroy_qp_common do."""
+    send_cq, recv_cq = to_mcq(qp.send_cq), to_mcq(qp.recv_cq)
+    flags = spin_lock_irqsave(dev.reset_flow_resource_lock)
+    mlx5_ib_lock_cqs(send_cq, recv_cq)
+    op(dev.qp_list, qp)
+    if send_cq is not None:
+        op(send_cq.list_send_qp, qp)
+    if recv_cq is not None:
+        op(recv_cq.list_recv_qp, qp)
+    mlx5_ib_unlock_cqs(send_cq, recv_cq)
+    spin_unlock_irqrestore(dev.reset_flow_resource_lock, flags)
+
+
 def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcStruct,
               uidx: int) -> None:
     """create_user_qp()'s QPC fields (kernel_facts §5)."""
@@ -411,16 +428,7 @@ def create_user_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr,
         _fill_qpc(dev, qp, attr, MLX5_ADDR_OF("create_qp_in", in_, "qpc"), uidx)
         mlx5_qpc_create_qp(dev, qp, in_)
         unwind.pop_all()
-    send_cq, recv_cq = to_mcq(attr.send_cq), to_mcq(attr.recv_cq)
-    flags = spin_lock_irqsave(dev.reset_flow_resource_lock)
-    mlx5_ib_lock_cqs(send_cq, recv_cq)
-    dev.qp_list.append(qp)
-    if send_cq is not None:
-        send_cq.list_send_qp.append(qp)
-    if recv_cq is not None:
-        recv_cq.list_recv_qp.append(qp)
-    mlx5_ib_unlock_cqs(send_cq, recv_cq)
-    spin_unlock_irqrestore(dev.reset_flow_resource_lock, flags)
+    _qp_lists(dev, qp, list.append)
 
 
 def _read_ucmd(qp: mlx5_ib_qp, udata: ib_udata) -> abi.mlx5_ib_create_qp:
@@ -520,16 +528,7 @@ def mlx5_ib_destroy_qp(qp: mlx5_ib_qp, udata: ib_udata) -> None:
     # and the kernel's modify-to-RESET step has nothing to do.
     """
     dev = to_mdev(qp.device)
-    send_cq, recv_cq = to_mcq(qp.send_cq), to_mcq(qp.recv_cq)
-    flags = spin_lock_irqsave(dev.reset_flow_resource_lock)
-    mlx5_ib_lock_cqs(send_cq, recv_cq)
-    dev.qp_list.remove(qp)
-    if send_cq is not None:
-        send_cq.list_send_qp.remove(qp)
-    if recv_cq is not None:
-        recv_cq.list_recv_qp.remove(qp)
-    mlx5_ib_unlock_cqs(send_cq, recv_cq)
-    spin_unlock_irqrestore(dev.reset_flow_resource_lock, flags)
+    _qp_lists(dev, qp, list.remove)
     try:
         mlx5_core_destroy_qp(dev, qp)
     except KernelError as e:  # the kernel warns and goes on freeing
