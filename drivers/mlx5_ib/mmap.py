@@ -111,7 +111,12 @@ def get_extended_index(offset: int) -> int:
 
 def mlx5_vma_to_pgoff(vma: vm_area_struct) -> int:
     """Mirrors mlx5_vma_to_pgoff(): the mmap-entry page offset an mmap offset names."""
-    return get_command(vma.vm_pgoff) << 16 | get_extended_index(vma.vm_pgoff)
+    return _entry_pgoff(vma.vm_pgoff)
+
+
+def _entry_pgoff(vm_pgoff: int) -> int:
+    """The body of mlx5_vma_to_pgoff() for an mmap offset in pages."""
+    return get_command(vm_pgoff) << 16 | get_extended_index(vm_pgoff)
 
 
 def mlx5_entry_to_mmap_offset(entry: rdma_user_mmap_entry) -> int:
@@ -339,9 +344,8 @@ def alloc_uar_entry(c: mlx5_ib_ucontext, alloc_type: int) -> mlx5_user_mmap_entr
     return entry
 
 
-@traced
-def mlx5_ib_uar_obj_alloc(uctx: mlx5_ib_ucontext, alloc_type: int) -> tuple[int, int, int]:
-    """Mirrors UVERBS_HANDLER(MLX5_IB_METHOD_UAR_OBJ_ALLOC): (mmap_offset, page_id, length).
+def _uar_obj_alloc(uctx: mlx5_ib_ucontext, alloc_type: int) -> mlx5_user_mmap_entry:
+    """The checks and allocation of UVERBS_HANDLER(MLX5_IB_METHOD_UAR_OBJ_ALLOC): the entry.
 
     EOPNOTSUPP for a type other than BF (0) or NC (1), or BF without
     write-combining.  # EMU: also EOPNOTSUPP without the `dyn_uar` module
@@ -355,7 +359,13 @@ def mlx5_ib_uar_obj_alloc(uctx: mlx5_ib_ucontext, alloc_type: int) -> tuple[int,
         raise KernelError(EOPNOTSUPP, f"mlx5_ib_uar_obj_alloc: alloc type {alloc_type}")
     if not dev.wc_support and alloc_type == MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF:
         raise KernelError(EOPNOTSUPP, "mlx5_ib_uar_obj_alloc: BF UAR without write-combining")
-    entry = alloc_uar_entry(uctx, alloc_type)
+    return alloc_uar_entry(uctx, alloc_type)
+
+
+@traced
+def mlx5_ib_uar_obj_alloc(uctx: mlx5_ib_ucontext, alloc_type: int) -> tuple[int, int, int]:
+    """A UAR object as the ioctl answers it: (mmap_offset, page_id, length)."""
+    entry = _uar_obj_alloc(uctx, alloc_type)
     return mlx5_entry_to_mmap_offset(entry), entry.page_idx, entry.npages * PAGE_SIZE()
 
 
@@ -367,8 +377,7 @@ def mlx5_ib_uar_obj_destroy(uctx: mlx5_ib_ucontext, mmap_offset: int) -> None:
     mlx5_ib_mmap_free once the last VMA mapping it is gone.  EINVAL when no
     live UAR object has that offset.
     """
-    pgoff = get_command(mmap_offset >> PAGE_SHIFT()) << 16 | \
-        get_extended_index(mmap_offset >> PAGE_SHIFT())
+    pgoff = _entry_pgoff(mmap_offset >> PAGE_SHIFT())
     entry = uctx.mmap_xa.get(pgoff)
     if entry is None or entry.start_pgoff != pgoff or entry.driver_removed:
         raise KernelError(EINVAL, f"mlx5_ib_uar_obj_destroy: no UAR object at offset "
@@ -393,13 +402,13 @@ def UVERBS_HANDLER_MLX5_IB_METHOD_UAR_OBJ_ALLOC(attrs_: Any) -> None:
     uobj = attrs_.uobject
     c = to_mucontext(uobj.context)
     alloc_type = uverbs_get_const(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE)
-    mmap_offset, page_id, length = mlx5_ib_uar_obj_alloc(c, alloc_type)
-    entry = c.mmap_xa[get_command(mmap_offset >> PAGE_SHIFT()) << 16
-                      | get_extended_index(mmap_offset >> PAGE_SHIFT())]
+    entry = _uar_obj_alloc(c, alloc_type)
     uobj.object = entry
-    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, mmap_offset, 8)
-    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, page_id, 4)
-    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, length, 4)
+    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+                   mlx5_entry_to_mmap_offset(entry), 8)
+    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, entry.page_idx, 4)
+    uverbs_copy_to(attrs_, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+                   entry.npages * PAGE_SIZE(), 4)
 
 
 mlx5_ib_uar_methods = {

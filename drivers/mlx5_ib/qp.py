@@ -86,6 +86,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_dev,
     mlx5_ib_qp,
     mlx5_ib_ucontext,
+    mlx5_ib_warn,
     order_base_2,
     to_mcq,
     to_mdev,
@@ -431,7 +432,7 @@ def create_user_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr,
     _qp_lists(dev, qp, list.append)
 
 
-def _read_ucmd(qp: mlx5_ib_qp, udata: ib_udata) -> abi.mlx5_ib_create_qp:
+def _read_ucmd(udata: ib_udata) -> abi.mlx5_ib_create_qp:
     """process_udata_size + check_ucmd_data + the copy."""
     if udata.inlen < abi.mlx5_ib_create_qp.offsetof("ece_options"):
         raise KernelError(EINVAL, f"process_udata_size: request of {udata.inlen} bytes")
@@ -492,7 +493,7 @@ def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) 
     qp = ibqp
     if attr.qp_type not in _MLX5_ST:
         raise KernelError(EOPNOTSUPP, f"check_qp_type: QP type {attr.qp_type} not supported")
-    ucmd = _read_ucmd(qp, udata)
+    ucmd = _read_ucmd(udata)
     process_vendor_flags(dev, qp, ucmd)
     uidx = get_qp_uidx(qp, ucmd)
     if attr.create_flags:
@@ -532,6 +533,5 @@ def mlx5_ib_destroy_qp(qp: mlx5_ib_qp, udata: ib_udata) -> None:
     try:
         mlx5_core_destroy_qp(dev, qp)
     except KernelError as e:  # the kernel warns and goes on freeing
-        from drivers.mlx5_ib.mlx5_ib import mlx5_ib_warn
         mlx5_ib_warn(dev, f"mlx5_ib_destroy_qp: failed to destroy QP {qp.mqp.qpn:#x}: {e}")
     destroy_qp_user(dev, qp)

@@ -21,6 +21,12 @@ from typing import Any, TypeVar
 
 from kernel_model.trace import traced
 from kernel_model.uapi import ib_user_verbs as uv
+from kernel_model.uapi.rdma_user_ioctl import (
+    RDMA_VERBS_IOCTL,
+    UVERBS_ATTR_F_MANDATORY,
+    ib_uverbs_attr,
+    ib_uverbs_ioctl_hdr,
+)
 from kernel_model.uapi.ustruct import UStruct
 
 T = TypeVar("T", bound=UStruct)
@@ -155,12 +161,6 @@ def execute_ioctl(ctx: Any, object_id: int, method_id: int,
     output of 4/8 bytes (a pointer to a buffer), "idr" a handle (new objects
     get theirs written back; destroy names one).
     """
-    from kernel_model.uapi.rdma_user_ioctl import (
-        RDMA_VERBS_IOCTL,
-        UVERBS_ATTR_F_MANDATORY,
-        ib_uverbs_attr,
-        ib_uverbs_ioctl_hdr,
-    )
     proc, buf = ctx.proc, ctx.cmd_buf
     out_at: dict[int, tuple[int, int]] = {}
     packed, next_out = [], buf + IOCTL_OUT_OFFSET

@@ -46,20 +46,6 @@ from userspace.libibverbs import cmd as c
 from userspace.libibverbs import verbs as v
 
 
-@pytest.fixture
-def m():
-    return host()
-
-
-@pytest.fixture
-def app(m):
-    p = m.spawn("app")
-    ctx = open_ctx(p)
-    yield p, ctx
-    if p.alive:
-        p.exit(0)
-
-
 def test_cq_of_16_gets_32_entries_and_its_cqc(m, app):
     p, ctx = app
     uctx = ucontext(p, ctx)

@@ -64,11 +64,6 @@ def m4k():
     return host()
 
 
-@pytest.fixture
-def m():
-    return host()
-
-
 # -- calc_total_bfregs -------------------------------------------------------------------
 def _calc(m, total, low, lib_4k=LIB_4K):
     req, bfregi = ucontext_req(total, low), mlx5_bfreg_info()

@@ -70,20 +70,6 @@ def phys(p, va):
     return pte_addr(pte), cache_mode(pte)
 
 
-@pytest.fixture
-def m():
-    return host()
-
-
-@pytest.fixture
-def app(m):
-    p = m.spawn("app")
-    ctx = open_ctx(p)
-    yield p, ctx
-    if p.alive:
-        p.exit(0)
-
-
 def test_pgoff_decoding_vectors():
     assert (get_command(0x303), get_extended_index(0x303)) == (3, 3)
     assert (get_command(0x1062C), get_extended_index(0x1062C)) == (6, 300)

@@ -15,7 +15,6 @@ from tests.drivers.mlx5_ib.ladder import (
     errno_of,
     fw,
     hole,
-    host,
     last_error,
     open_ctx,
     ucontext,
@@ -29,18 +28,10 @@ LW, RW, RR, RA = (v.IBV_ACCESS_LOCAL_WRITE, v.IBV_ACCESS_REMOTE_WRITE,
 
 
 @pytest.fixture
-def m():
-    return host()
-
-
-@pytest.fixture
-def app(m):
-    p = m.spawn("app")
-    ctx = open_ctx(p)
-    pd = v.ibv_alloc_pd(ctx)
-    yield p, ctx, pd
-    if p.alive:
-        p.exit(0)
+def app(app):
+    """The conftest rung plus a PD: (p, ctx, pd)."""
+    p, ctx = app
+    return p, ctx, v.ibv_alloc_pd(ctx)
 
 
 def mkey_of(m, key):

@@ -192,19 +192,10 @@ def test_bfregn_to_uar_index_on_64k_pages_with_4k_uars():
 
 # -- end to end: the QPC the driver writes ---------------------------------------------------
 @pytest.fixture
-def m():
-    return host()
-
-
-@pytest.fixture
-def rig(m):
-    """A process with a context, a PD and a CQ; yields (p, ctx, pd, cq)."""
-    p = m.spawn("app")
-    ctx = open_ctx(p)
-    pd, cq = v.ibv_alloc_pd(ctx), v.ibv_create_cq(ctx, 16)
-    yield p, ctx, pd, cq
-    if p.alive:
-        p.exit(0)
+def rig(app):
+    """A process with a context, a PD and a CQ: (p, ctx, pd, cq)."""
+    p, ctx = app
+    return p, ctx, v.ibv_alloc_pd(ctx), v.ibv_create_cq(ctx, 16)
 
 
 def mqp_of(m, qpn):
