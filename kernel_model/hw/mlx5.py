@@ -161,6 +161,13 @@ class ConnectX:
                 f"fw {self.config.fw_version} {self.fw.state} "
                 f"{len(self.fw.live_objects())} objects")
 
+    def qp_state_changed(self, qp: object, old: int, new: int) -> None:
+        """The firmware moved a QP between states (a MODIFY_QP command ran):
+        the data-path engine flushes or forgets the QP's queues."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.qp_state_changed(qp, old, new)
+
     def reset(self) -> None:
         """Function-level reset (or power off): the firmware forgets everything."""
         self.fw.reset()

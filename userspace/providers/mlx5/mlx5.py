@@ -101,7 +101,7 @@ class mlx5_context(ibv_context):
     dbr_available_pages: list = attrs.Factory(list)
     dbr_map: dict = attrs.Factory(dict)
     # user indexes of QPs (cqe_version 1)
-    uidx_table: set[int] = attrs.Factory(set)
+    uidx_table: dict[int, Any] = attrs.Factory(dict)  # user index -> mlx5_qp (cqe v1)
     # UAR objects: mapped address -> uverbs handle
     uar_obj_handles: dict[int, int] = attrs.Factory(dict)
 

@@ -57,6 +57,7 @@ MLX5_CQE_INVALID = 0xF
 MLX5_CQE_OWNER_MASK = 1
 MLX5_UIDX_DEFAULT = 0xFFFFFF
 MLX5_MAX_CQE = 1 << 22  # what rdma-core checks before the kernel sees it
+MLX5_WQE_CTRL_CQ_UPDATE = 2 << 2
 
 
 @attrs.define(eq=False)
@@ -89,6 +90,8 @@ class mlx5_qp(ibv_qp):
     dc_type: int = 0
     max_inline_data: int = 0
     max_tso_header: int = 0
+    sq_signal_bits: int = 0   # MLX5_WQE_CTRL_CQ_UPDATE when created with sq_sig_all
+    fm_cache: int = 0         # the fence carried to the next WQE
 
 
 @attrs.define(eq=False)
@@ -189,14 +192,15 @@ def mlx5_destroy_cq(cq: mlx5_cq) -> None:
 
 
 # -- QP -----------------------------------------------------------------------------
-def _alloc_uidx(mctx: mlx5_context) -> int:
-    """mlx5_store_uidx(): the lowest free user index (cqe_version 1)."""
+def _alloc_uidx(mctx: mlx5_context, qp: mlx5_qp) -> int:
+    """mlx5_store_uidx(): the lowest free user index (cqe_version 1), naming
+    the QP so poll_cq can find it from a CQE's srqn_uidx."""
     if mctx.cqe_version == 0:
         return MLX5_UIDX_DEFAULT
     i = 0
     while i in mctx.uidx_table:
         i += 1
-    mctx.uidx_table.add(i)
+    mctx.uidx_table[i] = qp
     return i
 
 
@@ -208,10 +212,13 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
     proc = mctx.proc
     qp = mlx5_qp(pd.context, pd, attr.send_cq, attr.recv_cq, 0, 0, attr.qp_type,
                  wq_sig=mlx5_env.qp_sig_enabled(proc.environ))
+    qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE if attr.sq_sig_all else 0
     attr_ex = _InitAttrEx(attr.qp_type, attr.cap, attr.srq)
     wq_size = mlx5_calc_wq_size(mctx, attr_ex, qp)
     buf_size, _sq_buf_size = create_qp_buf_sizes(qp, attr.qp_type, wq_size)
     qp.buf_size = -(-buf_size // mctx.page_size) * mctx.page_size  # mlx5_alloc_qp_buf
+    for wq in (qp.sq, qp.rq):  # mlx5_alloc_qp_buf: the wrid / wqe_head arrays
+        wq.wrid, wq.wqe_head, wq.wr_data = [0] * wq.wqe_cnt, [0] * wq.wqe_cnt, [0] * wq.wqe_cnt
     undo = []
     try:
         qp.buf = posix_memalign(proc, mctx.page_size, qp.buf_size)
@@ -219,8 +226,8 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
         qp.db = mlx5_alloc_dbrec(mctx)
         undo.append(lambda: mlx5_free_db(mctx, qp.db))
         proc.store(qp.db, bytes(8))  # db[MLX5_RCV_DBR] = db[MLX5_SND_DBR] = 0
-        qp.uidx = _alloc_uidx(mctx)
-        undo.append(lambda: mctx.uidx_table.discard(qp.uidx))
+        qp.uidx = _alloc_uidx(mctx, qp)
+        undo.append(lambda: mctx.uidx_table.pop(qp.uidx, None))
         drv = mlx5_ib_create_qp(buf_addr=qp.buf, db_addr=qp.db, sq_wqe_count=qp.sq.wqe_cnt,
                                 rq_wqe_count=qp.rq.wqe_cnt, rq_wqe_shift=qp.rq.wqe_shift,
                                 uidx=qp.uidx, ece_options=0)
@@ -259,7 +266,7 @@ def mlx5_destroy_qp(qp: mlx5_qp) -> None:
     c.ibv_cmd_destroy_qp(mctx, qp.handle)
     if not mctx.bfs:
         mlx5_put_qp_uar(mctx, qp.bf)
-    mctx.uidx_table.discard(qp.uidx)
+    mctx.uidx_table.pop(qp.uidx, None)
     mlx5_free_db(mctx, qp.db)
     free(mctx.proc, qp.buf, qp.buf_size)
 

@@ -109,6 +109,16 @@ class mlx5_wq:
     max_post: int = 0
     max_gs: int = 0
     offset: int = 0     # byte offset of the queue in the QP buffer
+    # the data path's indices (mlx5_init_qp_indices resets them)
+    head: int = 0       # WRs posted
+    tail: int = 0       # WRs completed (advanced by poll_cq)
+    cur_post: int = 0   # SQ: WQE basic blocks posted
+    # max_gs while the QP's state lets this queue post (SQ: RTS; RQ: INIT..RTS),
+    # -1 otherwise: the data path's state check (rdma-core's qp_state_max_gs)
+    qp_state_max_gs: int = -1
+    wrid: list[int] = attrs.Factory(list)       # wr_id per WQE index
+    wqe_head: list[int] = attrs.Factory(list)   # SQ: head at the time of each WQE
+    wr_data: list[int] = attrs.Factory(list)
 
     def __repr__(self) -> str:
         return (f"wq cnt={self.wqe_cnt} stride={1 << self.wqe_shift if self.wqe_cnt else 0} "
