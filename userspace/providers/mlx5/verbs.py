@@ -72,6 +72,7 @@ class mlx5_cq(ibv_cq):
     buf_size: int = 0
     cqe_sz: int = 64
     dbrec: int = 0
+    cons_index: int = 0   # CQEs consumed (poll_cq); the HCA learns it from the dbrec
 
 
 @attrs.define(eq=False)
