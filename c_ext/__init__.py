@@ -248,6 +248,44 @@ class _Backend:
             return twins.pgsz_mask(dma_addr.view, dma_len.view, nents, va, pgoff)
         return lib.pm_pgsz_mask(dma_addr.ptr, dma_len.ptr, nents, va, pgoff)
 
+    def mtt_pieces(self, mtt: U64Array, nmtt: int, pg_bit: int, offset: int, length: int,
+                   addr: U64Array, plen: U64Array) -> int:
+        """The HCA's walk of a memory key's MTT: `length` bytes at `offset` into
+        the region -> merged DMA pieces in addr/plen; -1 if the table is too
+        short or the pieces do not fit."""
+        _check(mtt, 0, nmtt, "mtt")
+        if addr.n != plen.n:
+            raise ValueError("mtt_pieces: addr and plen differ in size")
+        if not 0 < pg_bit < 64 or offset < 0 or length < 0 or offset + length >= 1 << 64:
+            raise ValueError("mtt_pieces: bad page shift, offset or length")
+        if self.name == "python":
+            return twins.mtt_pieces(mtt.view, nmtt, pg_bit, offset, length, addr.view,
+                                    plen.view, addr.n)
+        return lib.pm_mtt_pieces(mtt.ptr, nmtt, pg_bit, offset, length, addr.ptr, plen.ptr,
+                                 addr.n)
+
+    def dma_copy(self, dst, dst_addr: U64Array, dst_len: U64Array, ndst: int,
+                 src, src_addr: U64Array, src_len: U64Array, nsrc: int) -> int:
+        """Copy a DMA transfer's bytes between two piece lists.  `dst`/`src` are
+        a MemCtx (a machine's RAM) or a writable/readable buffer (a payload);
+        pieces are offsets into them.  Returns the bytes moved; ValueError if a
+        piece lies outside its buffer (nothing is copied then)."""
+        _check(dst_addr, 0, ndst, "dst_addr")
+        _check(dst_len, 0, ndst, "dst_len")
+        _check(src_addr, 0, nsrc, "src_addr")
+        _check(src_len, 0, nsrc, "src_len")
+        dview, dsize = _flat(dst)
+        sview, ssize = _flat(src)
+        if self.name == "python":
+            n = twins.dma_copy(dview, dsize, dst_addr.view, dst_len.view, ndst,
+                               sview, ssize, src_addr.view, src_len.view, nsrc)
+        else:
+            n = lib.pm_dma_copy(_cptr(dst, dview), dsize, dst_addr.ptr, dst_len.ptr, ndst,
+                                _cptr(src, sview), ssize, src_addr.ptr, src_len.ptr, nsrc)
+        if n < 0:
+            raise ValueError("dma_copy: a piece lies outside its buffer")
+        return n
+
     def baseline_pin_map(self, mem: MemCtx, pgd: int, start: int, nr: int, max_seg: int,
                          pfns: U64Array, sg_pfn: U64Array, sg_len: U64Array,
                          dma_addr: U64Array) -> int:
@@ -257,6 +295,19 @@ class _Backend:
             _check(arr, 0, nr, name)
         return lib.pm_baseline_pin_map(mem.c, pgd, start, nr, max_seg, pfns.ptr, sg_pfn.ptr,
                                        sg_len.ptr, dma_addr.ptr)
+
+
+def _flat(buf) -> tuple[memoryview, int]:
+    """A dma_copy side as (byte view, size): a MemCtx's RAM or any buffer."""
+    view = buf.ram if isinstance(buf, MemCtx) else memoryview(buf).cast("B")
+    return view, len(view)
+
+
+def _cptr(buf, view: memoryview):
+    """The C pointer of a dma_copy side (the RAM pointer a MemCtx keeps)."""
+    if isinstance(buf, MemCtx):
+        return buf.c.ram
+    return ffi.cast("uint8_t *", ffi.from_buffer(view))
 
 
 _backends: dict[str, _Backend] = {}

@@ -379,3 +379,90 @@ long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 	}
 	return nents;
 }
+
+/* be64_to_cpu(): the inverse of to_be64 (the same byte swap). */
+static inline uint64_t from_be64(uint64_t v)
+{
+	return to_be64(v);
+}
+
+/*
+ * The HCA's MTT walk: translate `len` bytes starting `offset` bytes into a
+ * memory key's region (offset counted from the start of the first page) into
+ * DMA pieces, merging pages whose addresses follow each other.  mtt[] holds
+ * big-endian entries of 2^pg_bit-byte pages with permission bits below the
+ * page size.  Returns the pieces written, or -1 if the range runs past the
+ * table or more than cap pieces would be needed.
+ */
+long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
+		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
+		   long cap)
+{
+	uint64_t pgsz = 1ull << pg_bit, mask = pgsz - 1;
+	uint64_t idx = offset >> pg_bit, within = offset & mask;
+	long n = 0;
+
+	while (len) {
+		uint64_t dma, run;
+
+		if (idx >= (uint64_t)nmtt)
+			return -1;
+		dma = (from_be64(mtt[idx]) & ~mask) + within;
+		run = pgsz - within;
+		if (run > len)
+			run = len;
+		if (n && addr[n - 1] + plen[n - 1] == dma) {
+			plen[n - 1] += run;
+		} else {
+			if (n == cap)
+				return -1;
+			addr[n] = dma;
+			plen[n++] = run;
+		}
+		len -= run;
+		within = 0;
+		idx++;
+	}
+	return n;
+}
+
+/*
+ * The byte mover of a DMA transfer: copy from the src pieces to the dst
+ * pieces, in order, min(total src, total dst) bytes.  Each side is a flat
+ * buffer (a machine's RAM or a packet's payload) and its pieces are (offset,
+ * length) inside it; every piece is checked against the buffer before any
+ * byte moves.  Returns the bytes copied, or -1 if a piece is out of bounds.
+ */
+long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,
+		 const uint64_t *dst_len, long ndst, const uint8_t *src,
+		 uint64_t src_size, const uint64_t *src_addr,
+		 const uint64_t *src_len, long nsrc)
+{
+	uint64_t doff = 0, soff = 0, done = 0;
+	long d = 0, s = 0;
+
+	for (long i = 0; i < ndst; i++)
+		if (dst_addr[i] > dst_size || dst_len[i] > dst_size - dst_addr[i])
+			return -1;
+	for (long i = 0; i < nsrc; i++)
+		if (src_addr[i] > src_size || src_len[i] > src_size - src_addr[i])
+			return -1;
+	while (d < ndst && s < nsrc) {
+		uint64_t dl = dst_len[d] - doff, sl = src_len[s] - soff;
+		uint64_t k = dl < sl ? dl : sl;
+
+		memcpy(dst + dst_addr[d] + doff, src + src_addr[s] + soff, k);
+		done += k;
+		doff += k;
+		soff += k;
+		if (doff == dst_len[d]) {
+			d++;
+			doff = 0;
+		}
+		if (soff == src_len[s]) {
+			s++;
+			soff = 0;
+		}
+	}
+	return (long)done;
+}

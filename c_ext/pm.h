@@ -65,3 +65,10 @@ long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 			 long nr, uint64_t max_seg, uint64_t *pfns,
 			 uint64_t *sg_pfn, uint64_t *sg_len,
 			 uint64_t *dma_addr);
+long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
+		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
+		   long cap);
+long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,
+		 const uint64_t *dst_len, long ndst, const uint8_t *src,
+		 uint64_t src_size, const uint64_t *src_addr,
+		 const uint64_t *src_len, long nsrc);

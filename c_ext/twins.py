@@ -205,3 +205,49 @@ def scan_pages(mem, start, out, cap):
             out[k] = pfn
             k += 1
     return k
+
+
+def mtt_pieces(mtt, nmtt, pg_bit, offset, length, addr, plen, cap):
+    pgsz = 1 << pg_bit
+    mask = pgsz - 1
+    idx, within = offset >> pg_bit, offset & mask
+    n = 0
+    while length:
+        if idx >= nmtt:
+            return -1
+        # be64_to_cpu() of the stored entry, then drop the permission bits
+        dma = (int.from_bytes(mtt[idx].to_bytes(8, sys.byteorder), "big") & ~mask) + within
+        run = min(pgsz - within, length)
+        if n and addr[n - 1] + plen[n - 1] == dma:
+            plen[n - 1] += run
+        else:
+            if n == cap:
+                return -1
+            addr[n] = dma
+            plen[n] = run
+            n += 1
+        length -= run
+        within = 0
+        idx += 1
+    return n
+
+
+def dma_copy(dst, dst_size, dst_addr, dst_len, ndst, src, src_size, src_addr, src_len, nsrc):
+    for addrs, lens, n, size in ((dst_addr, dst_len, ndst, dst_size),
+                                 (src_addr, src_len, nsrc, src_size)):
+        for i in range(n):
+            if addrs[i] > size or lens[i] > size - addrs[i]:
+                return -1
+    d = s = doff = soff = done = 0
+    while d < ndst and s < nsrc:
+        k = min(dst_len[d] - doff, src_len[s] - soff)
+        da, sa = dst_addr[d] + doff, src_addr[s] + soff
+        dst[da:da + k] = src[sa:sa + k]
+        done += k
+        doff += k
+        soff += k
+        if doff == dst_len[d]:
+            d, doff = d + 1, 0
+        if soff == src_len[s]:
+            s, soff = s + 1, 0
+    return done

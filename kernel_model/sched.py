@@ -303,6 +303,26 @@ class Scheduler:
             self.runq.append(cur)
             self._switch(cur, nxt, reason)
 
+    def yield_(self, reason: str) -> bool:
+        """sched_yield(): let every other runnable task go first; True if one ran.
+
+        Unlike point(), the current task goes to the back: under the default
+        strategy the task that has waited longest runs.  A busy-polling
+        caller uses it so the task it polls for (the HCA) gets the CPU; a
+        False answer means nothing else could run, so polling again is futile.
+        """
+        if not self.runq or self.killing:
+            return False
+        cur = self.current
+        nxt = self._choose([*self.runq, cur], reason)
+        if nxt is cur:
+            return False
+        self.runq.remove(nxt)
+        cur.state = RUNNABLE
+        self.runq.append(cur)
+        self._switch(cur, nxt, reason)
+        return True
+
     def block(self, on: object, timeout: int | None = None) -> bool:
         """Sleep until wake() (True) or `timeout` jiffies pass (False).
 
