@@ -154,6 +154,9 @@ class Process:
         """The names in a directory of the device tree (/sys/class/...), or -errno."""
         return self._sys(syscalls.sys_getdents, path)
 
+    def sched_yield(self) -> int:
+        return self._sys(syscalls.sys_sched_yield)
+
     def exit(self, code: int = 0) -> None:
         self._sys(syscalls.sys_exit, code)
 

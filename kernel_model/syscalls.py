@@ -129,6 +129,16 @@ def sys_getdents(path: str) -> list[str] | int:
     return names if names else -ENOENT
 
 
+def sys_sched_yield() -> int:
+    """Mirrors sys_sched_yield(): go to the back of the run queue.
+
+    Not traced: a busy-polling loop calls it once per empty poll.
+    """
+    from kernel_model.sched import SCHED
+    SCHED.yield_("sched_yield")
+    return 0
+
+
 @traced
 def sys_exit(code: int) -> None:
     """exit(2): never fails, never returns to the caller's program."""

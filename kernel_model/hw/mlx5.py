@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from kernel_model.hw import mlx5_caps
+from kernel_model.hw.mlx5_engine import Mlx5Engine
 from kernel_model.hw.mlx5_fw import INIT_SEG_SIZE, Firmware
 from kernel_model.hw.mlx5_ifc import LAYOUTS, CmdqMemory
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
@@ -149,6 +150,9 @@ class ConnectX:
         self._health = 0
         caps = {"bf": int(self.config.write_combining), **self.config.caps}
         self.fw = Firmware(self, caps)
+        self.async_events: list[tuple] = []   # QP errors, CQ overruns, stray doorbells
+        self.fabric = None                    # kernel_model.hw.fabric.Fabric, once attached
+        self.engine = Mlx5Engine(self)
         hcas.append(self)
         pci_add_device(machine, self.pdev)  # a loaded mlx5_core probes it now
 
@@ -164,13 +168,16 @@ class ConnectX:
     def qp_state_changed(self, qp: object, old: int, new: int) -> None:
         """The firmware moved a QP between states (a MODIFY_QP command ran):
         the data-path engine flushes or forgets the QP's queues."""
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.qp_state_changed(qp, old, new)
+        self.engine.qp_state_changed(qp, old, new)
+
+    def object_destroyed(self, kind: str, num: int) -> None:
+        """The firmware destroyed a QP or CQ: the engine drops what it kept."""
+        self.engine.object_destroyed(kind, num)
 
     def reset(self) -> None:
         """Function-level reset (or power off): the firmware forgets everything."""
         self.fw.reset()
+        self.engine.reset()
         self.cmdq_addr = self._cmdq_h = 0
 
     # -- BAR decode -----------------------------------------------------------------

@@ -218,6 +218,7 @@ def destroy_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     fw.release(cq, "cq")
     cq.drop_refs()
     del fw.cqs[cq.num]
+    fw.hca.object_destroyed("cq", cq.num)
 
 
 @fw_command(MLX5_CMD_OP_QUERY_CQ, "query_cq")
@@ -279,6 +280,7 @@ def destroy_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     qp = fw.lookup(fw.qps, MLX5_GET("destroy_qp_in", in_, "qpn"), _uid(in_), "qp")
     qp.drop_refs()
     del fw.qps[qp.num]
+    fw.hca.object_destroyed("qp", qp.num)
 
 
 @fw_command(MLX5_CMD_OP_QUERY_QP, "query_qp")

@@ -75,3 +75,106 @@ def mlx5_cq_clean(cq: Any, rsn: int) -> None:
     if nfreed:
         cq.cons_index += nfreed
         update_cons_index(cq)
+
+
+# CQE opcodes (op_own >> 4) and error syndromes -> enum ibv_wc_status
+MLX5_CQE_REQ, MLX5_CQE_RESP_WR_IMM, MLX5_CQE_RESP_SEND, MLX5_CQE_RESP_SEND_IMM = 0, 1, 2, 3
+MLX5_CQE_REQ_ERR, MLX5_CQE_RESP_ERR = 13, 14
+IBV_WC_SUCCESS, IBV_WC_LOC_LEN_ERR, IBV_WC_LOC_QP_OP_ERR, IBV_WC_LOC_PROT_ERR = 0, 1, 2, 4
+IBV_WC_WR_FLUSH_ERR, IBV_WC_MW_BIND_ERR, IBV_WC_BAD_RESP_ERR, IBV_WC_LOC_ACCESS_ERR = 5, 6, 7, 8
+IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR, IBV_WC_REM_OP_ERR = 9, 10, 11
+IBV_WC_RETRY_EXC_ERR, IBV_WC_RNR_RETRY_EXC_ERR, IBV_WC_REM_ABORT_ERR = 12, 13, 16
+IBV_WC_GENERAL_ERR = 21
+SYNDROME_TO_STATUS = {0x01: IBV_WC_LOC_LEN_ERR, 0x02: IBV_WC_LOC_QP_OP_ERR,
+                      0x04: IBV_WC_LOC_PROT_ERR, 0x05: IBV_WC_WR_FLUSH_ERR,
+                      0x06: IBV_WC_MW_BIND_ERR, 0x10: IBV_WC_BAD_RESP_ERR,
+                      0x11: IBV_WC_LOC_ACCESS_ERR, 0x12: IBV_WC_REM_INV_REQ_ERR,
+                      0x13: IBV_WC_REM_ACCESS_ERR, 0x14: IBV_WC_REM_OP_ERR,
+                      0x15: IBV_WC_RETRY_EXC_ERR, 0x16: IBV_WC_RNR_RETRY_EXC_ERR,
+                      0x22: IBV_WC_REM_ABORT_ERR}
+# enum ibv_wc_opcode and flags
+IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ = 0, 1, 2
+IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM = 128, 129
+IBV_WC_WITH_IMM = 1 << 1
+REQ_OPCODE_TO_WC = {0x08: IBV_WC_RDMA_WRITE, 0x09: IBV_WC_RDMA_WRITE, 0x0A: IBV_WC_SEND,
+                    0x0B: IBV_WC_SEND, 0x01: IBV_WC_SEND, 0x10: IBV_WC_RDMA_READ}
+
+
+def _find_qp(cq: Any, rsn: int) -> Any:
+    """mlx5_find_uidx() / mlx5_find_qp(): the QP a CQE names."""
+    table = cq.context.uidx_table
+    if cq.context.cqe_version:
+        return table.get(rsn)
+    return next((qp for qp in table.values() if qp.qp_num == rsn), None)
+
+
+def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
+    """Mirrors mlx5_parse_cqe(): fill one work completion; False on a CQE
+    naming no known QP (CQ_POLL_ERR)."""
+    opcode = raw[CQE_OP_OWN] >> 4
+    qp = _find_qp(cq, cqe_rsn(cq, raw))
+    if qp is None:
+        return False
+    wc.qp_num = qp.qp_num
+    wc.wc_flags = 0
+    wqe_ctr = struct.unpack_from(">H", raw, 60)[0]
+    if opcode in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR):
+        wq = qp.sq
+        idx = wqe_ctr & (wq.wqe_cnt - 1)
+        wc.wr_id = wq.wrid[idx]
+        wq.tail = wq.wqe_head[idx] + 1
+    else:
+        wq = qp.rq
+        wc.wr_id = wq.wrid[wq.tail & (wq.wqe_cnt - 1)]
+        wq.tail += 1
+    if opcode in (MLX5_CQE_REQ_ERR, MLX5_CQE_RESP_ERR):
+        wc.status = SYNDROME_TO_STATUS.get(raw[55], IBV_WC_GENERAL_ERR)
+        wc.vendor_err = raw[54]
+        wc.opcode = 0
+        wc.byte_len = 0
+        return True
+    wc.status = IBV_WC_SUCCESS
+    wc.vendor_err = 0
+    byte_cnt = struct.unpack_from(">I", raw, 44)[0]
+    if opcode == MLX5_CQE_REQ:
+        sop = struct.unpack_from(">I", raw, CQE_SOP_DROP_QPN)[0] >> 24
+        wc.opcode = REQ_OPCODE_TO_WC.get(sop, IBV_WC_SEND)
+        wc.byte_len = byte_cnt if wc.opcode == IBV_WC_RDMA_READ else 0
+        return True
+    wc.byte_len = byte_cnt
+    wc.src_qp = struct.unpack_from(">I", raw, 24)[0] & 0xFFFFFF
+    if opcode == MLX5_CQE_RESP_WR_IMM:
+        wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM
+    else:
+        wc.opcode = IBV_WC_RECV
+    if opcode in (MLX5_CQE_RESP_WR_IMM, MLX5_CQE_RESP_SEND_IMM):
+        wc.wc_flags |= IBV_WC_WITH_IMM
+        wc.imm_data = struct.unpack_from(">I", raw, 36)[0]
+    return True
+
+
+@traced
+def mlx5_poll_cq(cq: Any, num_entries: int, wc_factory: Any) -> list:
+    """Mirrors mlx5_poll_cq() / poll_cq(): take up to num_entries CQEs that
+    software owns, in order, then publish the consumer index.
+
+    # EMU: an empty poll yields the CPU (sched_yield) so the HCA's task can
+    # run; on a real machine the HCA runs in parallel with the poller.
+    """
+    proc = cq.context.proc
+    out = []
+    while len(out) < num_entries:
+        raw = proc.load(_cqe_addr(cq, cq.cons_index) + cq.cqe_sz - 64, 64)
+        if not _sw_owned(cq, raw, cq.cons_index):
+            break
+        cq.cons_index += 1
+        wc = wc_factory()
+        if not _parse_cqe(cq, raw, wc):
+            update_cons_index(cq)
+            raise OSError(22, "mlx5_poll_cq: CQE for an unknown QP")
+        out.append(wc)
+    if out:
+        update_cons_index(cq)
+    else:
+        proc.sched_yield()
+    return out

@@ -70,6 +70,7 @@ class mlx5_context(ibv_context):
     low_lat_uuars: int = 0
     single_threaded: bool = False
     shut_up_bf: bool = False
+    prefer_bf: bool = True      # MLX5_POST_SEND_PREFER_BF
     flags: int = 0
     # from the alloc_ucontext response
     bf_reg_size: int = 0
@@ -175,6 +176,7 @@ def mlx5_alloc_context(base: ibv_context) -> mlx5_context:
     ctx.tot_uuars, ctx.low_lat_uuars = mlx5_env.get_uar_info(environ, ctx.page_size)
     ctx.single_threaded = mlx5_env.single_threaded_app(environ)
     ctx.shut_up_bf = mlx5_env.get_shut_up_bf(environ)
+    ctx.prefer_bf = mlx5_env.get_always_bf(environ)
     req = mlx5_ib_alloc_ucontext_req_v2(
         total_num_bfregs=ctx.tot_uuars, num_low_latency_bfregs=ctx.low_lat_uuars,
         max_cqe_version=1, lib_caps=MLX5_LIB_CAP_4K_UAR | MLX5_LIB_CAP_DYN_UAR,

@@ -1,0 +1,797 @@
+"""The ConnectX's data path: the engine that executes work requests (device model).
+
+What the silicon does after software rings a doorbell, as a scheduler task
+of its own ("mlx5_hca <pci name>"), so a trace shows the HCA's steps on their
+own track and the race explorer can interleave them with the CPU's.
+
+    doorbell (UAR write) -> hca_doorbell: note the QP (a BlueFlame write
+        carries the WQE itself) and wake the engine
+    hca_sq_process: read the doorbell record's send counter (DMA), and for
+        each new WQE: hca_wqe_fetch (DMA through the QP's PAS, or the
+        BlueFlame copy), hca_execute
+    hca_execute: local keys -> DMA pieces (hca_mkey_translate through the
+        mkey's MTT), gather the payload (hca_dma_gather), transmit a frame
+        on the fabric (fabric.route) to the responder HCA's engine
+    hca_rx: the responder checks the QP, the remote key and its access and
+        bounds, moves the bytes (hca_dma_scatter), consumes a receive WQE
+        for SEND / WRITE with immediate, and answers ACK, NAK or the READ
+        response; the requester completes the WQE on the answer
+    hca_cqe_write: a 64-byte CQE by DMA into the CQ ring, owner bit = the
+        pass parity; CQ_UPDATE unset = no CQE for a successful WQE
+
+Errors are completions, as on the real device: a bad lkey, a range outside
+the MR or missing local access is a local protection error; a bad rkey, a
+range outside the remote MR or missing remote access is NAKed as a remote
+access error; an operation the responder QP does not allow is a remote
+invalid request; a SEND longer than the receive buffer is a local length
+error at the responder and a remote invalid request at the requester; a
+SEND with no receive posted is RNR-NAKed and retried (rnr_retry, 7 =
+forever); a frame nobody answers (peer QP destroyed, reset, wrong MAC) ends
+in transport retry exceeded.  The QP then moves to ERR and every other
+outstanding WQE of both its queues completes with "work request flushed".
+No byte outside a memory key's range is ever read or written: every access
+is translated through an mkey or the QP's own PAS first.
+
+Bulk data moves with c_ext's dma_copy between the DMA pieces (after the
+IOMMU) and a frame's payload; pieces outside RAM (a peer device's BAR) go
+through the machine's physical-address decoder instead.
+
+# EMU: one message per frame (no MTU segmentation, PSNs advance by one per
+# message), responses in order, no timers: retries are counted, not timed
+# (an unanswered frame fails at once after its retry budget; rnr_retry 7
+# retries until a receive is posted or 10000 tries pass).  RC and UC only:
+# a UD WQE completes with a local QP operation error.  No fence, atomics,
+# signature or scatter-to-CQE; no completion events (EQEs); a CQ overrun is
+# counted in hca.async_events and the CQE dropped.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import TYPE_CHECKING
+
+import attrs
+
+from c_ext import U64Array
+from kernel_model.hw.fabric import route
+from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_SET
+from kernel_model.iommu import IommuFault, dma_to_phys
+from kernel_model.sched import SCHED, Task
+from kernel_model.trace import traced
+
+if TYPE_CHECKING:
+    from kernel_model.hw.mlx5 import ConnectX, UarWrite
+    from kernel_model.hw.mlx5_fw_ctx import Mlx5Cq, Mlx5Qp
+
+# QP states (qpc.state) and types (qpc.st)
+QPS_RST, QPS_INIT, QPS_RTR, QPS_RTS, QPS_SQER, QPS_ERR, QPS_SQD = 0, 1, 2, 3, 4, 6, 7
+ST_RC, ST_UC, ST_UD = 0x0, 0x1, 0x2
+MLX5_NON_ZERO_RQ = 0
+# WQE opcodes (mlx5 device.h / rdma-core mlx5dv.h)
+OP_NOP, OP_RDMA_WRITE, OP_RDMA_WRITE_IMM = 0x00, 0x08, 0x09
+OP_SEND, OP_SEND_IMM, OP_RDMA_READ = 0x0A, 0x0B, 0x10
+OP_NAMES = {OP_NOP: "NOP", OP_RDMA_WRITE: "RDMA_WRITE", OP_RDMA_WRITE_IMM: "RDMA_WRITE_IMM",
+            OP_SEND: "SEND", OP_SEND_IMM: "SEND_IMM", OP_RDMA_READ: "RDMA_READ"}
+WQE_CTRL_CQ_UPDATE = 2 << 2
+INLINE_SEG = 0x80000000
+INVALID_LKEY = 0x100
+SEND_WQE_BB = 64
+# CQE opcodes and error syndromes
+CQE_REQ, CQE_RESP_WR_IMM, CQE_RESP_SEND, CQE_RESP_SEND_IMM = 0, 1, 2, 3
+CQE_REQ_ERR, CQE_RESP_ERR = 13, 14
+SYND_LOCAL_LENGTH, SYND_LOCAL_QP_OP, SYND_LOCAL_PROT, SYND_WR_FLUSH = 0x01, 0x02, 0x04, 0x05
+SYND_REMOTE_INVAL_REQ, SYND_REMOTE_ACCESS, SYND_REMOTE_OP = 0x12, 0x13, 0x14
+SYND_TRANSPORT_RETRY_EXC, SYND_RNR_RETRY_EXC = 0x15, 0x16
+SYND_NAMES = {SYND_LOCAL_LENGTH: "local length", SYND_LOCAL_QP_OP: "local QP operation",
+              SYND_LOCAL_PROT: "local protection", SYND_WR_FLUSH: "work request flushed",
+              SYND_REMOTE_INVAL_REQ: "remote invalid request",
+              SYND_REMOTE_ACCESS: "remote access", SYND_REMOTE_OP: "remote operation",
+              SYND_TRANSPORT_RETRY_EXC: "transport retry exceeded",
+              SYND_RNR_RETRY_EXC: "RNR retry exceeded"}
+RNR_FOREVER_CAP = 10000
+MAX_PIECES = 1 << 16
+
+
+class WqeError(Exception):
+    """A WQE failed: the syndrome its completion carries."""
+
+    def __init__(self, syndrome: int, why: str):
+        super().__init__(f"{SYND_NAMES.get(syndrome, hex(syndrome))}: {why}")
+        self.syndrome = syndrome
+
+
+@attrs.define(eq=False, slots=True)
+class Frame:
+    """A RoCE frame on the fabric: one request or one response (see the EMU note)."""
+
+    kind: str                 # "req", "ack", "nak", "rnr", "read_resp", "timeout"
+    src: ConnectX             # the HCA that sent it (responses go back there)
+    src_qpn: int
+    dest_qpn: int
+    dmac: int = 0
+    opcode: int = 0           # the WQE opcode of a request
+    wqe_index: int = 0        # the requester's WQE counter, echoed in responses
+    raddr: int = 0
+    rkey: int = 0
+    length: int = 0
+    imm: int = 0              # immediate data, as the WQE carried it (big-endian)
+    payload: bytearray | None = None
+    syndrome: int = 0
+    why: str = ""
+
+    def __repr__(self) -> str:
+        op = OP_NAMES.get(self.opcode, hex(self.opcode))
+        return (f"{self.kind} {op} qpn {self.src_qpn:#x}->{self.dest_qpn:#x} "
+                f"len {self.length}" + (f" {self.why}" if self.why else ""))
+
+
+@attrs.define(eq=False, slots=True)
+class Sent:
+    """An RC WQE the requester transmitted and awaits the answer for."""
+
+    wqe_index: int
+    opcode: int
+    signaled: bool
+    length: int
+    frame: Frame
+    local: list[tuple[int, int, int]]   # READ: (lkey, addr, len) destinations
+    rnr_tries: int = 0
+
+
+@attrs.define(eq=False, slots=True)
+class QpHw:
+    """The engine's per-QP state (what the device keeps beside the QPC)."""
+
+    sq_ci: int = 0                      # WQE basic blocks consumed (hw_sq_wqebb_counter)
+    rq_ci: int = 0                      # receive WQEs consumed (hw_rq_counter)
+    sq_psn: int = 0
+    outstanding: deque = attrs.Factory(deque)
+    bf: dict[int, bytes] = attrs.Factory(dict)   # WQE counter -> BlueFlame copy
+    bf_partial: bytearray | None = None
+
+
+def _be32(b: bytes, off: int) -> int:
+    return struct.unpack_from(">I", b, off)[0]
+
+
+def _be64(b: bytes, off: int) -> int:
+    return struct.unpack_from(">Q", b, off)[0]
+
+
+class Mlx5Engine:
+    """The data path of one ConnectX.  See the module docstring."""
+
+    def __init__(self, hca: ConnectX):
+        self.hca = hca
+        self.machine = hca.machine
+        self.dev = hca.pdev.dev
+        self.ops = hca.machine.ops
+        self.work: deque[int] = deque()          # QPs whose send queue has news
+        self.rx: deque[Frame] = deque()
+        self.retry: deque[tuple[int, Sent]] = deque()
+        self.qps: dict[int, QpHw] = {}
+        self.cq_pi: dict[int, int] = {}
+        self.task: Task | None = None
+        self.stopping = False
+        self.stats = {"wqes": 0, "bytes": 0, "cqes": 0, "frames_tx": 0, "frames_rx": 0}
+        self.async_events = hca.async_events
+        self._pieces = (U64Array(1024, zero=False), U64Array(1024, zero=False))
+        self._bf_chunks: dict[tuple, bytearray] = {}
+        hca.doorbell_hooks.append(self.hca_doorbell)
+        self.machine.shutdown_hooks.append(lambda m: self.stop())
+
+    def __repr__(self) -> str:
+        return f"mlx5 engine {self.hca.name}"
+
+    # -- the task ------------------------------------------------------------------
+    def kick(self) -> None:
+        """Make sure the engine runs: start its task, or wake it if it sleeps."""
+        if self.stopping:
+            return
+        if self.task is None or self.task.done:
+            self.task = SCHED.spawn(self._run, name=f"mlx5_hca {self.hca.name}")
+            self.task.machine = self.machine
+        elif self.task.state == "blocked":
+            SCHED.wake(self.task)
+
+    def stop(self) -> None:
+        """Power off (machine shutdown, function reset): the task ends."""
+        self.stopping = True
+        if self.task is not None and self.task.state == "blocked":
+            SCHED.wake(self.task)
+
+    def _run(self) -> None:
+        while not self.stopping:
+            if self.rx:
+                self.hca_rx(self.rx.popleft())
+            elif self.work:
+                self.hca_sq_process(self.work.popleft())
+            elif self.retry:
+                SCHED.yield_("hca_rnr_retry")  # let the responder's CPU post a receive
+                if self.retry and not self.rx and not self.work:
+                    self._retransmit(*self.retry.popleft())
+            else:
+                SCHED.block(self)
+        self.task = None
+
+    def _queue(self, qpn: int) -> None:
+        if qpn not in self.work:
+            self.work.append(qpn)
+        self.kick()
+
+    # -- doorbells and state changes ------------------------------------------------
+    @traced
+    def hca_doorbell(self, hca: ConnectX, rec: UarWrite) -> None:
+        """A write to a UAR page: a send doorbell (8 bytes of the control
+        segment) or a BlueFlame copy (the WQE itself, in 64-byte chunks)."""
+        if rec.kind not in ("db", "bf"):
+            return
+        if rec.kind == "db":
+            qpn = _be32(rec.data, 4) >> 8
+            if self._owns(qpn, rec.uar):
+                self._queue(qpn)
+            return
+        half = (1 << self.hca.fw.cap("log_bf_reg_size")) // 2
+        first = (rec.offset - 0x800) % half == 0
+        key = (rec.uar, rec.bfreg, rec.buf)
+        if first:
+            self._bf_chunks[key] = bytearray(rec.data)
+        elif key in self._bf_chunks:
+            self._bf_chunks[key] += rec.data
+        else:
+            return
+        buf = self._bf_chunks[key]
+        word = _be32(buf, 4)
+        if len(buf) < -(-(word & 0x3F) * 16 // 64) * 64:
+            return                                    # more 64-byte chunks to come
+        del self._bf_chunks[key]
+        qpn = word >> 8
+        if self._owns(qpn, rec.uar):
+            self._qphw(qpn).bf[_be32(buf, 0) >> 8 & 0xFFFF] = bytes(buf[:(word & 0x3F) * 16])
+            self._queue(qpn)
+
+    def _owns(self, qpn: int, uar: int) -> bool:
+        """The device acts only on a doorbell for a QP bound to that UAR page."""
+        qp = self.hca.fw.qps.get(qpn)
+        if qp is None or qp.qpc["uar_page"] != uar:
+            self.async_events.append(("bad_doorbell", qpn, uar))
+            return False
+        return True
+
+    def qp_state_changed(self, qp: Mlx5Qp, old: int, new: int) -> None:
+        """MODIFY_QP ran: RESET forgets the queues, ERR flushes them, RTS starts them."""
+        if new == QPS_RST:
+            self.qps.pop(qp.num, None)
+            self.retry = deque(r for r in self.retry if r[0] != qp.num)
+        elif new in (QPS_ERR, QPS_RTS):
+            self._queue(qp.num)
+
+    def object_destroyed(self, kind: str, num: int) -> None:
+        """DESTROY_QP / DESTROY_CQ: forget the engine's state for that number."""
+        if kind == "qp":
+            self.qps.pop(num, None)
+            self.retry = deque(r for r in self.retry if r[0] != num)
+        elif kind == "cq":
+            self.cq_pi.pop(num, None)
+
+    def reset(self) -> None:
+        """Function reset: every queue and CQ is gone."""
+        self.qps.clear()
+        self.cq_pi.clear()
+        self.retry.clear()
+        self.work.clear()
+        self.rx.clear()
+
+    def _qphw(self, qpn: int) -> QpHw:
+        hw = self.qps.get(qpn)
+        if hw is None:
+            hw = self.qps[qpn] = QpHw()
+        return hw
+
+    # -- DMA -----------------------------------------------------------------------
+    def _phys(self, dma: int, n: int, write: bool) -> list[tuple[int, int]]:
+        try:
+            return dma_to_phys(self.dev, dma, n, write)
+        except IommuFault as e:
+            self.hca.device_errors.append(f"DMA fault: {e}")
+            raise WqeError(SYND_LOCAL_PROT, str(e)) from None
+
+    def dma_read(self, dma: int, n: int) -> bytes:
+        """A small DMA read (doorbell record, WQE, context): through the IOMMU."""
+        SCHED.point("dma_read")
+        return b"".join(self.machine.phys_read(p, k) for p, k in self._phys(dma, n, False))
+
+    def dma_write(self, dma: int, data: bytes) -> None:
+        SCHED.point("dma_write")
+        off = 0
+        for p, k in self._phys(dma, len(data), True):
+            self.machine.phys_write(p, data[off:off + k])
+            off += k
+
+    def _to_phys(self, pieces: list[tuple[int, int]], write: bool) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for dma, n in pieces:
+            out += self._phys(dma, n, write)
+        return out
+
+    def _in_ram(self, phys: list[tuple[int, int]]) -> bool:
+        size = self.machine.ram_size
+        return all(p + n <= size for p, n in phys)
+
+    @traced
+    def hca_dma_gather(self, pieces: list[tuple[int, int]], length: int) -> bytearray:
+        """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
+        SCHED.point("dma_read")
+        phys = self._to_phys(pieces, False)
+        out = bytearray(length)
+        if self._in_ram(phys):
+            self._copy(out, [(0, length)], self.machine.mem, phys)
+        else:
+            off = 0
+            for p, n in phys:
+                out[off:off + n] = self.machine.phys_read(p, n)
+                off += n
+        self.stats["bytes"] += length
+        return out
+
+    @traced
+    def hca_dma_scatter(self, pieces: list[tuple[int, int]], payload: bytes | bytearray) -> None:
+        """DMA-write a payload over the pieces."""
+        SCHED.point("dma_write")
+        phys = self._to_phys(pieces, True)
+        if self._in_ram(phys):
+            self._copy(self.machine.mem, phys, payload, [(0, len(payload))])
+        else:
+            off = 0
+            for p, n in phys:
+                self.machine.phys_write(p, bytes(payload[off:off + n]))
+                off += n
+        self.stats["bytes"] += len(payload)
+
+    def _copy(self, dst, dpieces: list[tuple[int, int]], src, spieces: list[tuple[int, int]]
+              ) -> None:
+        da, dl = self._array(dpieces, 0)
+        sa, sl = self._array(spieces, 1)
+        self.ops.dma_copy(dst, da, dl, len(dpieces), src, sa, sl, len(spieces))
+
+    def _array(self, pieces: list[tuple[int, int]], which: int) -> tuple[U64Array, U64Array]:
+        n = len(pieces)
+        a, b = U64Array(n, zero=False), U64Array(n, zero=False)
+        for i, (x, y) in enumerate(pieces):
+            a.view[i] = x
+            b.view[i] = y
+        return a, b
+
+    # -- queues in host memory, through a context's PAS -------------------------------
+    def _pas_pieces(self, obj: Mlx5Qp | Mlx5Cq, off: int, n: int) -> list[tuple[int, int]]:
+        ctx = obj.ctx
+        pg_bit = 12 + ctx["log_page_size"]
+        base = ctx["page_offset"] * ((1 << pg_bit) // 64)
+        a, b = self._pieces
+        k = self.ops.mtt_pieces(obj.pas, len(obj.pas), pg_bit, base + off, n, a, b)
+        if k < 0:
+            raise WqeError(SYND_LOCAL_QP_OP, f"queue offset {off:#x} outside its PAS")
+        return [(a.view[i], b.view[i]) for i in range(k)]
+
+    def _read_queue(self, obj: Mlx5Qp | Mlx5Cq, off: int, n: int) -> bytes:
+        return b"".join(self.dma_read(a, k) for a, k in self._pas_pieces(obj, off, n))
+
+    def _dbrec(self, qp: Mlx5Qp) -> tuple[int, int]:
+        """The doorbell record: (receive counter, send counter), big-endian words."""
+        raw = self.dma_read(qp.qpc["dbr_addr"], 8)
+        return _be32(raw, 0), _be32(raw, 4)
+
+    @staticmethod
+    def _rq_bytes(qpc) -> int:
+        if qpc["rq_type"] != MLX5_NON_ZERO_RQ:
+            return 0
+        return (1 << qpc["log_rq_size"]) << (qpc["log_rq_stride"] + 4)
+
+    @traced
+    def hca_wqe_fetch(self, qp: Mlx5Qp, counter: int) -> bytes:
+        """The WQE at a send-queue counter: its BlueFlame copy if it came with
+        the doorbell, else a DMA read through the QP's PAS (wrapping at the end)."""
+        hw = self._qphw(qp.num)
+        bf = hw.bf.pop(counter & 0xFFFF, None)
+        if bf is not None:
+            return bf
+        qpc = qp.qpc
+        nbb = 1 << qpc["log_sq_size"]
+        sq = self._rq_bytes(qpc)
+        idx = counter & (nbb - 1)
+        ctrl = self._read_queue(qp, sq + idx * SEND_WQE_BB, 16)
+        size = (_be32(ctrl, 4) & 0x3F) * 16
+        out = bytearray()
+        while len(out) < size:
+            chunk = min(SEND_WQE_BB, size - len(out))
+            out += self._read_queue(qp, sq + idx * SEND_WQE_BB, chunk)
+            idx = (idx + 1) & (nbb - 1)
+        return bytes(out)
+
+    # -- memory keys ------------------------------------------------------------------
+    @traced
+    def hca_mkey_translate(self, key: int, pd: int, addr: int, length: int, access: str,
+                           remote: bool) -> list[tuple[int, int]]:
+        """A key + range -> DMA pieces, after the mkey checks the device makes:
+        the key exists with this variant and is not free, belongs to the QP's
+        PD, grants `access` (lr, lw, rr, rw) and covers [addr, addr + length)."""
+        synd = SYND_REMOTE_ACCESS if remote else SYND_LOCAL_PROT
+        if length == 0:
+            return []
+        mk = self.hca.fw.mkeys.get(key >> 8)
+        if mk is None or mk.mkc["mkey_7_0"] != key & 0xFF or mk.mkc["free"]:
+            raise WqeError(synd, f"key {key:#x} not valid")
+        mkc = mk.mkc
+        if mkc["pd"] != pd:
+            raise WqeError(synd, f"key {key:#x} is in PD {mkc['pd']:#x}, the QP in {pd:#x}")
+        if not mkc[access]:
+            raise WqeError(synd, f"key {key:#x} lacks {access} access")
+        start = mkc["start_addr"]
+        if not mkc["length64"] and (addr < start or addr + length > start + mkc["len"]):
+            raise WqeError(synd, f"[{addr:#x}, +{length:#x}) outside key {key:#x} "
+                                 f"[{start:#x}, +{mkc['len']:#x})")
+        mode = mkc["access_mode_4_2"] << 2 | mkc["access_mode_1_0"]
+        if mode == 0:            # PA: the address is the bus address
+            return [(addr, length)]
+        if mode != 1:
+            raise WqeError(synd, f"key {key:#x}: access mode {mode} not modelled")
+        pg_bit = mkc["log_page_size"]
+        off = (start & ((1 << pg_bit) - 1)) + (addr - start)
+        n = len(mk.pas)
+        a, b = U64Array(min(n, MAX_PIECES) or 1, zero=False), U64Array(min(n, MAX_PIECES) or 1,
+                                                                       zero=False)
+        k = self.ops.mtt_pieces(mk.pas, n, pg_bit, off, length, a, b)
+        if k < 0:
+            raise WqeError(synd, f"key {key:#x}: range beyond its translation table")
+        return [(a.view[i], b.view[i]) for i in range(k)]
+
+    def _sges(self, qp: Mlx5Qp, sges: list[tuple[int, int, int]], access: str
+              ) -> list[tuple[int, int]]:
+        pd = qp.qpc["pd"]
+        out: list[tuple[int, int]] = []
+        for lkey, addr, n in sges:
+            out += self.hca_mkey_translate(lkey, pd, addr, n, access, False)
+        return out
+
+    # -- the requester ----------------------------------------------------------------
+    @traced
+    def hca_sq_process(self, qpn: int) -> None:
+        """Execute the QP's new send WQEs (from the hardware counter up to the
+        doorbell record's), or flush both queues if the QP is in ERR."""
+        qp = self.hca.fw.qps.get(qpn)
+        if qp is None:
+            return
+        if qp.state == QPS_ERR:
+            self.hca_flush(qp)
+            return
+        if qp.state not in (QPS_RTS, QPS_SQD):
+            return                        # RESET/INIT/RTR: the send queue does not run
+        hw = self._qphw(qpn)
+        _rcv, snd = self._dbrec(qp)
+        while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF) and qp.state == QPS_RTS:
+            counter = hw.sq_ci
+            wqe = self.hca_wqe_fetch(qp, counter)
+            ds = _be32(wqe, 4) & 0x3F
+            hw.sq_ci += max(1, -(-ds * 16 // SEND_WQE_BB))
+            self.stats["wqes"] += 1
+            try:
+                self.hca_execute(qp, hw, wqe)
+            except WqeError as e:
+                op = _be32(wqe, 0) & 0xFF
+                self.hca_cqe_write(qp, "req_err", wqe_index=counter, opcode=op,
+                                   syndrome=e.syndrome)
+                self.hca_qp_error(qp, str(e))
+                return
+            if qpn not in self.hca.fw.qps:
+                return
+
+    @traced
+    def hca_execute(self, qp: Mlx5Qp, hw: QpHw, wqe: bytes) -> None:
+        """One send WQE: parse its segments, gather local data, transmit."""
+        qpc = qp.qpc
+        opcode = _be32(wqe, 0) & 0xFF
+        counter = _be32(wqe, 0) >> 8 & 0xFFFF
+        signaled = bool(wqe[11] & WQE_CTRL_CQ_UPDATE)
+        imm = _be32(wqe, 12)
+        st = qpc["st"]
+        if st not in (ST_RC, ST_UC) or opcode not in OP_NAMES or \
+                (st == ST_UC and opcode == OP_RDMA_READ):
+            raise WqeError(SYND_LOCAL_QP_OP, f"opcode {opcode:#x} on QP type {st:#x}")
+        if opcode == OP_NOP:
+            if signaled:
+                self.hca_cqe_write(qp, "req", wqe_index=counter, opcode=opcode)
+            return
+        off = 16
+        raddr = rkey = 0
+        if opcode in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
+            raddr, rkey = _be64(wqe, off), _be32(wqe, off + 8)
+            off += 16
+        sges, inline = [], None
+        while off + 16 <= len(wqe):
+            word = _be32(wqe, off)
+            if word & INLINE_SEG:
+                n = word & ~INLINE_SEG
+                inline = bytearray(wqe[off + 4:off + 4 + n])
+                break
+            lkey, addr = _be32(wqe, off + 4), _be64(wqe, off + 8)
+            if lkey == INVALID_LKEY and word == 0:
+                break
+            sges.append((lkey, addr, word))
+            off += 16
+        length = len(inline) if inline is not None else sum(n for _, _, n in sges)
+        frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=self._rmac(qpc),
+                      opcode=opcode, wqe_index=counter, raddr=raddr, rkey=rkey,
+                      length=length, imm=imm)
+        if opcode == OP_RDMA_READ:
+            self._sges(qp, sges, "lw")        # checked now, written when the answer comes
+        elif inline is not None:
+            frame.payload = inline
+        else:
+            frame.payload = self.hca_dma_gather(self._sges(qp, sges, "lr"), length)
+        hw.sq_psn = (hw.sq_psn + 1) & 0xFFFFFF
+        if st == ST_RC:
+            hw.outstanding.append(Sent(counter, opcode, signaled, length, frame, sges))
+        self.fabric_transmit(frame)
+        if st == ST_UC and signaled:
+            self.hca_cqe_write(qp, "req", wqe_index=counter, opcode=opcode)
+
+    @staticmethod
+    def _rmac(qpc) -> int:
+        path = MLX5_ADDR_OF("qpc", qpc, "primary_address_path")
+        return path["rmac_47_32"] << 32 | path["rmac_31_0"]
+
+    @traced
+    def fabric_transmit(self, frame: Frame) -> None:
+        """Put a frame on the wire: the fabric delivers it to the HCA owning
+        its destination MAC (this one for loopback), or drops it."""
+        self.stats["frames_tx"] += 1
+        dst = route(self.hca, frame.dmac)
+        if dst is None:
+            if frame.kind == "req":       # nobody answers: the retry timer expires
+                self._deliver(self, Frame("timeout", self.hca, frame.dest_qpn, frame.src_qpn,
+                                          wqe_index=frame.wqe_index,
+                                          why=f"no port with MAC {frame.dmac:012x}"))
+            return
+        self._deliver(engine_of(dst), frame)
+
+    def _deliver(self, eng: Mlx5Engine, frame: Frame) -> None:
+        eng.rx.append(frame)
+        eng.kick()
+
+    def _retransmit(self, qpn: int, sent: Sent) -> None:
+        qp = self.hca.fw.qps.get(qpn)
+        hw = self.qps.get(qpn)
+        if qp is None or hw is None or qp.state != QPS_RTS or not hw.outstanding or \
+                hw.outstanding[0] is not sent:
+            return
+        self.fabric_transmit(sent.frame)
+
+    # -- the wire's other end ------------------------------------------------------------
+    @traced
+    def hca_rx(self, frame: Frame) -> None:
+        """A frame arrived: a request for one of our QPs (responder) or the
+        answer to one of our requests (requester)."""
+        self.stats["frames_rx"] += 1
+        if frame.kind == "req":
+            self.hca_responder(frame)
+        else:
+            self.hca_requester_answer(frame)
+
+    def _answer(self, req: Frame, kind: str, **kw) -> None:
+        ans = Frame(kind, self.hca, req.dest_qpn, req.src_qpn, dmac=req.src.fw.vport.mac,
+                    opcode=req.opcode, wqe_index=req.wqe_index, **kw)
+        self.stats["frames_tx"] += 1
+        dst = route(self.hca, ans.dmac)
+        if dst is not None:
+            self._deliver(engine_of(dst), ans)
+
+    @traced
+    def hca_responder(self, frame: Frame) -> None:
+        """Execute an incoming request on the destination QP."""
+        qp = self.hca.fw.qps.get(frame.dest_qpn)
+        st = qp.qpc["st"] if qp is not None else None
+        if qp is None or qp.state not in (QPS_RTR, QPS_RTS, QPS_SQD) or st not in (ST_RC, ST_UC):
+            if qp is None or st == ST_RC:     # silently dropped: the requester times out
+                why = "no such QP" if qp is None else "QP not ready to receive"
+                self._answer(frame, "timeout", why=f"QP {frame.dest_qpn:#x}: {why}")
+            return
+        qpc = qp.qpc
+        hw = self._qphw(qp.num)
+        op = frame.opcode
+        try:
+            need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre"}.get(op)
+            if need is not None and not qpc[need]:
+                raise WqeError(SYND_REMOTE_INVAL_REQ, f"QP {qp.num:#x} does not allow "
+                                                      f"{OP_NAMES[op]}")
+            if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
+                pieces = self.hca_mkey_translate(frame.rkey, qpc["pd"], frame.raddr,
+                                                 frame.length,
+                                                 "rr" if op == OP_RDMA_READ else "rw", True)
+            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
+                rcv, _snd = self._dbrec(qp)
+                if (hw.rq_ci & 0xFFFF) == (rcv & 0xFFFF):
+                    if st == ST_RC:
+                        self._answer(frame, "rnr", why=f"QP {qp.num:#x}: no receive posted")
+                    return
+            if op == OP_RDMA_READ:
+                data = self.hca_dma_gather(pieces, frame.length)
+                self._answer(frame, "read_resp", payload=data, length=frame.length)
+                return
+            if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM):
+                self.hca_dma_scatter(pieces, frame.payload)
+            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
+                self.hca_recv_complete(qp, hw, frame)
+        except WqeError as e:
+            if st == ST_RC:
+                self._answer(frame, "nak", syndrome=e.syndrome, why=str(e))
+                self.hca_qp_error(qp, f"responder: {e}")
+            return
+        if st == ST_RC:
+            self._answer(frame, "ack")
+
+    @traced
+    def hca_recv_complete(self, qp: Mlx5Qp, hw: QpHw, frame: Frame) -> None:
+        """Consume the next receive WQE: scatter a SEND's payload into its
+        data segments, then a responder CQE."""
+        qpc = qp.qpc
+        stride = 1 << (qpc["log_rq_stride"] + 4)
+        idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
+        raw = self._read_queue(qp, idx * stride, stride)
+        hw.rq_ci += 1
+        op = frame.opcode
+        length = frame.length if op != OP_RDMA_WRITE_IMM else 0
+        if op != OP_RDMA_WRITE_IMM:
+            sges = []
+            for off in range(0, stride, 16):
+                n, lkey, addr = _be32(raw, off), _be32(raw, off + 4), _be64(raw, off + 8)
+                if lkey == INVALID_LKEY and n == 0:
+                    break
+                sges.append((lkey, addr, n))
+            room = sum(n for _, _, n in sges)
+            try:
+                if frame.length > room:
+                    raise WqeError(SYND_LOCAL_LENGTH, f"SEND of {frame.length} bytes, receive "
+                                                      f"buffer {room}")
+                pieces, left = [], frame.length
+                for p in self._sges(qp, sges, "lw"):
+                    if left <= 0:
+                        break
+                    pieces.append((p[0], min(p[1], left)))
+                    left -= pieces[-1][1]
+            except WqeError as e:
+                self.hca_cqe_write(qp, "resp_err", wqe_index=idx, syndrome=e.syndrome)
+                peer = SYND_REMOTE_INVAL_REQ if e.syndrome == SYND_LOCAL_LENGTH \
+                    else SYND_REMOTE_OP
+                raise WqeError(peer, str(e)) from None
+            if frame.length:
+                self.hca_dma_scatter(pieces, frame.payload)
+        kind = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
+                OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM}[op]
+        self.hca_cqe_write(qp, "resp", wqe_index=idx, opcode=kind, byte_cnt=frame.length
+                           if op != OP_RDMA_WRITE_IMM else length or frame.length,
+                           imm=frame.imm, src_qpn=frame.src_qpn)
+
+    @traced
+    def hca_requester_answer(self, frame: Frame) -> None:
+        """An ACK, NAK, RNR NAK, READ response or (EMU) retry timeout for the
+        oldest outstanding WQE of the QP."""
+        qp = self.hca.fw.qps.get(frame.dest_qpn)
+        hw = self.qps.get(frame.dest_qpn)
+        if qp is None or hw is None or qp.state != QPS_RTS or not hw.outstanding:
+            return                                    # stale: the QP was reset or flushed
+        sent = hw.outstanding[0]
+        if sent.wqe_index != frame.wqe_index:
+            return
+        kind = frame.kind
+        if kind == "rnr":
+            sent.rnr_tries += 1
+            budget = qp.qpc["rnr_retry"]
+            if budget == 7 and sent.rnr_tries < RNR_FOREVER_CAP or sent.rnr_tries <= budget:
+                self.retry.append((qp.num, sent))
+                return
+            kind, frame.syndrome = "nak", SYND_RNR_RETRY_EXC
+        if kind == "timeout":
+            kind, frame.syndrome = "nak", SYND_TRANSPORT_RETRY_EXC
+        hw.outstanding.popleft()
+        if kind == "nak":
+            self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index, opcode=sent.opcode,
+                               syndrome=frame.syndrome)
+            self.hca_qp_error(qp, SYND_NAMES.get(frame.syndrome, "") + " " + frame.why)
+            return
+        if kind == "read_resp":
+            try:
+                pieces = self._sges(qp, sent.local, "lw")
+            except WqeError as e:
+                self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index,
+                                   opcode=sent.opcode, syndrome=e.syndrome)
+                self.hca_qp_error(qp, str(e))
+                return
+            self.hca_dma_scatter(pieces, frame.payload)
+        if sent.signaled:
+            self.hca_cqe_write(qp, "req", wqe_index=sent.wqe_index, opcode=sent.opcode,
+                               byte_cnt=sent.length)
+
+    # -- errors -------------------------------------------------------------------------
+    @traced
+    def hca_qp_error(self, qp: Mlx5Qp, why: str) -> None:
+        """The QP enters ERR on its own (as after a completion error), then
+        its outstanding work is flushed."""
+        if qp.state == QPS_ERR:
+            return
+        MLX5_SET("qpc", qp.qpc, "state", QPS_ERR)
+        self.async_events.append(("qp_error", qp.num, why))
+        self.hca_flush(qp)
+
+    @traced
+    def hca_flush(self, qp: Mlx5Qp) -> None:
+        """ERR: every WQE the QP still holds completes with "work request
+        flushed" - sent and unanswered, posted and not executed, and every
+        posted receive - whether or not it asked for a completion."""
+        hw = self._qphw(qp.num)
+        while hw.outstanding:
+            sent = hw.outstanding.popleft()
+            self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index, opcode=sent.opcode,
+                               syndrome=SYND_WR_FLUSH)
+        qpc = qp.qpc
+        rcv, snd = self._dbrec(qp)
+        if not qpc["no_sq"]:
+            while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF):
+                counter = hw.sq_ci
+                wqe = self.hca_wqe_fetch(qp, counter)
+                ds = _be32(wqe, 4) & 0x3F
+                hw.sq_ci += max(1, -(-ds * 16 // SEND_WQE_BB))
+                self.hca_cqe_write(qp, "req_err", wqe_index=counter,
+                                   opcode=_be32(wqe, 0) & 0xFF, syndrome=SYND_WR_FLUSH)
+        if self._rq_bytes(qpc):
+            while (hw.rq_ci & 0xFFFF) != (rcv & 0xFFFF):
+                idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
+                hw.rq_ci += 1
+                self.hca_cqe_write(qp, "resp_err", wqe_index=idx, syndrome=SYND_WR_FLUSH)
+
+    # -- completions ----------------------------------------------------------------------
+    @traced
+    def hca_cqe_write(self, qp: Mlx5Qp, kind: str, *, wqe_index: int = 0, opcode: int = 0,
+                      syndrome: int = 0, byte_cnt: int = 0, imm: int = 0,
+                      src_qpn: int = 0) -> None:
+        """Write one CQE (struct mlx5_cqe64, cqe_version 1) to the QP's send
+        or receive CQ, with the owner bit of the CQ's current pass."""
+        qpc = qp.qpc
+        cqn = qpc["cqn_snd"] if kind in ("req", "req_err") else qpc["cqn_rcv"]
+        cq = self.hca.fw.cqs.get(cqn)
+        if cq is None:
+            return
+        cqc = cq.cqc
+        log = cqc["log_cq_size"]
+        pi = self.cq_pi.get(cqn, 0)
+        ci = _be32(self.dma_read(cqc["dbr_addr"], 4), 0) & 0xFFFFFF
+        if (pi - ci) & 0xFFFFFF >= 1 << log:
+            self.async_events.append(("cq_overrun", cqn, qp.num))
+            return
+        cqe = bytearray(64)
+        op = {"req": CQE_REQ, "resp": opcode, "req_err": CQE_REQ_ERR,
+              "resp_err": CQE_RESP_ERR}[kind]
+        struct.pack_into(">I", cqe, 32, qpc["user_index"] & 0xFFFFFF)
+        if kind in ("req_err", "resp_err"):
+            cqe[55] = syndrome
+            struct.pack_into(">I", cqe, 56, (opcode & 0xFF) << 24 | qp.num)
+        else:
+            struct.pack_into(">I", cqe, 24, src_qpn & 0xFFFFFF)
+            struct.pack_into(">I", cqe, 36, imm)
+            struct.pack_into(">I", cqe, 44, byte_cnt)
+            sop = (opcode & 0xFF) << 24 if kind == "req" else 0
+            struct.pack_into(">I", cqe, 56, sop | qp.num)
+        struct.pack_into(">H", cqe, 60, wqe_index & 0xFFFF)
+        cqe[63] = op << 4 | (pi >> log & 1)
+        size = 64 << min(cqc["cqe_sz"], 1)
+        at = (pi & ((1 << log) - 1)) * size + (size - 64)
+        for dma, n in self._pas_pieces(cq, at, 64):
+            self.dma_write(dma, bytes(cqe[:n]))
+            cqe = cqe[n:]
+        self.cq_pi[cqn] = pi + 1
+        self.stats["cqes"] += 1
+
+
+def engine_of(hca: ConnectX) -> Mlx5Engine:
+    """The HCA's data-path engine."""
+    return hca.engine
