@@ -12,6 +12,7 @@ kernel_model never imports a driver.
 
 from __future__ import annotations
 
+from kernel_model.hw.fabric import Fabric
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
 from kernel_model.machine import Machine
 
@@ -21,15 +22,20 @@ DEFAULT_MODULES: tuple[str, ...] = ("mlx5_core",)
 def rdma_host(ram_size: int = 256 << 20, page_size: int = 4096, backend: str | None = None,
               name: str | None = None, hca: Mlx5Config | None = None,
               modules: tuple[str, ...] = DEFAULT_MODULES, *, nr_hcas: int = 1,
-              iommu: str = "identity") -> Machine:
+              iommu: str = "identity", fabric: Fabric | None = None) -> Machine:
     """Build a Machine, plug `nr_hcas` ConnectX functions (config `hca`), load `modules`.
 
-    The HCAs are reachable as machine.hcas (kernel_model.hw.mlx5.ConnectX).
+    The HCAs are reachable as machine.hcas (kernel_model.hw.mlx5.ConnectX);
+    with `fabric` their ports are cabled to that switch, so QPs on other
+    machines on the same fabric can reach them.
     """
     machine = Machine(ram_size=ram_size, page_size=page_size, backend=backend, name=name,
                       iommu=iommu)
     for _ in range(nr_hcas):
-        ConnectX(machine, hca)
+        cx = ConnectX(machine, hca)
+        if fabric is not None:
+            fabric.attach(cx)
+            machine.shutdown_hooks.append(lambda m, cx=cx: fabric.detach(cx))
     for mod in modules:
         if mod not in machine.modules:  # a dependency may have loaded it already
             machine.load_module(mod)

@@ -22,6 +22,9 @@ from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError
 
 QPCap = v.ibv_qp_cap
+SGE = v.ibv_sge
+SendWR = v.ibv_send_wr
+RecvWR = v.ibv_recv_wr
 PyverbsRDMAError = VerbsError
 
 
@@ -142,7 +145,29 @@ class CQ(PyverbsObject):
     def __init__(self, ctx: Context, cqe: int, comp_vector: int = 0):
         super().__init__()
         self.cq = v.ibv_create_cq(ctx.ctx, cqe, comp_vector=comp_vector)
+        self.proc = ctx.proc
         ctx._adopt(self)
+
+    def poll(self, num_entries: int = 1) -> list[v.ibv_wc]:
+        """ibv_poll_cq(): the completions ready now (possibly none)."""
+        return v.ibv_poll_cq(self.cq, num_entries)
+
+    def poll_until(self, count: int, max_empty_polls: int = 100_000) -> list[v.ibv_wc]:
+        """Poll until `count` completions arrived, as perftest's loops do.
+
+        Each empty poll yields the CPU (to the HCA's task); ETIMEDOUT after
+        max_empty_polls empty polls in a row, so a test never spins forever
+        on a completion that will not come.
+        """
+        out: list[v.ibv_wc] = []
+        empty = 0
+        while len(out) < count:
+            got = v.ibv_poll_cq(self.cq, count - len(out))
+            empty = 0 if got else empty + 1
+            if empty > max_empty_polls:
+                raise VerbsError(110, f"CQ.poll_until: {len(out)} of {count} completions")
+            out += got
+        return out
 
     def _destroy(self) -> None:
         _check(v.ibv_destroy_cq(self.cq), "ibv_destroy_cq")
@@ -175,6 +200,24 @@ class QP(PyverbsObject):
     @property
     def qp_num(self) -> int:
         return self.qp.qp_num
+
+    def post_send(self, wr: v.ibv_send_wr) -> None:
+        """ibv_post_send(); VerbsError carrying the errno (bad_wr in .bad_wr)."""
+        bad: list = []
+        ret = v.ibv_post_send(self.qp, wr, bad)
+        if ret:
+            err = VerbsError(ret, "ibv_post_send")
+            err.bad_wr = bad[0] if bad else None
+            raise err
+
+    def post_recv(self, wr: v.ibv_recv_wr) -> None:
+        """ibv_post_recv(); VerbsError carrying the errno (bad_wr in .bad_wr)."""
+        bad: list = []
+        ret = v.ibv_post_recv(self.qp, wr, bad)
+        if ret:
+            err = VerbsError(ret, "ibv_post_recv")
+            err.bad_wr = bad[0] if bad else None
+            raise err
 
     def _destroy(self) -> None:
         _check(v.ibv_destroy_qp(self.qp), "ibv_destroy_qp")

@@ -63,6 +63,9 @@ class verbs_context_ops:
     destroy_cq: Any = None
     create_qp: Any = None
     destroy_qp: Any = None
+    post_send: Any = None
+    post_recv: Any = None
+    poll_cq: Any = None
 
 
 @attrs.define(eq=False)
@@ -281,3 +284,97 @@ def _errno_of(fn, obj) -> int:
     except OSError as e:
         return e.errno
     return 0
+
+
+# -- the data path ------------------------------------------------------------------
+# enum ibv_wr_opcode, ibv_send_flags, ibv_wc_opcode, ibv_wc_flags, ibv_wc_status
+IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND = 0, 1, 2
+IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_READ = 3, 4
+IBV_SEND_FENCE, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_SEND_INLINE = 1, 2, 4, 8
+IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ = 0, 1, 2
+IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM = 128, 129
+IBV_WC_GRH, IBV_WC_WITH_IMM = 1 << 0, 1 << 1
+IBV_WC_STATUS = ("SUCCESS", "LOC_LEN_ERR", "LOC_QP_OP_ERR", "LOC_EEC_OP_ERR", "LOC_PROT_ERR",
+                 "WR_FLUSH_ERR", "MW_BIND_ERR", "BAD_RESP_ERR", "LOC_ACCESS_ERR",
+                 "REM_INV_REQ_ERR", "REM_ACCESS_ERR", "REM_OP_ERR", "RETRY_EXC_ERR",
+                 "RNR_RETRY_EXC_ERR", "LOC_RDD_VIOL_ERR", "REM_INV_RD_REQ_ERR", "REM_ABORT_ERR",
+                 "INV_EECN_ERR", "INV_EEC_STATE_ERR", "FATAL_ERR", "RESP_TIMEOUT_ERR",
+                 "GENERAL_ERR")
+(IBV_WC_SUCCESS, IBV_WC_LOC_LEN_ERR, IBV_WC_LOC_QP_OP_ERR, _, IBV_WC_LOC_PROT_ERR,
+ IBV_WC_WR_FLUSH_ERR, _, _, _, IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR,
+ IBV_WC_REM_OP_ERR, IBV_WC_RETRY_EXC_ERR, IBV_WC_RNR_RETRY_EXC_ERR) = range(14)
+
+
+@attrs.define
+class ibv_sge:
+    addr: int
+    length: int
+    lkey: int
+
+
+@attrs.define(eq=False)
+class ibv_send_wr:
+    """Mirrors struct ibv_send_wr (wr.rdma.remote_addr/rkey flattened)."""
+
+    wr_id: int = 0
+    next: ibv_send_wr | None = None
+    sg_list: list[ibv_sge] = attrs.Factory(list)
+    opcode: int = IBV_WR_SEND
+    send_flags: int = 0
+    imm_data: int = 0       # __be32: as it travels on the wire
+    remote_addr: int = 0
+    rkey: int = 0
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg_list)
+
+
+@attrs.define(eq=False)
+class ibv_recv_wr:
+    wr_id: int = 0
+    next: ibv_recv_wr | None = None
+    sg_list: list[ibv_sge] = attrs.Factory(list)
+
+
+@attrs.define
+class ibv_wc:
+    """Mirrors struct ibv_wc."""
+
+    wr_id: int = 0
+    status: int = IBV_WC_SUCCESS
+    opcode: int = 0
+    vendor_err: int = 0
+    byte_len: int = 0
+    imm_data: int = 0
+    qp_num: int = 0
+    src_qp: int = 0
+    wc_flags: int = 0
+    pkey_index: int = 0
+    slid: int = 0
+    sl: int = 0
+    dlid_path_bits: int = 0
+
+
+def ibv_wc_status_str(status: int) -> str:
+    """Mirrors ibv_wc_status_str()."""
+    return IBV_WC_STATUS[status] if 0 <= status < len(IBV_WC_STATUS) else "unknown"
+
+
+@traced
+def ibv_post_send(qp: ibv_qp, wr: ibv_send_wr, bad_wr: list | None = None) -> int:
+    """Mirrors ibv_post_send(): 0 or an errno; the first WR not posted is
+    appended to bad_wr (the C API's out-parameter)."""
+    return qp.context.ops.post_send(qp, wr, bad_wr)
+
+
+@traced
+def ibv_post_recv(qp: ibv_qp, wr: ibv_recv_wr, bad_wr: list | None = None) -> int:
+    """Mirrors ibv_post_recv()."""
+    return qp.context.ops.post_recv(qp, wr, bad_wr)
+
+
+def ibv_poll_cq(cq: ibv_cq, num_entries: int) -> list[ibv_wc]:
+    """Mirrors ibv_poll_cq(): up to num_entries completions (a list, where C
+    fills an array and returns the count).  Not traced: callers spin on it."""
+    return cq.context.ops.poll_cq(cq, num_entries, ibv_wc)

@@ -38,8 +38,10 @@ from userspace.libibverbs.verbs import (
     verbs_context_ops,
 )
 from userspace.providers.mlx5 import env as mlx5_env
+from userspace.providers.mlx5.cq import mlx5_poll_cq
 from userspace.providers.mlx5.dbrec import mlx5_alloc_dbrec, mlx5_free_db
 from userspace.providers.mlx5.mlx5 import mlx5_alloc_context, mlx5_context, mlx5_free_context
+from userspace.providers.mlx5.qp import mlx5_post_recv, mlx5_post_send
 from userspace.providers.mlx5.uar import (
     bf_for_bfreg_index,
     mlx5_bf,
@@ -281,4 +283,5 @@ mlx5_ctx_ops = verbs_context_ops(
     alloc_context=mlx5_alloc_context, free_context=mlx5_free_context,
     query_port=mlx5_query_port, alloc_pd=mlx5_alloc_pd, dealloc_pd=mlx5_free_pd,
     reg_mr=mlx5_reg_mr, dereg_mr=mlx5_dereg_mr, create_cq=mlx5_create_cq,
-    destroy_cq=mlx5_destroy_cq, create_qp=mlx5_create_qp, destroy_qp=mlx5_destroy_qp)
+    destroy_cq=mlx5_destroy_cq, create_qp=mlx5_create_qp, destroy_qp=mlx5_destroy_qp,
+    post_send=mlx5_post_send, post_recv=mlx5_post_recv, poll_cq=mlx5_poll_cq)
