@@ -254,13 +254,14 @@ class Mlx5Engine:
     def _owns(self, qpn: int, uar: int) -> bool:
         """The device acts only on a doorbell for a QP bound to that UAR page."""
         qp = self.hca.fw.qps.get(qpn)
-        if qp is None or qp.qpc["uar_page"] != uar:
+        if qp is None or self._c(qp)["uar_page"] != uar:
             self.async_events.append(("bad_doorbell", qpn, uar))
             return False
         return True
 
     def qp_state_changed(self, qp: Mlx5Qp, old: int, new: int) -> None:
         """MODIFY_QP ran: RESET forgets the queues, ERR flushes them, RTS starts them."""
+        qp.hw_cache = None                # the command may have changed any field
         if new == QPS_RST:
             self.qps.pop(qp.num, None)
             self.retry = deque(r for r in self.retry if r[0] != qp.num)
@@ -365,11 +366,9 @@ class Mlx5Engine:
 
     # -- queues in host memory, through a context's PAS -------------------------------
     def _pas_pieces(self, obj: Mlx5Qp | Mlx5Cq, off: int, n: int) -> list[tuple[int, int]]:
-        ctx = obj.ctx
-        pg_bit = 12 + ctx["log_page_size"]
-        base = ctx["page_offset"] * ((1 << pg_bit) // 64)
+        c = self._c(obj)
         a, b = self._pieces
-        k = self.ops.mtt_pieces(obj.pas, len(obj.pas), pg_bit, base + off, n, a, b)
+        k = self.ops.mtt_pieces(obj.pas, len(obj.pas), c["pg_bit"], c["base"] + off, n, a, b)
         if k < 0:
             raise WqeError(SYND_LOCAL_QP_OP, f"queue offset {off:#x} outside its PAS")
         return [(a.view[i], b.view[i]) for i in range(k)]
@@ -379,14 +378,34 @@ class Mlx5Engine:
 
     def _dbrec(self, qp: Mlx5Qp) -> tuple[int, int]:
         """The doorbell record: (receive counter, send counter), big-endian words."""
-        raw = self.dma_read(qp.qpc["dbr_addr"], 8)
+        raw = self.dma_read(self._c(qp)["dbr_addr"], 8)
         return _be32(raw, 0), _be32(raw, 4)
 
-    @staticmethod
-    def _rq_bytes(qpc) -> int:
-        if qpc["rq_type"] != MLX5_NON_ZERO_RQ:
-            return 0
-        return (1 << qpc["log_rq_size"]) << (qpc["log_rq_stride"] + 4)
+    def _c(self, obj: Mlx5Qp | Mlx5Cq) -> dict:
+        """The context fields the engine reads, snapshotted once per object (a
+        device caches contexts too); a QP's is dropped at every MODIFY_QP.
+        # EMU: anything else that rewrites a context must drop obj.hw_cache."""
+        c = obj.__dict__.get("hw_cache")
+        if c is not None:
+            return c
+        ctx = obj.ctx
+        pg_bit = 12 + ctx["log_page_size"]
+        c = {"pg_bit": pg_bit, "base": ctx["page_offset"] * ((1 << pg_bit) // 64),
+             "dbr_addr": ctx["dbr_addr"]}
+        if obj.kind == "QP":
+            for f in ("uar_page", "pd", "st", "remote_qpn", "rwe", "rre", "rnr_retry",
+                      "no_sq", "cqn_snd", "cqn_rcv", "user_index", "log_sq_size",
+                      "log_rq_size", "log_rq_stride"):
+                c[f] = ctx[f]
+            path = MLX5_ADDR_OF("qpc", ctx, "primary_address_path")
+            c["rmac"] = path["rmac_47_32"] << 32 | path["rmac_31_0"]
+            c["rq_bytes"] = (1 << ctx["log_rq_size"]) << (ctx["log_rq_stride"] + 4) \
+                if ctx["rq_type"] == MLX5_NON_ZERO_RQ else 0
+        else:
+            c["log_cq_size"] = ctx["log_cq_size"]
+            c["cqe_size"] = 64 << min(ctx["cqe_sz"], 1)
+        obj.hw_cache = c
+        return c
 
     @traced
     def hca_wqe_fetch(self, qp: Mlx5Qp, counter: int) -> bytes:
@@ -396,9 +415,9 @@ class Mlx5Engine:
         bf = hw.bf.pop(counter & 0xFFFF, None)
         if bf is not None:
             return bf
-        qpc = qp.qpc
-        nbb = 1 << qpc["log_sq_size"]
-        sq = self._rq_bytes(qpc)
+        c = self._c(qp)
+        nbb = 1 << c["log_sq_size"]
+        sq = c["rq_bytes"]
         idx = counter & (nbb - 1)
         ctrl = self._read_queue(qp, sq + idx * SEND_WQE_BB, 16)
         size = (_be32(ctrl, 4) & 0x3F) * 16
@@ -415,28 +434,41 @@ class Mlx5Engine:
                            remote: bool) -> list[tuple[int, int]]:
         """A key + range -> DMA pieces, after the mkey checks the device makes:
         the key exists with this variant and is not free, belongs to the QP's
-        PD, grants `access` (lr, lw, rr, rw) and covers [addr, addr + length)."""
+        PD, grants `access` (lr, lw, rr, rw) and covers [addr, addr + length).
+
+        # EMU: the mkey context is snapshotted on first use (mk.hw_cache), as
+        # the device caches mkeys; whatever changes or revokes an mkey in
+        # place must drop that snapshot (DESTROY_MKEY removes the object).
+        """
         synd = SYND_REMOTE_ACCESS if remote else SYND_LOCAL_PROT
         if length == 0:
             return []
         mk = self.hca.fw.mkeys.get(key >> 8)
-        if mk is None or mk.mkc["mkey_7_0"] != key & 0xFF or mk.mkc["free"]:
+        k = mk.__dict__.get("hw_cache") if mk is not None else None
+        if mk is not None and k is None:
+            m = mk.mkc
+            k = mk.hw_cache = {
+                "variant": m["mkey_7_0"], "free": m["free"], "pd": m["pd"],
+                "lr": m["lr"], "lw": m["lw"], "rr": m["rr"], "rw": m["rw"],
+                "start": m["start_addr"], "len": m["len"], "length64": m["length64"],
+                "mode": m["access_mode_4_2"] << 2 | m["access_mode_1_0"],
+                "pg_bit": m["log_page_size"]}
+        if k is None or k["variant"] != key & 0xFF or k["free"]:
             raise WqeError(synd, f"key {key:#x} not valid")
-        mkc = mk.mkc
-        if mkc["pd"] != pd:
-            raise WqeError(synd, f"key {key:#x} is in PD {mkc['pd']:#x}, the QP in {pd:#x}")
-        if not mkc[access]:
+        if k["pd"] != pd:
+            raise WqeError(synd, f"key {key:#x} is in PD {k['pd']:#x}, the QP in {pd:#x}")
+        if not k[access]:
             raise WqeError(synd, f"key {key:#x} lacks {access} access")
-        start = mkc["start_addr"]
-        if not mkc["length64"] and (addr < start or addr + length > start + mkc["len"]):
+        start = k["start"]
+        if not k["length64"] and (addr < start or addr + length > start + k["len"]):
             raise WqeError(synd, f"[{addr:#x}, +{length:#x}) outside key {key:#x} "
-                                 f"[{start:#x}, +{mkc['len']:#x})")
-        mode = mkc["access_mode_4_2"] << 2 | mkc["access_mode_1_0"]
+                                 f"[{start:#x}, +{k['len']:#x})")
+        mode = k["mode"]
         if mode == 0:            # PA: the address is the bus address
             return [(addr, length)]
         if mode != 1:
             raise WqeError(synd, f"key {key:#x}: access mode {mode} not modelled")
-        pg_bit = mkc["log_page_size"]
+        pg_bit = k["pg_bit"]
         off = (start & ((1 << pg_bit) - 1)) + (addr - start)
         n = len(mk.pas)
         a, b = U64Array(min(n, MAX_PIECES) or 1, zero=False), U64Array(min(n, MAX_PIECES) or 1,
@@ -448,7 +480,7 @@ class Mlx5Engine:
 
     def _sges(self, qp: Mlx5Qp, sges: list[tuple[int, int, int]], access: str
               ) -> list[tuple[int, int]]:
-        pd = qp.qpc["pd"]
+        pd = self._c(qp)["pd"]
         out: list[tuple[int, int]] = []
         for lkey, addr, n in sges:
             out += self.hca_mkey_translate(lkey, pd, addr, n, access, False)
@@ -489,7 +521,7 @@ class Mlx5Engine:
     @traced
     def hca_execute(self, qp: Mlx5Qp, hw: QpHw, wqe: bytes) -> None:
         """One send WQE: parse its segments, gather local data, transmit."""
-        qpc = qp.qpc
+        qpc = self._c(qp)
         opcode = _be32(wqe, 0) & 0xFF
         counter = _be32(wqe, 0) >> 8 & 0xFFFF
         signaled = bool(wqe[11] & WQE_CTRL_CQ_UPDATE)
@@ -520,7 +552,7 @@ class Mlx5Engine:
             sges.append((lkey, addr, word))
             off += 16
         length = len(inline) if inline is not None else sum(n for _, _, n in sges)
-        frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=self._rmac(qpc),
+        frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=qpc["rmac"],
                       opcode=opcode, wqe_index=counter, raddr=raddr, rkey=rkey,
                       length=length, imm=imm)
         if opcode == OP_RDMA_READ:
@@ -535,11 +567,6 @@ class Mlx5Engine:
         self.fabric_transmit(frame)
         if st == ST_UC and signaled:
             self.hca_cqe_write(qp, "req", wqe_index=counter, opcode=opcode)
-
-    @staticmethod
-    def _rmac(qpc) -> int:
-        path = MLX5_ADDR_OF("qpc", qpc, "primary_address_path")
-        return path["rmac_47_32"] << 32 | path["rmac_31_0"]
 
     @traced
     def fabric_transmit(self, frame: Frame) -> None:
@@ -590,13 +617,13 @@ class Mlx5Engine:
     def hca_responder(self, frame: Frame) -> None:
         """Execute an incoming request on the destination QP."""
         qp = self.hca.fw.qps.get(frame.dest_qpn)
-        st = qp.qpc["st"] if qp is not None else None
+        st = self._c(qp)["st"] if qp is not None else None
         if qp is None or qp.state not in (QPS_RTR, QPS_RTS, QPS_SQD) or st not in (ST_RC, ST_UC):
             if qp is None or st == ST_RC:     # silently dropped: the requester times out
                 why = "no such QP" if qp is None else "QP not ready to receive"
                 self._answer(frame, "timeout", why=f"QP {frame.dest_qpn:#x}: {why}")
             return
-        qpc = qp.qpc
+        qpc = self._c(qp)
         hw = self._qphw(qp.num)
         op = frame.opcode
         try:
@@ -634,7 +661,7 @@ class Mlx5Engine:
     def hca_recv_complete(self, qp: Mlx5Qp, hw: QpHw, frame: Frame) -> None:
         """Consume the next receive WQE: scatter a SEND's payload into its
         data segments, then a responder CQE."""
-        qpc = qp.qpc
+        qpc = self._c(qp)
         stride = 1 << (qpc["log_rq_stride"] + 4)
         idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
         raw = self._read_queue(qp, idx * stride, stride)
@@ -686,7 +713,7 @@ class Mlx5Engine:
         kind = frame.kind
         if kind == "rnr":
             sent.rnr_tries += 1
-            budget = qp.qpc["rnr_retry"]
+            budget = self._c(qp)["rnr_retry"]
             if budget == 7 and sent.rnr_tries < RNR_FOREVER_CAP or sent.rnr_tries <= budget:
                 self.retry.append((qp.num, sent))
                 return
@@ -733,7 +760,7 @@ class Mlx5Engine:
             sent = hw.outstanding.popleft()
             self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index, opcode=sent.opcode,
                                syndrome=SYND_WR_FLUSH)
-        qpc = qp.qpc
+        qpc = self._c(qp)
         rcv, snd = self._dbrec(qp)
         if not qpc["no_sq"]:
             while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF):
@@ -743,7 +770,7 @@ class Mlx5Engine:
                 hw.sq_ci += max(1, -(-ds * 16 // SEND_WQE_BB))
                 self.hca_cqe_write(qp, "req_err", wqe_index=counter,
                                    opcode=_be32(wqe, 0) & 0xFF, syndrome=SYND_WR_FLUSH)
-        if self._rq_bytes(qpc):
+        if qpc["rq_bytes"]:
             while (hw.rq_ci & 0xFFFF) != (rcv & 0xFFFF):
                 idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
                 hw.rq_ci += 1
@@ -756,12 +783,12 @@ class Mlx5Engine:
                       src_qpn: int = 0) -> None:
         """Write one CQE (struct mlx5_cqe64, cqe_version 1) to the QP's send
         or receive CQ, with the owner bit of the CQ's current pass."""
-        qpc = qp.qpc
+        qpc = self._c(qp)
         cqn = qpc["cqn_snd"] if kind in ("req", "req_err") else qpc["cqn_rcv"]
         cq = self.hca.fw.cqs.get(cqn)
         if cq is None:
             return
-        cqc = cq.cqc
+        cqc = self._c(cq)
         log = cqc["log_cq_size"]
         pi = self.cq_pi.get(cqn, 0)
         ci = _be32(self.dma_read(cqc["dbr_addr"], 4), 0) & 0xFFFFFF
@@ -783,7 +810,7 @@ class Mlx5Engine:
             struct.pack_into(">I", cqe, 56, sop | qp.num)
         struct.pack_into(">H", cqe, 60, wqe_index & 0xFFFF)
         cqe[63] = op << 4 | (pi >> log & 1)
-        size = 64 << min(cqc["cqe_sz"], 1)
+        size = cqc["cqe_size"]
         at = (pi & ((1 << log) - 1)) * size + (size - 64)
         for dma, n in self._pas_pieces(cq, at, 64):
             self.dma_write(dma, bytes(cqe[:n]))
