@@ -137,6 +137,8 @@ class Sent:
     frame: Frame
     local: list[tuple[int, int, int]]   # READ: (lkey, addr, len) destinations
     rnr_tries: int = 0
+    error: int = 0                      # a local error, reported when its turn comes
+    why: str = ""
 
 
 @attrs.define(eq=False, slots=True)
@@ -147,6 +149,7 @@ class QpHw:
     rq_ci: int = 0                      # receive WQEs consumed (hw_rq_counter)
     sq_psn: int = 0
     outstanding: deque = attrs.Factory(deque)
+    stalled: bool = False               # a failed WQE waits for earlier answers
     bf: dict[int, bytes] = attrs.Factory(dict)   # WQE counter -> BlueFlame copy
     bf_partial: bytearray | None = None
 
@@ -500,6 +503,8 @@ class Mlx5Engine:
         if qp.state not in (QPS_RTS, QPS_SQD):
             return                        # RESET/INIT/RTR: the send queue does not run
         hw = self._qphw(qpn)
+        if hw.stalled:
+            return
         _rcv, snd = self._dbrec(qp)
         while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF) and qp.state == QPS_RTS:
             counter = hw.sq_ci
@@ -510,10 +515,13 @@ class Mlx5Engine:
             try:
                 self.hca_execute(qp, hw, wqe)
             except WqeError as e:
+                # completions stay in order: the error waits for the answers
+                # to the WQEs before it, then the QP goes to ERR
                 op = _be32(wqe, 0) & 0xFF
-                self.hca_cqe_write(qp, "req_err", wqe_index=counter, opcode=op,
-                                   syndrome=e.syndrome)
-                self.hca_qp_error(qp, str(e))
+                hw.outstanding.append(Sent(counter, op, True, 0, None, [], error=e.syndrome,
+                                           why=str(e)))
+                hw.stalled = True
+                self._retire_errors(qp, hw)
                 return
             if qpn not in self.hca.fw.qps:
                 return
@@ -667,7 +675,6 @@ class Mlx5Engine:
         raw = self._read_queue(qp, idx * stride, stride)
         hw.rq_ci += 1
         op = frame.opcode
-        length = frame.length if op != OP_RDMA_WRITE_IMM else 0
         if op != OP_RDMA_WRITE_IMM:
             sges = []
             for off in range(0, stride, 16):
@@ -695,8 +702,7 @@ class Mlx5Engine:
                 self.hca_dma_scatter(pieces, frame.payload)
         kind = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
                 OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM}[op]
-        self.hca_cqe_write(qp, "resp", wqe_index=idx, opcode=kind, byte_cnt=frame.length
-                           if op != OP_RDMA_WRITE_IMM else length or frame.length,
+        self.hca_cqe_write(qp, "resp", wqe_index=idx, opcode=kind, byte_cnt=frame.length,
                            imm=frame.imm, src_qpn=frame.src_qpn)
 
     @traced
@@ -738,6 +744,16 @@ class Mlx5Engine:
         if sent.signaled:
             self.hca_cqe_write(qp, "req", wqe_index=sent.wqe_index, opcode=sent.opcode,
                                byte_cnt=sent.length)
+        self._retire_errors(qp, hw)
+
+    def _retire_errors(self, qp: Mlx5Qp, hw: QpHw) -> None:
+        """A local error whose turn has come: its CQE, then the QP to ERR."""
+        if hw.outstanding and hw.outstanding[0].error:
+            sent = hw.outstanding.popleft()
+            hw.stalled = False
+            self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index, opcode=sent.opcode,
+                               syndrome=sent.error)
+            self.hca_qp_error(qp, sent.why)
 
     # -- errors -------------------------------------------------------------------------
     @traced
