@@ -4,8 +4,9 @@ A driver allocates its device (`ib_alloc_device(mlx5_ib_dev)`: the driver's
 struct with struct ib_device embedded - here a subclass), fills one
 `ib_device_ops` table, and calls ib_register_device().  Registration checks
 the mandatory ops, caches the device attributes (ops.query_device) and each
-port's immutable data (ops.get_port_immutable), publishes the sysfs files
-under /sys/class/infiniband/<name>/, and then tells every registered
+port's immutable data (ops.get_port_immutable), sets up the GID tables
+(cache.py: the default RoCE GIDs), publishes the sysfs files under
+/sys/class/infiniband/<name>/, and then tells every registered
 *client* (ib_uverbs is one: its add_one creates /dev/infiniband/uverbsN)
 about the new device.  Unregistration removes the clients in reverse order.
 
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from drivers.ib_core.cache import ib_cache_cleanup_one, ib_cache_setup_one, ib_setup_gid_attrs
 from drivers.ib_core.ib_verbs import (
     RDMA_NODE_IB_CA,
     ib_cq,
@@ -77,7 +79,13 @@ class ib_device_ops:
     destroy_cq: Callable | None = None
     create_qp: Callable | None = None
     modify_qp: Callable | None = None
+    query_qp: Callable | None = None
     destroy_qp: Callable | None = None
+    # the RoCE GID table (cache.c)
+    add_gid: Callable | None = None
+    del_gid: Callable | None = None
+    # EMU: stands in for the port's net_device (get_netdev / dev_addr): its MAC
+    get_port_mac: Callable | None = None
     # the driver's ioctl methods: (object_id, method_id) -> uverbs_api_ioctl_method
     # (EMU: the kernel chains uapi definition trees; see uverbs_ioctl.py)
     uapi_methods: dict | None = None
@@ -88,10 +96,11 @@ class ib_device_ops:
     size_ib_qp: type = ib_qp
 
 
-# EMU: modify_qp joins this list with the data path (the QP state machine)
+# EMU: the kernel consumers' data path (post_send, post_recv, poll_cq, req_notify_cq,
+# get_dma_mr) is not modelled, so those ops are not mandatory here
 _MANDATORY = ("query_device", "query_port", "alloc_pd", "dealloc_pd", "create_qp",
-              "destroy_qp", "reg_user_mr", "dereg_mr", "create_cq", "destroy_cq",
-              "get_port_immutable")
+              "modify_qp", "destroy_qp", "reg_user_mr", "dereg_mr", "create_cq",
+              "destroy_cq", "get_port_immutable")
 
 
 class ib_device:
@@ -110,6 +119,8 @@ class ib_device:
         self.attrs = ib_device_attr()
         self.port_data: dict[int, ib_port_immutable] = {}
         self.client_data: dict[str, Any] = {}
+        self.gid_tables: dict[int, Any] = {}  # port -> ib_gid_table (port_data[].cache.gid)
+        self.log: list[str] = []  # EMU: the device's dev_warn()/pr_warn() lines (no printk)
         self.registered = False
         self.index = -1
 
@@ -218,6 +229,7 @@ def _publish_sysfs(device: ib_device) -> None:
         show = getattr(device, "sysfs_" + name, None)
         if show is not None:
             sysfs_create_file(f"{base}/{name}", lambda s=show: s() + "\n")
+    ib_setup_gid_attrs(device, base)
 
 
 @traced
@@ -237,6 +249,7 @@ def ib_register_device(device: ib_device, name: str, dma_device: Any) -> None:
             immutable = ib_port_immutable()
             device.ops.get_port_immutable(device, port, immutable)
             device.port_data[port] = immutable
+        ib_cache_setup_one(device)
     except KernelError:
         device.name = ""
         raise
@@ -266,6 +279,7 @@ def ib_unregister_device(device: ib_device) -> None:
             client.remove(device, device.client_data.get(client.name))
         device.client_data.pop(client.name, None)
     sysfs_remove_dir(f"/sys/class/infiniband/{device.name}")
+    ib_cache_cleanup_one(device)
     del core.devices[device.name]
     device.registered = False
 

@@ -77,6 +77,32 @@ IB_SPEED_FDR, IB_SPEED_EDR, IB_SPEED_HDR, IB_SPEED_NDR, IB_SPEED_XDR = 16, 32, 6
 IB_ATOMIC_NONE, IB_ATOMIC_HCA, IB_ATOMIC_GLOB = 0, 1, 2
 # enum rdma_node_type
 RDMA_NODE_IB_CA = 1
+# enum ib_qp_state
+IB_QPS_RESET, IB_QPS_INIT, IB_QPS_RTR, IB_QPS_RTS, IB_QPS_SQD, IB_QPS_SQE, IB_QPS_ERR = range(7)
+# enum ib_qp_attr_mask
+IB_QP_STATE, IB_QP_CUR_STATE, IB_QP_EN_SQD_ASYNC_NOTIFY = 1 << 0, 1 << 1, 1 << 2
+IB_QP_ACCESS_FLAGS, IB_QP_PKEY_INDEX, IB_QP_PORT, IB_QP_QKEY = 1 << 3, 1 << 4, 1 << 5, 1 << 6
+IB_QP_AV, IB_QP_PATH_MTU, IB_QP_TIMEOUT, IB_QP_RETRY_CNT = 1 << 7, 1 << 8, 1 << 9, 1 << 10
+IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_MAX_QP_RD_ATOMIC = 1 << 11, 1 << 12, 1 << 13
+IB_QP_ALT_PATH, IB_QP_MIN_RNR_TIMER, IB_QP_SQ_PSN = 1 << 14, 1 << 15, 1 << 16
+IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_PATH_MIG_STATE, IB_QP_CAP = 1 << 17, 1 << 18, 1 << 19
+IB_QP_DEST_QPN, IB_QP_RATE_LIMIT = 1 << 20, 1 << 25
+IB_QP_ATTR_STANDARD_BITS = (1 << 21) - 1  # GENMASK(20, 0)
+# enum ib_mig_state, ib_sig_type
+IB_MIG_MIGRATED, IB_MIG_REARM, IB_MIG_ARMED = 0, 1, 2
+IB_SIGNAL_ALL_WR, IB_SIGNAL_REQ_WR = 0, 1
+# enum ib_ah_flags, rdma_ah_attr_type, ib_gid_type
+IB_AH_GRH = 1
+RDMA_AH_ATTR_TYPE_UNDEFINED, RDMA_AH_ATTR_TYPE_IB, RDMA_AH_ATTR_TYPE_ROCE = 0, 1, 2
+IB_GID_TYPE_IB, IB_GID_TYPE_ROCE, IB_GID_TYPE_ROCE_UDP_ENCAP = 0, 1, 2
+IB_GID_TYPE_SIZE = 3
+# enum ib_rate (the ends of the range; mlx5 maps the rest)
+IB_RATE_PORT_CURRENT, IB_RATE_2_5_GBPS, IB_RATE_800_GBPS = 0, 2, 23
+IB_GRH_FLOWLABEL_MASK = 0x000FFFFF
+# the protocol bits of a port's core_cap_flags (RDMA_CORE_CAP_PROT_*)
+RDMA_CORE_CAP_PROT_IB, RDMA_CORE_CAP_PROT_ROCE = 0x00100000, 0x00200000
+RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP = 0x00800000
+IB_ROCE_UDP_ENCAP_VALID_PORT_MIN = 0xC000
 
 # enum rdma_remove_reason
 RDMA_REMOVE_DESTROY = 0
@@ -328,9 +354,120 @@ class ib_qp:
         self.qp_num = 0
         self.qp_type = IB_QPT_RC
         self.usecnt = atomic_t(0)
+        self.port = 0                 # set by a modify with IB_QP_PORT
+        self.av_sgid_attr: Any = None  # the source GID entry of the primary path (held)
 
     def __repr__(self) -> str:
         return f"QP {self.qp_num:#x} type={self.qp_type}"
+
+
+@attrs.define
+class ib_global_route:
+    """Mirrors struct ib_global_route: the GRH of an address vector."""
+
+    sgid_attr: Any = None   # the GID table entry sgid_index names, once resolved
+    dgid: bytes = bytes(16)
+    flow_label: int = 0
+    sgid_index: int = 0
+    hop_limit: int = 0
+    traffic_class: int = 0
+
+
+@attrs.define
+class rdma_ah_attr:
+    """Mirrors struct rdma_ah_attr (the IB and RoCE members of its union side by side)."""
+
+    grh: ib_global_route = attrs.Factory(ib_global_route)
+    sl: int = 0
+    static_rate: int = 0
+    port_num: int = 0
+    ah_flags: int = 0
+    type: int = RDMA_AH_ATTR_TYPE_UNDEFINED
+    dlid: int = 0           # ib.dlid
+    src_path_bits: int = 0  # ib.src_path_bits
+    dmac: bytes = bytes(6)  # roce.dmac
+
+
+@attrs.define
+class ib_qp_attr:
+    """Mirrors struct ib_qp_attr: what MODIFY_QP sets (per attr_mask) and QUERY_QP reports."""
+
+    qp_state: int = IB_QPS_RESET
+    cur_qp_state: int = IB_QPS_RESET
+    path_mtu: int = 0
+    path_mig_state: int = IB_MIG_MIGRATED
+    qkey: int = 0
+    rq_psn: int = 0
+    sq_psn: int = 0
+    dest_qp_num: int = 0
+    qp_access_flags: int = 0
+    cap: ib_qp_cap = attrs.Factory(ib_qp_cap)
+    ah_attr: rdma_ah_attr = attrs.Factory(rdma_ah_attr)
+    alt_ah_attr: rdma_ah_attr = attrs.Factory(rdma_ah_attr)
+    pkey_index: int = 0
+    alt_pkey_index: int = 0
+    en_sqd_async_notify: int = 0
+    sq_draining: int = 0
+    max_rd_atomic: int = 0
+    max_dest_rd_atomic: int = 0
+    min_rnr_timer: int = 0
+    port_num: int = 0
+    timeout: int = 0
+    retry_cnt: int = 0
+    rnr_retry: int = 0
+    alt_port_num: int = 0
+    alt_timeout: int = 0
+    rate_limit: int = 0
+
+
+def _core_cap_flags(device: ib_device, port: int) -> int:
+    immutable = device.port_data.get(port)
+    return immutable.core_cap_flags if immutable is not None else 0
+
+
+def rdma_protocol_ib(device: ib_device, port: int) -> bool:
+    """Mirrors rdma_protocol_ib()."""
+    return bool(_core_cap_flags(device, port) & RDMA_CORE_CAP_PROT_IB)
+
+
+def rdma_protocol_roce_eth_encap(device: ib_device, port: int) -> bool:
+    """Mirrors rdma_protocol_roce_eth_encap(): RoCE v1."""
+    return bool(_core_cap_flags(device, port) & RDMA_CORE_CAP_PROT_ROCE)
+
+
+def rdma_protocol_roce_udp_encap(device: ib_device, port: int) -> bool:
+    """Mirrors rdma_protocol_roce_udp_encap(): RoCE v2."""
+    return bool(_core_cap_flags(device, port) & RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP)
+
+
+def rdma_protocol_roce(device: ib_device, port: int) -> bool:
+    """Mirrors rdma_protocol_roce(): either RoCE version."""
+    return rdma_protocol_roce_eth_encap(device, port) or \
+        rdma_protocol_roce_udp_encap(device, port)
+
+
+def rdma_ah_find_type(device: ib_device, port: int) -> int:
+    """Mirrors rdma_ah_find_type(): what kind of address vector a port takes."""
+    if rdma_protocol_roce(device, port):
+        return RDMA_AH_ATTR_TYPE_ROCE
+    if rdma_protocol_ib(device, port):
+        return RDMA_AH_ATTR_TYPE_IB
+    return RDMA_AH_ATTR_TYPE_UNDEFINED
+
+
+def rdma_calc_flow_label(lqpn: int, rqpn: int) -> int:
+    """Mirrors rdma_calc_flow_label(): a flow label from the two QPNs (for ECMP)."""
+    v = lqpn * rqpn & (1 << 64) - 1
+    v ^= v >> 20
+    v ^= v >> 40
+    return v & IB_GRH_FLOWLABEL_MASK
+
+
+def rdma_flow_label_to_udp_sport(fl: int) -> int:
+    """Mirrors rdma_flow_label_to_udp_sport(): RoCE v2's UDP source port from a flow label."""
+    fl_low, fl_high = fl & 0x03FFF, fl & 0xFC000
+    fl_low ^= fl_high >> 14
+    return fl_low | IB_ROCE_UDP_ENCAP_VALID_PORT_MIN
 
 
 def ib_check_mr_access(device: ib_device, flags: int) -> None:

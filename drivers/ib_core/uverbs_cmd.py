@@ -11,20 +11,49 @@ destroying the new hardware object - if anything after failed.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from drivers.ib_core.device import rdma_zalloc_drv_obj
+from drivers.ib_core.device import rdma_is_port_valid, rdma_zalloc_drv_obj
 from drivers.ib_core.ib_verbs import (
+    IB_AH_GRH,
     IB_LINK_LAYER_ETHERNET,
+    IB_QP_ACCESS_FLAGS,
+    IB_QP_ALT_PATH,
+    IB_QP_ATTR_STANDARD_BITS,
+    IB_QP_AV,
+    IB_QP_CUR_STATE,
+    IB_QP_DEST_QPN,
+    IB_QP_EN_SQD_ASYNC_NOTIFY,
+    IB_QP_MAX_DEST_RD_ATOMIC,
+    IB_QP_MAX_QP_RD_ATOMIC,
+    IB_QP_MIN_RNR_TIMER,
+    IB_QP_PATH_MIG_STATE,
+    IB_QP_PATH_MTU,
+    IB_QP_PKEY_INDEX,
+    IB_QP_PORT,
+    IB_QP_QKEY,
+    IB_QP_RETRY_CNT,
+    IB_QP_RNR_RETRY,
+    IB_QP_RQ_PSN,
+    IB_QP_SQ_PSN,
+    IB_QP_STATE,
+    IB_QP_TIMEOUT,
+    IB_QPS_ERR,
+    IB_QPS_RTR,
     IB_QPT_RAW_PACKET,
     IB_QPT_XRC_INI,
     IB_QPT_XRC_TGT,
+    IB_SIGNAL_ALL_WR,
     ib_check_mr_access,
     ib_cq_init_attr,
+    ib_global_route,
     ib_port_attr,
+    ib_qp_attr,
     ib_qp_cap,
     ib_qp_init_attr,
     ib_respond_udata,
+    rdma_ah_attr,
+    rdma_ah_find_type,
 )
 from drivers.ib_core.rdma_core import (
     UVERBS_LOOKUP_READ,
@@ -44,7 +73,9 @@ from drivers.ib_core.uverbs_std_types import (
 )
 from drivers.ib_core.verbs import (
     ib_create_qp_user,
+    ib_modify_qp_with_udata,
     ib_query_port,
+    ib_query_qp,
     ib_reg_user_mr,
     rdma_port_get_link_layer,
 )
@@ -289,3 +320,146 @@ def ib_uverbs_destroy_qp(attrs_: uverbs_attr_bundle) -> None:
     cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_qp)
     uobj_perform_destroy(UVERBS_OBJECT_QP, cmd.qp_handle, attrs_)
     uverbs_response(attrs_, uv.ib_uverbs_destroy_qp_resp())
+
+
+def copy_ah_attr_from_uverbs(device: Any, dest: uv.ib_uverbs_qp_dest) -> rdma_ah_attr:
+    """Mirrors copy_ah_attr_from_uverbs(): a uapi address vector as the core's (the
+    type from the port: RoCE on an Ethernet port)."""
+    ah = rdma_ah_attr(type=rdma_ah_find_type(device, dest.port_num))
+    if dest.is_global:
+        ah.ah_flags = IB_AH_GRH
+        ah.grh = ib_global_route(dgid=dest.dgid, flow_label=dest.flow_label,
+                                 sgid_index=dest.sgid_index, hop_limit=dest.hop_limit,
+                                 traffic_class=dest.traffic_class)
+    ah.dlid, ah.sl, ah.src_path_bits = dest.dlid, dest.sl, dest.src_path_bits
+    ah.static_rate, ah.port_num = dest.static_rate, dest.port_num
+    return ah
+
+
+def copy_ah_attr_to_uverbs(ah: rdma_ah_attr) -> uv.ib_uverbs_qp_dest:
+    """Mirrors copy_ah_attr_to_uverbs()."""
+    dest = uv.ib_uverbs_qp_dest(dlid=ah.dlid, sl=ah.sl, src_path_bits=ah.src_path_bits,
+                                static_rate=ah.static_rate, port_num=ah.port_num,
+                                is_global=int(bool(ah.ah_flags & IB_AH_GRH)))
+    if dest.is_global:
+        grh = ah.grh
+        dest.dgid, dest.flow_label, dest.sgid_index = grh.dgid, grh.flow_label, grh.sgid_index
+        dest.hop_limit, dest.traffic_class = grh.hop_limit, grh.traffic_class
+    return dest
+
+
+def modify_qp_mask(qp_type: int, mask: int) -> int:
+    """Mirrors modify_qp_mask(): the halves of an XRC pair ignore the other half's
+    attributes."""
+    if qp_type == IB_QPT_XRC_INI:
+        return mask & ~(IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_MIN_RNR_TIMER)
+    if qp_type == IB_QPT_XRC_TGT:
+        return mask & ~(IB_QP_MAX_QP_RD_ATOMIC | IB_QP_RETRY_CNT | IB_QP_RNR_RETRY)
+    return mask
+
+
+#: the scalar attributes MODIFY_QP copies, each under its mask bit (same name both sides)
+_MODIFY_FIELDS = (
+    (IB_QP_STATE, "qp_state"), (IB_QP_CUR_STATE, "cur_qp_state"),
+    (IB_QP_PATH_MTU, "path_mtu"), (IB_QP_PATH_MIG_STATE, "path_mig_state"),
+    (IB_QP_QKEY, "qkey"), (IB_QP_RQ_PSN, "rq_psn"), (IB_QP_SQ_PSN, "sq_psn"),
+    (IB_QP_DEST_QPN, "dest_qp_num"), (IB_QP_ACCESS_FLAGS, "qp_access_flags"),
+    (IB_QP_PKEY_INDEX, "pkey_index"), (IB_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify"),
+    (IB_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"), (IB_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
+    (IB_QP_MIN_RNR_TIMER, "min_rnr_timer"), (IB_QP_PORT, "port_num"), (IB_QP_TIMEOUT, "timeout"),
+    (IB_QP_RETRY_CNT, "retry_cnt"), (IB_QP_RNR_RETRY, "rnr_retry"),
+    (IB_QP_ALT_PATH, "alt_pkey_index"), (IB_QP_ALT_PATH, "alt_port_num"),
+    (IB_QP_ALT_PATH, "alt_timeout"),
+)
+
+
+def _check_ports(qp: Any, cmd: uv.ib_uverbs_modify_qp) -> None:
+    """modify_qp()'s port checks: the QP's port, the AV's (at INIT->RTR it must be
+    the port the QP was given at RST->INIT; in SQD->SQD an AV alone also moves
+    the port), the alternate path's."""
+    mask, device = cmd.attr_mask, qp.device
+    if mask & IB_QP_PORT and not rdma_is_port_valid(device, cmd.port_num):
+        raise KernelError(EINVAL, f"modify_qp: port {cmd.port_num}")
+    if mask & IB_QP_AV:
+        if not rdma_is_port_valid(device, cmd.dest.port_num):
+            raise KernelError(EINVAL, f"modify_qp: AV port {cmd.dest.port_num}")
+        if mask & IB_QP_STATE and cmd.qp_state == IB_QPS_RTR:
+            if cmd.dest.port_num != qp.port:
+                raise KernelError(EINVAL, f"modify_qp: AV port {cmd.dest.port_num} is not "
+                                  f"the QP's port {qp.port}")
+        else:
+            if mask & (IB_QP_AV | IB_QP_PORT) == IB_QP_AV | IB_QP_PORT and \
+                    cmd.port_num != cmd.dest.port_num:
+                raise KernelError(EINVAL, "modify_qp: port and AV port differ")
+            if mask & (IB_QP_AV | IB_QP_PORT) == IB_QP_AV:
+                cmd.attr_mask |= IB_QP_PORT
+                cmd.port_num = cmd.dest.port_num
+    if mask & IB_QP_ALT_PATH and (not rdma_is_port_valid(device, cmd.alt_port_num)
+                                  or not rdma_is_port_valid(device, cmd.alt_dest.port_num)
+                                  or cmd.alt_port_num != cmd.alt_dest.port_num):
+        raise KernelError(EINVAL, "modify_qp: alternate path ports")
+
+
+@traced
+def modify_qp(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_modify_qp) -> None:
+    """Mirrors modify_qp(): look the QP up (EINVAL for a bad handle), check the
+    ports and the states' range, copy what attr_mask names into an ib_qp_attr
+    (the AVs through copy_ah_attr_from_uverbs), ib_modify_qp_with_udata."""
+    qp_uobj = _lookup(UVERBS_OBJECT_QP, attrs_, cmd.qp_handle)
+    try:
+        qp = qp_uobj.object
+        _check_ports(qp, cmd)
+        mask = cmd.attr_mask
+        if (mask & IB_QP_CUR_STATE and cmd.cur_qp_state > IB_QPS_ERR) or \
+                (mask & IB_QP_STATE and cmd.qp_state > IB_QPS_ERR):
+            raise KernelError(EINVAL, "modify_qp: QP state out of range")
+        attr = ib_qp_attr()
+        for bit, name in _MODIFY_FIELDS:
+            if mask & bit:
+                setattr(attr, name, getattr(cmd, name))
+        if mask & IB_QP_AV:
+            attr.ah_attr = copy_ah_attr_from_uverbs(qp.device, cmd.dest)
+        if mask & IB_QP_ALT_PATH:
+            attr.alt_ah_attr = copy_ah_attr_from_uverbs(qp.device, cmd.alt_dest)
+        ib_modify_qp_with_udata(qp, attr, modify_qp_mask(qp.qp_type, mask),
+                                attrs_.driver_udata)
+    finally:
+        rdma_lookup_put_uobject(qp_uobj, UVERBS_LOOKUP_READ)
+
+
+@traced
+def ib_uverbs_modify_qp(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_modify_qp(): EOPNOTSUPP for attribute bits past the
+    standard ones (they need the extended command), then modify_qp."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_modify_qp)
+    if cmd.attr_mask & ~IB_QP_ATTR_STANDARD_BITS:
+        raise KernelError(EOPNOTSUPP, f"ib_uverbs_modify_qp: attr_mask {cmd.attr_mask:#x}")
+    modify_qp(attrs_, cmd)
+
+
+@traced
+def ib_uverbs_query_qp(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_query_qp(): ib_query_qp, then every attribute into the
+    response (the QP is only read-locked for the query)."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_query_qp)
+    qp_uobj = _lookup(UVERBS_OBJECT_QP, attrs_, cmd.qp_handle)
+    attr, init_attr = ib_qp_attr(), ib_qp_init_attr()
+    try:
+        ib_query_qp(qp_uobj.object, attr, cmd.attr_mask, init_attr)
+    finally:
+        rdma_lookup_put_uobject(qp_uobj, UVERBS_LOOKUP_READ)
+    cap = init_attr.cap
+    uverbs_response(attrs_, uv.ib_uverbs_query_qp_resp(
+        qp_state=attr.qp_state, cur_qp_state=attr.cur_qp_state, path_mtu=attr.path_mtu,
+        path_mig_state=attr.path_mig_state, qkey=attr.qkey, rq_psn=attr.rq_psn,
+        sq_psn=attr.sq_psn, dest_qp_num=attr.dest_qp_num,
+        qp_access_flags=attr.qp_access_flags, pkey_index=attr.pkey_index,
+        alt_pkey_index=attr.alt_pkey_index, sq_draining=attr.sq_draining,
+        max_rd_atomic=attr.max_rd_atomic, max_dest_rd_atomic=attr.max_dest_rd_atomic,
+        min_rnr_timer=attr.min_rnr_timer, port_num=attr.port_num, timeout=attr.timeout,
+        retry_cnt=attr.retry_cnt, rnr_retry=attr.rnr_retry, alt_port_num=attr.alt_port_num,
+        alt_timeout=attr.alt_timeout, dest=copy_ah_attr_to_uverbs(attr.ah_attr),
+        alt_dest=copy_ah_attr_to_uverbs(attr.alt_ah_attr), max_send_wr=cap.max_send_wr,
+        max_recv_wr=cap.max_recv_wr, max_send_sge=cap.max_send_sge,
+        max_recv_sge=cap.max_recv_sge, max_inline_data=cap.max_inline_data,
+        sq_sig_all=int(init_attr.sq_sig_type == IB_SIGNAL_ALL_WR)))

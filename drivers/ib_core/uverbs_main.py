@@ -98,6 +98,10 @@ WRITE_METHODS: dict[int, uverbs_api_write_method] = {
                                         uv.ib_uverbs_destroy_cq_resp, udata=False),
     uv.IB_USER_VERBS_CMD_CREATE_QP: _m(cmds.ib_uverbs_create_qp, uv.ib_uverbs_create_qp,
                                        uv.ib_uverbs_create_qp_resp),
+    uv.IB_USER_VERBS_CMD_QUERY_QP: _m(cmds.ib_uverbs_query_qp, uv.ib_uverbs_query_qp,
+                                      uv.ib_uverbs_query_qp_resp, udata=False),
+    uv.IB_USER_VERBS_CMD_MODIFY_QP: _m(cmds.ib_uverbs_modify_qp, uv.ib_uverbs_modify_qp,
+                                       udata=False),
     uv.IB_USER_VERBS_CMD_DESTROY_QP: _m(cmds.ib_uverbs_destroy_qp, uv.ib_uverbs_destroy_qp,
                                         uv.ib_uverbs_destroy_qp_resp, udata=False),
 }

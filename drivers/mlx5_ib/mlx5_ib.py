@@ -351,12 +351,23 @@ class mlx5_ib_qp_base:
         self.umem: ib_umem | None = None
 
 
+class mlx5_ib_qp_trans:
+    """Mirrors struct mlx5_ib_qp_trans: the base, and what modify_qp remembers
+    for later transitions (set_qpc_atomic_flags reads them)."""
+
+    def __init__(self) -> None:
+        self.base = mlx5_ib_qp_base()
+        self.atomic_rd_en = 0   # the last IB_QP_ACCESS_FLAGS
+        self.resp_depth = 0     # the last IB_QP_MAX_DEST_RD_ATOMIC
+        self.alt_port = 0
+
+
 class mlx5_ib_qp(ib_qp):
     """Mirrors struct mlx5_ib_qp (user RC/UC/UD)."""
 
     def __init__(self, device: ib_device):
         super().__init__(device)
-        self.trans_qp = mlx5_ib_qp_base()  # trans_qp.base
+        self.trans_qp = mlx5_ib_qp_trans()
         self.rq = mlx5_ib_wq()
         self.sq = mlx5_ib_wq()
         self.db = mlx5_db()
@@ -366,16 +377,21 @@ class mlx5_ib_qp(ib_qp):
         self.flags_en = 0
         self.has_rq = False
         self.wq_sig = False
-        self.state = 0
+        self.max_inline_data = 0
+        self.sq_signal_bits = 0  # MLX5_WQE_CTRL_CQ_UPDATE when every send is signalled
+        self.mutex = mutex_init("&qp->mutex")
+        # protected by mutex (modify_qp, query_qp):
+        self.state = 0   # enum ib_qp_state
+        self.port = 0
 
     @property
     def mqp(self) -> mlx5_core_qp:
-        return self.trans_qp.mqp
+        return self.trans_qp.base.mqp
 
     def __repr__(self) -> str:
         bf = "-" if self.bfregn == MLX5_IB_INVALID_BFREG else self.bfregn
-        return (f"mlx5_ib_qp {self.mqp.qpn:#x} type={self.qp_type} bfreg={bf} "
-                f"sq={self.sq.wqe_cnt} rq={self.rq.wqe_cnt} buf={self.buf_size}")
+        return (f"mlx5_ib_qp {self.mqp.qpn:#x} type={self.qp_type} state={self.state} "
+                f"bfreg={bf} sq={self.sq.wqe_cnt} rq={self.rq.wqe_cnt} buf={self.buf_size}")
 
 
 def to_mqp(qp: ib_qp) -> mlx5_ib_qp:

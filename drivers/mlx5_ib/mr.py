@@ -26,6 +26,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from drivers.ib_core.ib_verbs import (
+    IB_ACCESS_LOCAL_WRITE,
     IB_ACCESS_ON_DEMAND,
     IB_ACCESS_REMOTE_ATOMIC,
     IB_ACCESS_REMOTE_READ,
@@ -70,12 +71,12 @@ def get_octo_len(addr: int, length: int, page_shift: int) -> int:
 
 def set_mkc_access_pd_addr_fields(mkc: IfcStruct, acc: int, start_addr: int,
                                   pd: mlx5_ib_pd) -> None:
-    """Mirrors set_mkc_access_pd_addr_fields(): local read/write always; the rest by
+    """Mirrors set_mkc_access_pd_addr_fields(): local read always; the rest by
     the access flags."""
     MLX5_SET("mkc", mkc, "a", bool(acc & IB_ACCESS_REMOTE_ATOMIC))
     MLX5_SET("mkc", mkc, "rw", bool(acc & IB_ACCESS_REMOTE_WRITE))
     MLX5_SET("mkc", mkc, "rr", bool(acc & IB_ACCESS_REMOTE_READ))
-    MLX5_SET("mkc", mkc, "lw", 1)
+    MLX5_SET("mkc", mkc, "lw", bool(acc & IB_ACCESS_LOCAL_WRITE))
     MLX5_SET("mkc", mkc, "lr", 1)
     MLX5_SET("mkc", mkc, "pd", pd.pdn)
     MLX5_SET64("mkc", mkc, "start_addr", start_addr)

@@ -43,6 +43,7 @@ from drivers.mlx5_core.vport import (
 from drivers.mlx5_core.wc import mlx5_wc_support_get
 from drivers.mlx5_ib.cmd import mlx5_cmd_dump_fill_mkey
 from drivers.mlx5_ib.cq import mlx5_ib_create_cq, mlx5_ib_destroy_cq
+from drivers.mlx5_ib.gid import mlx5_ib_add_gid, mlx5_ib_del_gid, mlx5_ib_get_port_mac
 from drivers.mlx5_ib.main import (
     mlx5_ib_alloc_pd,
     mlx5_ib_alloc_ucontext,
@@ -60,6 +61,7 @@ from drivers.mlx5_ib.mlx5_ib import (
 from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free, mlx5_ib_uar_methods
 from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
+from drivers.mlx5_ib.qp_modify import mlx5_ib_modify_qp, mlx5_ib_query_qp
 from drivers.mlx5_ib.query import (
     mlx5_get_dev_fw_str,
     mlx5_ib_get_link_layer,
@@ -88,7 +90,9 @@ mlx5_ib_dev_ops = ib_device_ops(
     alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
     reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
     create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq,
-    create_qp=mlx5_ib_create_qp, destroy_qp=mlx5_ib_destroy_qp,
+    create_qp=mlx5_ib_create_qp, modify_qp=mlx5_ib_modify_qp, query_qp=mlx5_ib_query_qp,
+    destroy_qp=mlx5_ib_destroy_qp,
+    add_gid=mlx5_ib_add_gid, del_gid=mlx5_ib_del_gid, get_port_mac=mlx5_ib_get_port_mac,
     size_ib_ucontext=mlx5_ib_ucontext, size_ib_pd=mlx5_ib_pd, size_ib_cq=mlx5_ib_cq,
     size_ib_qp=mlx5_ib_qp,
 )
@@ -103,6 +107,8 @@ def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
     dev.phys_port_cnt = dev.num_ports
     dev.port = [mlx5_ib_port(i + 1) for i in range(dev.num_ports)]
     dev.node_guid = mlx5_query_nic_vport_node_guid(mdev)
+    # mlx5_query_max_pkeys()  # EMU: a RoCE port's one default P_Key (see query.py)
+    dev.pkey_table_len = 1
     dev.num_comp_vectors = mlx5_comp_vectors_max(mdev)
     dev.dev_parent = mdev.device
     if MLX5_CAP_GEN(mdev, "dump_fill_mkey"):

@@ -1,4 +1,5 @@
-"""Mirrors drivers/infiniband/hw/mlx5/qp.c (user QPs): bfregs, create_user_qp, destroy.
+"""Mirrors drivers/infiniband/hw/mlx5/qp.c (user QPs): bfregs, create_user_qp, destroy
+(modify and query are in qp_modify.py, the firmware commands in qpc.py).
 
 ibv_create_qp (libmlx5 has sized the queues, allocated the WQ buffer and a
 doorbell record) reaches mlx5_ib_create_qp(), whose order is kernel_facts §5:
@@ -38,11 +39,13 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from drivers.ib_core.ib_verbs import (
+    IB_QPS_RESET,
     IB_QPT_RC,
     IB_QPT_UC,
     IB_QPT_UD,
     IB_QPT_XRC_INI,
     IB_QPT_XRC_TGT,
+    IB_SIGNAL_ALL_WR,
     ib_copy_from_udata,
     ib_is_udata_cleared,
     ib_qp_init_attr,
@@ -50,14 +53,11 @@ from drivers.ib_core.ib_verbs import (
     ib_udata,
 )
 from drivers.ib_core.umem import ib_umem_get, ib_umem_num_dma_blocks, ib_umem_release
-from drivers.mlx5_core.cmd import mlx5_cmd_exec
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
     MLX5_ADAPTER_PAGE_SHIFT,
     MLX5_ADDR_OF,
-    MLX5_CMD_OP_CREATE_QP,
-    MLX5_CMD_OP_DESTROY_QP,
-    MLX5_GET,
+    MLX5_CMD_OP_2RST_QP,
     MLX5_NON_FP_BFREGS_PER_UAR,
     MLX5_NON_ZERO_RQ,
     MLX5_QPC_ST_RC,
@@ -92,6 +92,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mdev,
     to_mpd,
 )
+from drivers.mlx5_ib.qpc import mlx5_core_destroy_qp, mlx5_core_qp_modify, mlx5_qpc_create_qp
 from kernel_model.errno import EINVAL, ENOMEM, EOPNOTSUPP, KernelError
 from kernel_model.locking import spin_lock, spin_lock_irqsave, spin_unlock, spin_unlock_irqrestore
 from kernel_model.trace import traced
@@ -113,6 +114,7 @@ from kernel_model.uapi.mlx5_abi import (
 )
 
 MLX5_QP_PM_MIGRATED = 0x3
+MLX5_WQE_CTRL_CQ_UPDATE = 2 << 2
 MLX5_WQE_DATA_SEG_SIZE = 16
 #: vendor flags the model implements; the rest of the known ones are EOPNOTSUPP
 _MODELLED_FLAGS = (MLX5_QP_FLAG_SIGNATURE | MLX5_QP_FLAG_SCATTER_CQE
@@ -301,7 +303,7 @@ def _create_user_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_create_q
     qp.sq.wqe_shift = ilog2(MLX5_SEND_WQE_BB)
     qp.sq.offset = qp.rq.wqe_cnt << qp.rq.wqe_shift
     set_user_buf_size(dev, qp, ucmd)
-    base = qp.trans_qp
+    base = qp.trans_qp.base
     page_size, page_offset_quantized, ncont = 0, 0, 0
     if ucmd.buf_addr and qp.buf_size:
         base.umem = ib_umem_get(qp.device, ucmd.buf_addr, qp.buf_size, 0)
@@ -330,8 +332,8 @@ def _create_user_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_create_q
 
 
 def _release_umem(qp: mlx5_ib_qp) -> None:
-    ib_umem_release(qp.trans_qp.umem)
-    qp.trans_qp.umem = None
+    ib_umem_release(qp.trans_qp.base.umem)
+    qp.trans_qp.base.umem = None
 
 
 def mlx5_ib_lock_cqs(send_cq: mlx5_ib_cq | None, recv_cq: mlx5_ib_cq | None) -> None:
@@ -391,25 +393,6 @@ def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcS
     MLX5_SET64("qpc", qpc, "dbr_addr", qp.db.dma)
     if context.cqe_version == MLX5_CQE_VERSION_V1:
         MLX5_SET("qpc", qpc, "user_index", uidx)
-
-
-@traced
-def mlx5_qpc_create_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, in_: IfcStruct) -> None:
-    """Mirrors mlx5_qpc_create_qp() (qpc.c): CREATE_QP; the qpn."""
-    out = IfcStruct("create_qp_out")
-    MLX5_SET("create_qp_in", in_, "opcode", MLX5_CMD_OP_CREATE_QP)
-    mlx5_cmd_exec(dev.mdev, in_, out)
-    qp.mqp.qpn = MLX5_GET("create_qp_out", out, "qpn")
-
-
-@traced
-def mlx5_core_destroy_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp) -> None:
-    """Mirrors mlx5_core_destroy_qp() (qpc.c): DESTROY_QP with the QP's uid."""
-    in_ = IfcStruct("destroy_qp_in")
-    MLX5_SET("destroy_qp_in", in_, "opcode", MLX5_CMD_OP_DESTROY_QP)
-    MLX5_SET("destroy_qp_in", in_, "qpn", qp.mqp.qpn)
-    MLX5_SET("destroy_qp_in", in_, "uid", qp.mqp.uid)
-    mlx5_cmd_exec(dev.mdev, in_, IfcStruct("destroy_qp_out"))
 
 
 @traced
@@ -498,6 +481,8 @@ def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) 
     uidx = get_qp_uidx(qp, ucmd)
     if attr.create_flags:
         raise KernelError(EOPNOTSUPP, f"process_create_flags: {attr.create_flags:#x}")
+    if attr.sq_sig_type == IB_SIGNAL_ALL_WR:
+        qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE
     resp = mlx5_ib_create_qp_resp()
     create_user_qp(dev, qp, attr, ucmd, uidx, resp)
     qp.qp_num = qp.mqp.qpn
@@ -522,13 +507,16 @@ def destroy_qp_user(dev: mlx5_ib_dev, qp: mlx5_ib_qp) -> None:
 
 @traced
 def mlx5_ib_destroy_qp(qp: mlx5_ib_qp, udata: ib_udata) -> None:
-    """Mirrors mlx5_ib_destroy_qp() -> destroy_qp_common(): off the QP lists,
-    DESTROY_QP, then destroy_qp_user.
-
-    # EMU: no modify_qp yet (the data-path issue), so the QP is still in RESET
-    # and the kernel's modify-to-RESET step has nothing to do.
-    """
+    """Mirrors mlx5_ib_destroy_qp() -> destroy_qp_common(): a QP not in RESET is
+    moved there first (2RST: the device stops using its queues), then off the
+    QP lists, DESTROY_QP, then destroy_qp_user.  Firmware failures are only
+    warned about: the QP is freed regardless."""
     dev = to_mdev(qp.device)
+    if qp.state != IB_QPS_RESET:
+        try:
+            mlx5_core_qp_modify(dev, MLX5_CMD_OP_2RST_QP, 0, None, qp.mqp)
+        except KernelError as e:
+            mlx5_ib_warn(dev, f"mlx5_ib: modify QP {qp.mqp.qpn:#08x} to RESET failed: {e}")
     _qp_lists(dev, qp, list.remove)
     try:
         mlx5_core_destroy_qp(dev, qp)

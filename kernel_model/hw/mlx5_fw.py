@@ -17,7 +17,8 @@ function reset) drops every object; whatever a driver still had allocated
 then is recorded in `leaked`, which the machine's leak check reports.
 
 What the firmware keeps - the objects the next issue's data path executes
-through - is in mlx5_fw_ctx.py (EQ, CQ, QP, mkey contexts); the port and
+through - is in mlx5_fw_ctx.py (EQ, CQ, QP, mkey contexts); the QP state
+transitions and the RoCE address table in mlx5_fw_qp.py; the port and
 vport queries in mlx5_fw_port.py.  This file has the dispatch, the
 capability pages and the small resources (UAR, PD, transport domain, uctx).
 
@@ -214,6 +215,7 @@ class Firmware:
         self.cqs: dict = {}
         self.qps: dict = {}
         self.mkeys: dict = {}   # mkey index -> Mlx5Mkey
+        self.roce_addresses: dict = {}  # RoCE address (GID) index -> roce_addr_layout
         self._new_ids()
         self.vport = mlx5_fw_port.default_vport(self.hca)
 
@@ -461,4 +463,4 @@ def destroy_uctx(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
 
 
 # the rest of the opcode table
-from kernel_model.hw import mlx5_fw_ctx, mlx5_fw_port  # noqa: E402,F401
+from kernel_model.hw import mlx5_fw_ctx, mlx5_fw_port, mlx5_fw_qp  # noqa: E402,F401

@@ -58,9 +58,20 @@ MLX5_CMD_OP_DESTROY_CQ = 0x401
 MLX5_CMD_OP_QUERY_CQ = 0x402
 MLX5_CMD_OP_CREATE_QP = 0x500
 MLX5_CMD_OP_DESTROY_QP = 0x501
+MLX5_CMD_OP_RST2INIT_QP = 0x502
+MLX5_CMD_OP_INIT2RTR_QP = 0x503
+MLX5_CMD_OP_RTR2RTS_QP = 0x504
+MLX5_CMD_OP_RTS2RTS_QP = 0x505
+MLX5_CMD_OP_SQERR2RTS_QP = 0x506
+MLX5_CMD_OP_2ERR_QP = 0x507
+MLX5_CMD_OP_2RST_QP = 0x50a
 MLX5_CMD_OP_QUERY_QP = 0x50b
+MLX5_CMD_OP_SQD_RTS_QP = 0x50c
+MLX5_CMD_OP_INIT2INIT_QP = 0x50e
 MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT = 0x754
 MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT = 0x755
+MLX5_CMD_OP_QUERY_ROCE_ADDRESS = 0x760
+MLX5_CMD_OP_SET_ROCE_ADDRESS = 0x761
 MLX5_CMD_OP_ALLOC_PD = 0x800
 MLX5_CMD_OP_DEALLOC_PD = 0x801
 MLX5_CMD_OP_ALLOC_UAR = 0x802
@@ -104,7 +115,7 @@ MLX5_SET_HCA_CAP_OP_MOD_GENERAL_DEVICE = 0x0
 
 # -- context enums ---------------------------------------------------------------------
 MLX5_QPC_STATE_RST, MLX5_QPC_STATE_INIT, MLX5_QPC_STATE_RTR, MLX5_QPC_STATE_RTS = 0, 1, 2, 3
-MLX5_QPC_STATE_ERR = 0x6
+MLX5_QPC_STATE_SQER, MLX5_QPC_STATE_ERR, MLX5_QPC_STATE_SQD = 0x4, 0x6, 0x7
 MLX5_QPC_ST_RC, MLX5_QPC_ST_UC, MLX5_QPC_ST_UD, MLX5_QPC_ST_XRC = 0x0, 0x1, 0x2, 0x3
 MLX5_QPC_ST_DCI, MLX5_QPC_ST_QP0, MLX5_QPC_ST_QP1 = 0x5, 0x7, 0x8
 MLX5_QPC_ST_RAW_DATAGRAM, MLX5_QPC_ST_REG_UMR = 0x9, 0xc
@@ -123,12 +134,25 @@ MLX5_INLINE_MODE_NONE, MLX5_INLINE_MODE_L2 = 0, 1
 MLX5_REG_PMTU, MLX5_REG_PTYS = 0x5003, 0x5004
 MLX5_PTYS_IB, MLX5_PTYS_EN = 1 << 0, 1 << 2
 MLX5_SHARED_RESOURCE_UID = 0xffff
+# the modify commands' opt_param_mask bits (include/linux/mlx5/qp.h enum mlx5_qp_optpar)
+MLX5_QP_OPTPAR_ALT_ADDR_PATH, MLX5_QP_OPTPAR_RRE, MLX5_QP_OPTPAR_RAE = 1 << 0, 1 << 1, 1 << 2
+MLX5_QP_OPTPAR_RWE, MLX5_QP_OPTPAR_PKEY_INDEX, MLX5_QP_OPTPAR_Q_KEY = 1 << 3, 1 << 4, 1 << 5
+MLX5_QP_OPTPAR_RNR_TIMEOUT, MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH = 1 << 6, 1 << 7
+MLX5_QP_OPTPAR_SRA_MAX, MLX5_QP_OPTPAR_RRA_MAX, MLX5_QP_OPTPAR_PM_STATE = 1 << 8, 1 << 9, 1 << 10
+MLX5_QP_OPTPAR_RETRY_COUNT, MLX5_QP_OPTPAR_RNR_RETRY = 1 << 12, 1 << 13
+MLX5_QP_OPTPAR_ACK_TIMEOUT, MLX5_QP_OPTPAR_LAG_TX_AFF = 1 << 14, 1 << 15
+MLX5_QP_OPTPAR_PRI_PORT, MLX5_QP_OPTPAR_SRQN, MLX5_QP_OPTPAR_CQN_RCV = 1 << 16, 1 << 18, 1 << 19
+MLX5_QP_OPTPAR_COUNTER_SET_ID = 1 << 25
+# roce_addr_layout.roce_version / roce_l3_type (include/linux/mlx5/device.h)
+MLX5_ROCE_VERSION_1, MLX5_ROCE_VERSION_2 = 0, 2
+MLX5_ROCE_L3_TYPE_IPV4, MLX5_ROCE_L3_TYPE_IPV6 = 0, 1
 
 # -- layouts -------------------------------------------------------------------------------
 # "name width" (bits); "name @type" a nested structure; "name []" a flexible
 # array of 64-bit entries (PAS/MTT); "name bytesN" an N-byte string.
 _HDR_IN = "opcode 16, uid 16, op_mod 16"
 _HDR_OUT = "status 8, syndrome 32"
+_MODIFY_QP_IN = "qpc_ext 1, qpn 24, opt_param_mask 32, ece 32, qpc @qpc"
 
 _TEXT: dict[str, str] = {
     "mbox_in": "",  # the header of every *_in (opcode, uid, op_mod)
@@ -278,7 +302,24 @@ _TEXT: dict[str, str] = {
         wq_umem_id 32, wq_umem_valid 1, pas []""",
     "create_qp_out": "qpn 24, ece 32",
     "destroy_qp_in": "qpn 24", "destroy_qp_out": "",
-    "query_qp_in": "qpn 24", "query_qp_out": "opt_param_mask 32, ece 32, qpc @qpc, pas []",
+    "query_qp_in": "qpc_ext 1, qpn 24",
+    "query_qp_out": "opt_param_mask 32, ece 32, qpc @qpc, pas []",
+    # the QP state transitions (the mailboxes of qpc.c modify_qp_mbox_alloc)
+    "rst2init_qp_in": _MODIFY_QP_IN, "rst2init_qp_out": "ece 32",
+    "init2init_qp_in": _MODIFY_QP_IN, "init2init_qp_out": "ece 32",
+    "init2rtr_qp_in": _MODIFY_QP_IN, "init2rtr_qp_out": "ece 32",
+    "rtr2rts_qp_in": _MODIFY_QP_IN, "rtr2rts_qp_out": "ece 32",
+    "rts2rts_qp_in": _MODIFY_QP_IN, "rts2rts_qp_out": "ece 32",
+    "sqerr2rts_qp_in": "qpn 24, opt_param_mask 32, qpc @qpc", "sqerr2rts_qp_out": "",
+    "sqd2rts_qp_in": "qpn 24, opt_param_mask 32, qpc @qpc", "sqd2rts_qp_out": "",
+    "qp_2err_in": "qpn 24", "qp_2err_out": "",
+    "qp_2rst_in": "qpn 24", "qp_2rst_out": "",
+    "roce_addr_layout": """
+        source_l3_address bytes16, vlan_valid 1, vlan_id 12, source_mac_47_32 16,
+        source_mac_31_0 32, roce_l3_type 2, roce_version 8""",
+    "set_roce_address_in": """
+        roce_address_index 16, vhca_port_num 8, roce_address @roce_addr_layout""",
+    "set_roce_address_out": "",
     "create_mkey_in": """
         pg_access 1, mkey_umem_valid 1, data_direct 1, memory_key_mkey_entry @mkc,
         translations_octword_actual_size 32, klm_pas_mtt []""",

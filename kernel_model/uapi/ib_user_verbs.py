@@ -25,6 +25,7 @@ IB_USER_VERBS_CMD_DEREG_MR = 13
 IB_USER_VERBS_CMD_CREATE_CQ = 18
 IB_USER_VERBS_CMD_DESTROY_CQ = 20
 IB_USER_VERBS_CMD_CREATE_QP = 24
+IB_USER_VERBS_CMD_QUERY_QP = 25
 IB_USER_VERBS_CMD_MODIFY_QP = 26
 IB_USER_VERBS_CMD_DESTROY_QP = 27
 
@@ -181,3 +182,47 @@ class ib_uverbs_destroy_qp(UStruct):
 @uapi_struct
 class ib_uverbs_destroy_qp_resp(UStruct):
     FIELDS = (("events_reported", "I"),)
+
+
+
+@uapi_struct
+class ib_uverbs_qp_dest(UStruct):
+    """An address vector of MODIFY_QP and QUERY_QP (the primary or alternate path)."""
+
+    FIELDS = (("dgid", "16s"), ("flow_label", "I"), ("dlid", "H"), ("reserved", "H"),
+              ("sgid_index", "B"), ("hop_limit", "B"), ("traffic_class", "B"), ("sl", "B"),
+              ("src_path_bits", "B"), ("static_rate", "B"), ("is_global", "B"),
+              ("port_num", "B"))
+
+
+@uapi_struct
+class ib_uverbs_modify_qp(UStruct):
+    """MODIFY_QP: no response; the attributes attr_mask names (the rest are ignored)."""
+
+    FIELDS = (("dest", ib_uverbs_qp_dest), ("alt_dest", ib_uverbs_qp_dest), ("qp_handle", "I"),
+              ("attr_mask", "I"), ("qkey", "I"), ("rq_psn", "I"), ("sq_psn", "I"),
+              ("dest_qp_num", "I"), ("qp_access_flags", "I"), ("pkey_index", "H"),
+              ("alt_pkey_index", "H"), ("qp_state", "B"), ("cur_qp_state", "B"),
+              ("path_mtu", "B"), ("path_mig_state", "B"), ("en_sqd_async_notify", "B"),
+              ("max_rd_atomic", "B"), ("max_dest_rd_atomic", "B"), ("min_rnr_timer", "B"),
+              ("port_num", "B"), ("timeout", "B"), ("retry_cnt", "B"), ("rnr_retry", "B"),
+              ("alt_port_num", "B"), ("alt_timeout", "B"), ("reserved", "2s"))
+
+
+@uapi_struct
+class ib_uverbs_query_qp(UStruct):
+    FIELDS = (("response", "Q"), ("qp_handle", "I"), ("attr_mask", "I"))
+
+
+@uapi_struct
+class ib_uverbs_query_qp_resp(UStruct):
+    FIELDS = (("dest", ib_uverbs_qp_dest), ("alt_dest", ib_uverbs_qp_dest),
+              ("max_send_wr", "I"), ("max_recv_wr", "I"), ("max_send_sge", "I"),
+              ("max_recv_sge", "I"), ("max_inline_data", "I"), ("qkey", "I"), ("rq_psn", "I"),
+              ("sq_psn", "I"), ("dest_qp_num", "I"), ("qp_access_flags", "I"),
+              ("pkey_index", "H"), ("alt_pkey_index", "H"), ("qp_state", "B"),
+              ("cur_qp_state", "B"), ("path_mtu", "B"), ("path_mig_state", "B"),
+              ("sq_draining", "B"), ("max_rd_atomic", "B"), ("max_dest_rd_atomic", "B"),
+              ("min_rnr_timer", "B"), ("port_num", "B"), ("timeout", "B"), ("retry_cnt", "B"),
+              ("rnr_retry", "B"), ("alt_port_num", "B"), ("alt_timeout", "B"),
+              ("sq_sig_all", "B"), ("reserved", "5s"))

@@ -115,3 +115,20 @@ class mlx5_ib_create_qp_resp(UStruct):
     FIELDS = (("bfreg_index", "I"), ("ece_options", "I"), ("comp_mask", "I"), ("tirn", "I"),
               ("tisn", "I"), ("rqn", "I"), ("sqn", "I"), ("reserved1", "I"),
               ("tir_icm_addr", "Q"))
+
+
+@uapi_struct
+class mlx5_ib_burst_info(UStruct):
+    FIELDS = (("max_burst_sz", "I"), ("typical_pkt_sz", "H"), ("reserved", "H"))
+
+
+@uapi_struct
+class mlx5_ib_modify_qp(UStruct):
+    """The driver part of MODIFY_QP (only the extended command carries it)."""
+
+    FIELDS = (("comp_mask", "I"), ("burst_info", mlx5_ib_burst_info), ("ece_options", "I"))
+
+
+@uapi_struct
+class mlx5_ib_modify_qp_resp(UStruct):
+    FIELDS = (("response_length", "I"), ("dctn", "I"), ("ece_options", "I"), ("reserved", "I"))

@@ -14,7 +14,8 @@ the kernel copy_from_user()s the bytes and unpacks them.
 
 Layouts are little-endian (x86-64) with explicit padding: a field code "x" or
 "4x" is padding, "8s" a byte array.  `SIZE` is sizeof(), `offsetof(name)` the
-field's offset, as the kernel's ABI length checks use them.
+field's offset, as the kernel's ABI length checks use them.  A field whose
+code is another uapi struct class embeds it (`("dest", ib_uverbs_qp_dest)`).
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ T = TypeVar("T", bound="UStruct")
 class UStruct:
     """Base of every uapi struct; see the module docstring."""
 
-    FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()
+    FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = ()
     FMT: ClassVar[str] = "<"
     SIZE: ClassVar[int] = 0
     _OFFSETS: ClassVar[dict[str, int]] = {}
+    _NESTED: ClassVar[dict[str, type[UStruct]]] = {}
 
     def pack(self) -> bytes:
         """The struct's bytes, as the C compiler lays it out."""
-        return struct.pack(self.FMT, *(getattr(self, n) for n, c in self.FIELDS
-                                       if not c.endswith("x")))
+        return struct.pack(self.FMT, *(
+            getattr(self, n).pack() if n in self._NESTED else getattr(self, n)
+            for n, c in self.FIELDS if not _is_pad(c)))
 
     @classmethod
     def unpack(cls: type[T], data: bytes | bytearray | memoryview) -> T:
@@ -46,13 +49,18 @@ class UStruct:
         kernel's copy of min(inlen, sizeof) into a zeroed struct)."""
         raw = bytes(data[:cls.SIZE]).ljust(cls.SIZE, b"\0")
         values = struct.unpack(cls.FMT, raw)
-        return cls(**dict(zip((n for n, c in cls.FIELDS if not c.endswith("x")), values,
-                              strict=True)))
+        names = [n for n, c in cls.FIELDS if not _is_pad(c)]
+        return cls(**{n: cls._NESTED[n].unpack(v) if n in cls._NESTED else v
+                      for n, v in zip(names, values, strict=True)})
 
     @classmethod
     def offsetof(cls, name: str) -> int:
         """Mirrors offsetof(struct, field)."""
         return cls._OFFSETS[name]
+
+
+def _is_pad(code: Any) -> bool:
+    return isinstance(code, str) and code.endswith("x")
 
 
 def _default(code: str) -> Any:
@@ -62,10 +70,13 @@ def _default(code: str) -> Any:
 def uapi_struct(cls: type[T]) -> type[T]:
     """Make `cls` (a UStruct with FIELDS) an attrs class with its C layout."""
     fmt, offsets = "<", {}
+    nested = {n: c for n, c in cls.FIELDS if isinstance(c, type)}
     for name, code in cls.FIELDS:
-        if not code.endswith("x"):
+        if not _is_pad(code):
             offsets[name] = struct.calcsize(fmt)
-        fmt += code
+        fmt += f"{code.SIZE}s" if name in nested else code
     cls.FMT, cls.SIZE, cls._OFFSETS = fmt, struct.calcsize(fmt), offsets
-    these = {n: attrs.field(default=_default(c)) for n, c in cls.FIELDS if not c.endswith("x")}
+    cls._NESTED = nested
+    these = {n: attrs.field(factory=nested[n]) if n in nested else
+             attrs.field(default=_default(c)) for n, c in cls.FIELDS if not _is_pad(c)}
     return attrs.define(these=these, slots=False, eq=True)(cls)

@@ -238,3 +238,65 @@ def state(p: Any, ctx: Any) -> tuple:
     m = p.machine
     return (p.mm.pinned_vm, list(uctx.bfregi.count), [repr(d) for d in uctx.db_page_list],
             fw_objects(m), len(ib_dev(m).qp_list))
+
+
+# -- QP states (modify_qp) ------------------------------------------------------------------
+RC_INIT_MASK = v.IBV_QP_STATE | v.IBV_QP_PKEY_INDEX | v.IBV_QP_PORT | v.IBV_QP_ACCESS_FLAGS
+RC_RTR_MASK = (v.IBV_QP_STATE | v.IBV_QP_AV | v.IBV_QP_PATH_MTU | v.IBV_QP_DEST_QPN
+               | v.IBV_QP_RQ_PSN | v.IBV_QP_MAX_DEST_RD_ATOMIC | v.IBV_QP_MIN_RNR_TIMER)
+RC_RTS_MASK = (v.IBV_QP_STATE | v.IBV_QP_TIMEOUT | v.IBV_QP_RETRY_CNT | v.IBV_QP_RNR_RETRY
+               | v.IBV_QP_SQ_PSN | v.IBV_QP_MAX_QP_RD_ATOMIC)
+RC_ACCESS = v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE | v.IBV_ACCESS_REMOTE_READ
+
+
+def rc_qp(ctx: Any, pd: Any = None, cq: Any = None) -> v.ibv_qp:
+    """An RC QP (4/4 WRs, one SGE) through libibverbs; PD and CQ made if not given."""
+    pd = pd or v.ibv_alloc_pd(ctx)
+    cq = cq or v.ibv_create_cq(ctx, 16)
+    return v.ibv_create_qp(pd, v.ibv_qp_init_attr(send_cq=cq, recv_cq=cq,
+                                                  cap=v.ibv_qp_cap(4, 4, 1, 1)))
+
+
+def kqp(p: Any, ctx: Any, qp: Any) -> Any:
+    """The kernel's mlx5_ib_qp behind a QP handle of the process's uverbs file."""
+    return p.task.files.fdt[ctx.cmd_fd].private_data.idr[qp.handle].object
+
+
+def qp_states(p: Any, ctx: Any, qp: Any) -> tuple[int, int, int]:
+    """(the firmware QPC state, the driver's qp->state, libibverbs' qp->state)."""
+    return fw(p.machine).qps[qp.qp_num].state, kqp(p, ctx, qp).state, qp.state
+
+
+def init_attr(port: int = 1, access: int = RC_ACCESS, **kw: int) -> v.ibv_qp_attr:
+    return v.ibv_qp_attr(qp_state=v.IBV_QPS_INIT, pkey_index=0, port_num=port,
+                         qp_access_flags=access, **kw)
+
+
+def rtr_attr(dgid: bytes, dest_qpn: int, sgid_index: int = 0, port: int = 1,
+             **kw: Any) -> v.ibv_qp_attr:
+    ah = v.ibv_ah_attr(grh=v.ibv_global_route(dgid=dgid, sgid_index=sgid_index, hop_limit=1),
+                       is_global=1, port_num=port)
+    fields = dict(qp_state=v.IBV_QPS_RTR, path_mtu=v.IBV_MTU_1024, dest_qp_num=dest_qpn,
+                  rq_psn=0x77, max_dest_rd_atomic=1, min_rnr_timer=12, ah_attr=ah)
+    fields.update(kw)
+    return v.ibv_qp_attr(**fields)
+
+
+def rts_attr(**kw: int) -> v.ibv_qp_attr:
+    fields = dict(qp_state=v.IBV_QPS_RTS, sq_psn=0x55, timeout=14, retry_cnt=7, rnr_retry=7,
+                  max_rd_atomic=1)
+    fields.update(kw)
+    return v.ibv_qp_attr(**fields)
+
+
+def to_state(qp: Any, state: int, dgid: bytes = b"", dest_qpn: int = 0) -> None:
+    """Walk an RC QP from RESET up to `state` (INIT, RTR or RTS), asserting each step."""
+    steps = [(init_attr(), RC_INIT_MASK), (rtr_attr(dgid, dest_qpn), RC_RTR_MASK),
+             (rts_attr(), RC_RTS_MASK)]
+    for attr, mask in steps[:state]:
+        assert v.ibv_modify_qp(qp, attr, mask) == 0
+
+
+def modify_raw(ctx: Any, cmd: uv.ib_uverbs_modify_qp) -> int:
+    """MODIFY_QP with a hand-made request; 0 or the errno."""
+    return errno_of(c.execute_write, ctx, uv.IB_USER_VERBS_CMD_MODIFY_QP, cmd, None)

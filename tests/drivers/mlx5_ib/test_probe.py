@@ -62,7 +62,9 @@ def test_unload_undoes_every_stage():
         m.unload_module("mlx5_ib")
     assert_call_flow(t.trace, ["mlx5r_remove", "__mlx5_ib_remove", "ib_unregister_device",
                                "mlx5_ib_roce_cleanup"])
-    assert cmds(m, n) == ["MODIFY_NIC_VPORT_CONTEXT"] and fw(m).vport.roce_en == 0
+    # the two default GIDs leave the RoCE address table, then RoCE goes off
+    assert cmds(m, n) == ["SET_ROCE_ADDRESS", "SET_ROCE_ADDRESS", "MODIFY_NIC_VPORT_CONTEXT"]
+    assert fw(m).vport.roce_en == 0 and fw(m).roce_addresses == {}
     assert adev.drvdata is None and adev.driver is None
     with m.kernel():
         assert ib_device_get_by_name("mlx5_0") is None

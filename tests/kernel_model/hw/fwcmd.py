@@ -23,6 +23,9 @@ from kernel_model.hw.mlx5_ifc import (
 
 OPCODES = {name.lower(): op for op, name in MLX5_CMD_NAMES.items()}
 OPCODES["access_register"] = OPCODES["access_reg"]
+# the layout stems that are not the opcode's name
+OPCODES.update(qp_2err=OPCODES["2err_qp"], qp_2rst=OPCODES["2rst_qp"],
+               sqd2rts_qp=OPCODES["sqd_rts_qp"])
 
 
 def set_field(typ: str, obj: IfcStruct, path: str, value: int) -> None:
