@@ -10,7 +10,16 @@ import pytest
 from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
 from userspace.libibverbs import verbs as v
-from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, PyverbsRDMAError, QPInitAttr
+from userspace.libibverbs.pyverbs import (
+    CQ,
+    MR,
+    PD,
+    QP,
+    Context,
+    PyverbsRDMAError,
+    QPAttr,
+    QPInitAttr,
+)
 
 
 @pytest.fixture
@@ -55,3 +64,30 @@ def test_errors_carry_errno(proc):
             MR(pd, 4096, v.IBV_ACCESS_REMOTE_WRITE)  # remote write without local write
         assert e.value.errno == errno.EINVAL
         assert proc.mm.pinned_vm == 0
+
+
+# -- QP states ------------------------------------------------------------------------------
+@pytest.mark.parametrize("qp_type", [v.IBV_QPT_RC, v.IBV_QPT_UC, v.IBV_QPT_UD])
+def test_to_rts_connects_each_qp_type_with_its_own_attributes(proc, qp_type):
+    with Context(proc) as ctx:
+        pd, cq = PD(ctx), CQ(ctx, 8)
+        qp = QP(pd, QPInitAttr(scq=cq, rcq=cq, qp_type=qp_type))
+        qp.to_rts(ctx.query_gid(1, 0), qp.qp_num, sq_psn=3, rq_psn=4)
+        attr, init = qp.query(v.IBV_QP_STATE)
+        assert (attr.qp_state, attr.sq_psn, init.qp_type, qp.qp.state) == \
+            (v.IBV_QPS_RTS, 3, qp_type, v.IBV_QPS_RTS)
+        if qp_type != v.IBV_QPT_UD:
+            assert (attr.dest_qp_num, attr.rq_psn, attr.ah_attr.grh.dgid) == \
+                (qp.qp_num, 4, ctx.query_gid(1, 0))
+
+
+def test_modify_errors_carry_errno(proc):
+    with Context(proc) as ctx:
+        pd, cq = PD(ctx), CQ(ctx, 8)
+        qp = QP(pd, QPInitAttr(scq=cq, rcq=cq))
+        with pytest.raises(PyverbsRDMAError) as e:
+            qp.modify(QPAttr(qp_state=v.IBV_QPS_RTS), v.IBV_QP_STATE)   # RESET -> RTS
+        assert e.value.errno == errno.EINVAL and qp.qp.state == v.IBV_QPS_RESET
+        with pytest.raises(PyverbsRDMAError) as e:
+            ctx.query_gid(1, 300)
+        assert e.value.errno == errno.ENOENT

@@ -16,6 +16,7 @@ driver methods that exist only as ioctls (mlx5's UAR objects) go through
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, TypeVar
 
@@ -146,6 +147,85 @@ def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
                   uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,
                   what="ibv_cmd_destroy_qp")
+
+
+def _dest(ah: Any) -> uv.ib_uverbs_qp_dest:
+    """copy_modify_qp_fields()'s address vector."""
+    grh = ah.grh
+    return uv.ib_uverbs_qp_dest(dgid=grh.dgid, flow_label=grh.flow_label, dlid=ah.dlid,
+                                sgid_index=grh.sgid_index, hop_limit=grh.hop_limit,
+                                traffic_class=grh.traffic_class, sl=ah.sl,
+                                src_path_bits=ah.src_path_bits, static_rate=ah.static_rate,
+                                is_global=ah.is_global, port_num=ah.port_num)
+
+
+#: copy_modify_qp_fields(): the scalar attributes under their IBV_QP_* bit (same names)
+_MODIFY_FIELDS = (("STATE", "qp_state"), ("CUR_STATE", "cur_qp_state"),
+                  ("EN_SQD_ASYNC_NOTIFY", "en_sqd_async_notify"),
+                  ("ACCESS_FLAGS", "qp_access_flags"), ("PKEY_INDEX", "pkey_index"),
+                  ("PORT", "port_num"), ("QKEY", "qkey"), ("PATH_MTU", "path_mtu"),
+                  ("TIMEOUT", "timeout"), ("RETRY_CNT", "retry_cnt"), ("RNR_RETRY", "rnr_retry"),
+                  ("RQ_PSN", "rq_psn"), ("MAX_QP_RD_ATOMIC", "max_rd_atomic"),
+                  ("ALT_PATH", "alt_pkey_index"), ("ALT_PATH", "alt_port_num"),
+                  ("ALT_PATH", "alt_timeout"), ("MIN_RNR_TIMER", "min_rnr_timer"),
+                  ("SQ_PSN", "sq_psn"), ("MAX_DEST_RD_ATOMIC", "max_dest_rd_atomic"),
+                  ("PATH_MIG_STATE", "path_mig_state"), ("DEST_QPN", "dest_qp_num"))
+
+
+@traced
+def ibv_cmd_modify_qp(qp: Any, attr: Any, attr_mask: int) -> None:
+    """Mirrors ibv_cmd_modify_qp(): the attributes attr_mask names (copy_modify_qp_fields)
+    in one MODIFY_QP write, no response.  EOPNOTSUPP for mask bits past
+    IBV_QP_DEST_QPN (those need the extended command)."""
+    from userspace.libibverbs import verbs as v
+    if attr_mask & ~((v.IBV_QP_DEST_QPN << 1) - 1):
+        raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_modify_qp")
+    cmd = uv.ib_uverbs_modify_qp(qp_handle=qp.handle, attr_mask=attr_mask)
+    for bit, name in _MODIFY_FIELDS:
+        if attr_mask & getattr(v, "IBV_QP_" + bit):
+            setattr(cmd, name, getattr(attr, name))
+    if attr_mask & v.IBV_QP_AV:
+        cmd.dest = _dest(attr.ah_attr)
+    if attr_mask & v.IBV_QP_ALT_PATH:
+        cmd.alt_dest = _dest(attr.alt_ah_attr)
+    execute_write(qp.context, uv.IB_USER_VERBS_CMD_MODIFY_QP, cmd, None, what="ibv_cmd_modify_qp")
+
+
+def _ah_from(dest: uv.ib_uverbs_qp_dest, ah: Any) -> None:
+    grh = ah.grh
+    grh.dgid, grh.flow_label, grh.sgid_index = dest.dgid, dest.flow_label, dest.sgid_index
+    grh.hop_limit, grh.traffic_class = dest.hop_limit, dest.traffic_class
+    ah.dlid, ah.sl, ah.src_path_bits = dest.dlid, dest.sl, dest.src_path_bits
+    ah.static_rate, ah.is_global, ah.port_num = dest.static_rate, dest.is_global, dest.port_num
+
+
+_QUERY_FIELDS = ("qkey", "rq_psn", "sq_psn", "dest_qp_num", "qp_access_flags", "pkey_index",
+                 "alt_pkey_index", "qp_state", "cur_qp_state", "path_mtu", "path_mig_state",
+                 "sq_draining", "max_rd_atomic", "max_dest_rd_atomic", "min_rnr_timer",
+                 "port_num", "timeout", "retry_cnt", "rnr_retry", "alt_port_num", "alt_timeout")
+_CAP_FIELDS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
+
+
+@traced
+def ibv_cmd_query_qp(qp: Any, attr: Any, attr_mask: int, init_attr: Any) -> None:
+    """Mirrors ibv_cmd_query_qp(): QUERY_QP, then the response into the caller's
+    ibv_qp_attr and ibv_qp_init_attr.  EOPNOTSUPP from IBV_QP_RATE_LIMIT on."""
+    from userspace.libibverbs import verbs as v
+    if attr_mask & ~(v.IBV_QP_RATE_LIMIT - 1):
+        raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_query_qp")
+    resp = execute_write(qp.context, uv.IB_USER_VERBS_CMD_QUERY_QP,
+                         uv.ib_uverbs_query_qp(qp_handle=qp.handle, attr_mask=attr_mask),
+                         uv.ib_uverbs_query_qp_resp, what="ibv_cmd_query_qp")[0]
+    for name in _QUERY_FIELDS:
+        setattr(attr, name, getattr(resp, name))
+    for name in _CAP_FIELDS:
+        setattr(attr.cap, name, getattr(resp, name))
+        setattr(init_attr.cap, name, getattr(resp, name))
+    _ah_from(resp.dest, attr.ah_attr)
+    _ah_from(resp.alt_dest, attr.alt_ah_attr)
+    init_attr.send_cq, init_attr.recv_cq = qp.send_cq, qp.recv_cq
+    init_attr.srq = getattr(qp, "srq", None)
+    init_attr.qp_type, init_attr.sq_sig_all = qp.qp_type, resp.sq_sig_all
 
 
 # -- the ioctl() path (rdma-core cmd_ioctl.c), for driver methods ---------------------------

@@ -26,6 +26,9 @@ SGE = v.ibv_sge
 SendWR = v.ibv_send_wr
 RecvWR = v.ibv_recv_wr
 PyverbsRDMAError = VerbsError
+QPAttr = v.ibv_qp_attr
+AHAttr = v.ibv_ah_attr
+GlobalRoute = v.ibv_global_route
 
 
 class PyverbsObject:
@@ -86,6 +89,10 @@ class Context(PyverbsObject):
 
     def query_port(self, port_num: int = 1):
         return v.ibv_query_port(self.ctx, port_num)
+
+    def query_gid(self, port_num: int = 1, index: int = 0) -> bytes:
+        """ibv_query_gid(): the 16 raw bytes of the GID at index."""
+        return v.ibv_query_gid(self.ctx, port_num, index)
 
     def _destroy(self) -> None:
         _check(v.ibv_close_device(self.ctx), "ibv_close_device")
@@ -185,6 +192,10 @@ class QPInitAttr(v.ibv_qp_init_attr):
         self.pyverbs_cqs = [c for c in (scq, rcq) if c is not None]
 
 
+#: the access an RC QP is connected with by default (perftest's write/read tests)
+RC_ACCESS = v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE | v.IBV_ACCESS_REMOTE_READ
+
+
 class QP(PyverbsObject):
     """A QP; it is closed before its PD and CQs (it is their child)."""
 
@@ -218,6 +229,46 @@ class QP(PyverbsObject):
             err = VerbsError(ret, "ibv_post_recv")
             err.bad_wr = bad[0] if bad else None
             raise err
+
+    def modify(self, attr: v.ibv_qp_attr, attr_mask: int) -> None:
+        """ibv_modify_qp(): the attributes attr_mask names; VerbsError on failure."""
+        _check(v.ibv_modify_qp(self.qp, attr, attr_mask), "ibv_modify_qp")
+
+    def query(self, attr_mask: int) -> tuple[v.ibv_qp_attr, v.ibv_qp_init_attr]:
+        """ibv_query_qp(): (attributes, creation attributes)."""
+        return v.ibv_query_qp(self.qp, attr_mask)
+
+    def to_rts(self, remote_gid: bytes, remote_qpn: int, *, sgid_index: int = 0,
+               port_num: int = 1, sq_psn: int = 0, rq_psn: int = 0,
+               path_mtu: int = v.IBV_MTU_1024, access: int = RC_ACCESS, timeout: int = 14,
+               retry_cnt: int = 7, rnr_retry: int = 7, max_rd_atomic: int = 1,
+               max_dest_rd_atomic: int = 1, min_rnr_timer: int = 12, hop_limit: int = 1,
+               qkey: int = 0x11111111) -> None:
+        """RESET -> INIT -> RTR -> RTS with the attributes each step requires for
+        this QP's type, as perftest and pyverbs' tests connect a QP: the remote
+        side is (remote_gid, remote_qpn) - on one machine, the port's own GID."""
+        t = self.qp.qp_type
+        init = v.IBV_QP_STATE | v.IBV_QP_PKEY_INDEX | v.IBV_QP_PORT
+        init |= v.IBV_QP_QKEY if t == v.IBV_QPT_UD else v.IBV_QP_ACCESS_FLAGS
+        self.modify(QPAttr(qp_state=v.IBV_QPS_INIT, pkey_index=0, port_num=port_num,
+                           qp_access_flags=access, qkey=qkey), init)
+        rtr = v.IBV_QP_STATE
+        if t != v.IBV_QPT_UD:
+            rtr |= v.IBV_QP_AV | v.IBV_QP_PATH_MTU | v.IBV_QP_DEST_QPN | v.IBV_QP_RQ_PSN
+        if t == v.IBV_QPT_RC:
+            rtr |= v.IBV_QP_MAX_DEST_RD_ATOMIC | v.IBV_QP_MIN_RNR_TIMER
+        gr = GlobalRoute(dgid=remote_gid, sgid_index=sgid_index, hop_limit=hop_limit)
+        self.modify(QPAttr(qp_state=v.IBV_QPS_RTR, path_mtu=path_mtu, dest_qp_num=remote_qpn,
+                           rq_psn=rq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
+                           min_rnr_timer=min_rnr_timer,
+                           ah_attr=AHAttr(grh=gr, is_global=1, port_num=port_num)), rtr)
+        rts = v.IBV_QP_STATE | v.IBV_QP_SQ_PSN
+        if t == v.IBV_QPT_RC:
+            rts |= v.IBV_QP_TIMEOUT | v.IBV_QP_RETRY_CNT | v.IBV_QP_RNR_RETRY | \
+                v.IBV_QP_MAX_QP_RD_ATOMIC
+        self.modify(QPAttr(qp_state=v.IBV_QPS_RTS, sq_psn=sq_psn, timeout=timeout,
+                           retry_cnt=retry_cnt, rnr_retry=rnr_retry,
+                           max_rd_atomic=max_rd_atomic), rts)
 
     def _destroy(self) -> None:
         _check(v.ibv_destroy_qp(self.qp), "ibv_destroy_qp")

@@ -6,6 +6,9 @@
     mr = ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE)
     cq = ibv_create_cq(ctx, 16)
     qp = ibv_create_qp(pd, ibv_qp_init_attr(send_cq=cq, recv_cq=cq, cap=ibv_qp_cap(...)))
+    ibv_modify_qp(qp, ibv_qp_attr(qp_state=IBV_QPS_INIT, port_num=1, ...),
+                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)
+    gid = ibv_query_gid(ctx, 1, 0)              # the port's default (link-local) GID
     ibv_destroy_qp(qp); ... ibv_close_device(ctx)
 
 Every call runs in the caller's process (`proc`, an emulated Process) and
@@ -20,6 +23,7 @@ provider's hca_table against the device's modalias.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import attrs
@@ -43,6 +47,17 @@ IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER = 9, 10, 0xFF
 # enum ibv_qp_state
 IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS = 0, 1, 2, 3
 IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR = 4, 5, 6
+# enum ibv_qp_attr_mask
+IBV_QP_STATE, IBV_QP_CUR_STATE, IBV_QP_EN_SQD_ASYNC_NOTIFY = 1 << 0, 1 << 1, 1 << 2
+IBV_QP_ACCESS_FLAGS, IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_QKEY = 1 << 3, 1 << 4, 1 << 5, 1 << 6
+IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT = 1 << 7, 1 << 8, 1 << 9, 1 << 10
+IBV_QP_RNR_RETRY, IBV_QP_RQ_PSN, IBV_QP_MAX_QP_RD_ATOMIC = 1 << 11, 1 << 12, 1 << 13
+IBV_QP_ALT_PATH, IBV_QP_MIN_RNR_TIMER, IBV_QP_SQ_PSN = 1 << 14, 1 << 15, 1 << 16
+IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_PATH_MIG_STATE, IBV_QP_CAP = 1 << 17, 1 << 18, 1 << 19
+IBV_QP_DEST_QPN, IBV_QP_RATE_LIMIT = 1 << 20, 1 << 25
+# enum ibv_mtu, ibv_mig_state
+IBV_MTU_256, IBV_MTU_512, IBV_MTU_1024, IBV_MTU_2048, IBV_MTU_4096 = 1, 2, 3, 4, 5
+IBV_MIG_MIGRATED, IBV_MIG_REARM, IBV_MIG_ARMED = 0, 1, 2
 
 SYSFS_VERBS = "/sys/class/infiniband_verbs"
 SYSFS_IB = "/sys/class/infiniband"
@@ -62,6 +77,8 @@ class verbs_context_ops:
     create_cq: Any = None
     destroy_cq: Any = None
     create_qp: Any = None
+    modify_qp: Any = None
+    query_qp: Any = None
     destroy_qp: Any = None
     post_send: Any = None
     post_recv: Any = None
@@ -137,6 +154,63 @@ class ibv_qp_init_attr:
     cap: ibv_qp_cap = attrs.Factory(ibv_qp_cap)
     qp_type: int = IBV_QPT_RC
     sq_sig_all: int = 0
+
+
+@attrs.define
+class ibv_global_route:
+    """Mirrors struct ibv_global_route (dgid: the 16 raw bytes of union ibv_gid)."""
+
+    dgid: bytes = bytes(16)
+    flow_label: int = 0
+    sgid_index: int = 0
+    hop_limit: int = 0
+    traffic_class: int = 0
+
+
+@attrs.define
+class ibv_ah_attr:
+    """Mirrors struct ibv_ah_attr."""
+
+    grh: ibv_global_route = attrs.Factory(ibv_global_route)
+    dlid: int = 0
+    sl: int = 0
+    src_path_bits: int = 0
+    static_rate: int = 0
+    is_global: int = 0
+    port_num: int = 0
+
+
+@attrs.define
+class ibv_qp_attr:
+    """Mirrors struct ibv_qp_attr: what ibv_modify_qp sets (the fields attr_mask
+    names) and ibv_query_qp reports."""
+
+    qp_state: int = IBV_QPS_RESET
+    cur_qp_state: int = IBV_QPS_RESET
+    path_mtu: int = 0
+    path_mig_state: int = IBV_MIG_MIGRATED
+    qkey: int = 0
+    rq_psn: int = 0
+    sq_psn: int = 0
+    dest_qp_num: int = 0
+    qp_access_flags: int = 0
+    cap: ibv_qp_cap = attrs.Factory(ibv_qp_cap)
+    ah_attr: ibv_ah_attr = attrs.Factory(ibv_ah_attr)
+    alt_ah_attr: ibv_ah_attr = attrs.Factory(ibv_ah_attr)
+    pkey_index: int = 0
+    alt_pkey_index: int = 0
+    en_sqd_async_notify: int = 0
+    sq_draining: int = 0
+    max_rd_atomic: int = 0
+    max_dest_rd_atomic: int = 0
+    min_rnr_timer: int = 0
+    port_num: int = 0
+    timeout: int = 0
+    retry_cnt: int = 0
+    rnr_retry: int = 0
+    alt_port_num: int = 0
+    alt_timeout: int = 0
+    rate_limit: int = 0
 
 
 @attrs.define(eq=False)
@@ -275,6 +349,46 @@ def ibv_create_qp(pd: ibv_pd, attr: ibv_qp_init_attr) -> ibv_qp:
 @traced
 def ibv_destroy_qp(qp: ibv_qp) -> int:
     return _errno_of(qp.context.ops.destroy_qp, qp)
+
+
+@traced
+def ibv_modify_qp(qp: ibv_qp, attr: ibv_qp_attr, attr_mask: int) -> int:
+    """Mirrors ibv_modify_qp(): 0 or the errno; with IBV_QP_STATE the QP's
+    state is the new one once the provider succeeded."""
+    try:
+        qp.context.ops.modify_qp(qp, attr, attr_mask)
+    except OSError as e:
+        return e.errno
+    if attr_mask & IBV_QP_STATE:
+        qp.state = attr.qp_state
+    return 0
+
+
+@traced
+def ibv_query_qp(qp: ibv_qp, attr_mask: int) -> tuple[ibv_qp_attr, ibv_qp_init_attr]:
+    """Mirrors ibv_query_qp(): the QP's attributes and creation attributes
+    (VerbsError on failure; the C function fills the caller's two structs)."""
+    attr, init_attr = ibv_qp_attr(), ibv_qp_init_attr()
+    qp.context.ops.query_qp(qp, attr, attr_mask, init_attr)
+    if attr_mask & IBV_QP_STATE:
+        qp.state = attr.qp_state
+    return attr, init_attr
+
+
+@traced
+def ibv_query_gid(ctx: ibv_context, port_num: int, index: int) -> bytes:
+    """Mirrors ibv_query_gid() as rdma-core did before the QUERY_GID ioctls: read
+    ports/<port>/gids/<index> in sysfs and parse its eight 16-bit groups.
+    VerbsError(ENOENT) when there is no such file, EINVAL when it does not parse."""
+    path = f"{ctx.device.ibdev_path}/ports/{port_num}/gids/{index}"
+    text = read_sysfs(ctx.proc, path)
+    if text is None:
+        raise VerbsError(errno.ENOENT, f"ibv_query_gid({path})")
+    try:
+        groups = [int(text[i * 5:i * 5 + 4], 16) for i in range(8)]
+    except ValueError:
+        raise VerbsError(errno.EINVAL, f"ibv_query_gid({path})") from None
+    return b"".join(g.to_bytes(2, "big") for g in groups)
 
 
 def _errno_of(fn, obj) -> int:

@@ -30,18 +30,26 @@ from userspace.libc import free, posix_memalign
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs.cmd import VerbsError
 from userspace.libibverbs.verbs import (
+    IBV_QP_STATE,
+    IBV_QPS_INIT,
+    IBV_QPS_RESET,
+    IBV_QPS_RTR,
+    IBV_QPS_RTS,
+    IBV_QPS_SQD,
+    IBV_QPS_SQE,
     ibv_cq,
     ibv_mr,
     ibv_pd,
     ibv_qp,
+    ibv_qp_attr,
     ibv_qp_init_attr,
     verbs_context_ops,
 )
 from userspace.providers.mlx5 import env as mlx5_env
-from userspace.providers.mlx5.cq import mlx5_poll_cq
+from userspace.providers.mlx5.cq import mlx5_cq_clean, mlx5_poll_cq
 from userspace.providers.mlx5.dbrec import mlx5_alloc_dbrec, mlx5_free_db
 from userspace.providers.mlx5.mlx5 import mlx5_alloc_context, mlx5_context, mlx5_free_context
-from userspace.providers.mlx5.qp import mlx5_post_recv, mlx5_post_send
+from userspace.providers.mlx5.qp import mlx5_init_qp_indices, mlx5_post_recv, mlx5_post_send
 from userspace.providers.mlx5.uar import (
     bf_for_bfreg_index,
     mlx5_bf,
@@ -274,6 +282,46 @@ def mlx5_destroy_qp(qp: mlx5_qp) -> None:
     free(mctx.proc, qp.buf, qp.buf_size)
 
 
+#: the states in which each queue may post (rdma-core sets qp_state_max_gs by them)
+_SQ_POSTS = (IBV_QPS_RTS,)
+_RQ_POSTS = (IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE)
+
+
+@traced
+def mlx5_modify_qp(qp: mlx5_qp, attr: ibv_qp_attr, attr_mask: int) -> None:
+    """Mirrors mlx5_modify_qp(): MODIFY_QP (ibv_cmd_modify_qp).  On a state change
+    the queues learn whether they may post (qp_state_max_gs); on a move to RESET
+    the CQs lose the QP's unpolled completions (mlx5_cq_clean, by user index or
+    QPN), the queues start over empty and the doorbell record is zeroed."""
+    mctx = _to_mctx(qp.context)
+    c.ibv_cmd_modify_qp(qp, attr, attr_mask)
+    if not attr_mask & IBV_QP_STATE:
+        return
+    state = attr.qp_state
+    qp.sq.qp_state_max_gs = qp.sq.max_gs if state in _SQ_POSTS else -1
+    qp.rq.qp_state_max_gs = qp.rq.max_gs if state in _RQ_POSTS else -1
+    if state == IBV_QPS_RESET:
+        rsn = qp.uidx if mctx.cqe_version else qp.qp_num
+        if qp.recv_cq is not None:
+            mlx5_cq_clean(qp.recv_cq, rsn)
+        if qp.send_cq is not qp.recv_cq and qp.send_cq is not None:
+            mlx5_cq_clean(qp.send_cq, rsn)
+        mlx5_init_qp_indices(qp)
+        mctx.proc.store(qp.db, bytes(8))  # db[MLX5_RCV_DBR] = db[MLX5_SND_DBR] = 0
+
+
+@traced
+def mlx5_query_qp(qp: mlx5_qp, attr: ibv_qp_attr, attr_mask: int,
+                  init_attr: ibv_qp_init_attr) -> None:
+    """Mirrors mlx5_query_qp(): QUERY_QP, then the send queue's sizes, which only
+    the library knows (the kernel reports none for a user QP)."""
+    c.ibv_cmd_query_qp(qp, attr, attr_mask, init_attr)
+    init_attr.cap.max_send_wr = qp.sq.max_post
+    init_attr.cap.max_send_sge = qp.sq.max_gs
+    init_attr.cap.max_inline_data = qp.max_inline_data
+    attr.cap = attrs.evolve(init_attr.cap)
+
+
 def read_dbrec(qp: mlx5_qp) -> tuple[int, int]:
     """The doorbell record's (receive, send) counters, as the HCA reads them (big-endian)."""
     return struct.unpack(">II", qp.context.proc.load(qp.db, 8))
@@ -283,5 +331,6 @@ mlx5_ctx_ops = verbs_context_ops(
     alloc_context=mlx5_alloc_context, free_context=mlx5_free_context,
     query_port=mlx5_query_port, alloc_pd=mlx5_alloc_pd, dealloc_pd=mlx5_free_pd,
     reg_mr=mlx5_reg_mr, dereg_mr=mlx5_dereg_mr, create_cq=mlx5_create_cq,
-    destroy_cq=mlx5_destroy_cq, create_qp=mlx5_create_qp, destroy_qp=mlx5_destroy_qp,
+    destroy_cq=mlx5_destroy_cq, create_qp=mlx5_create_qp, modify_qp=mlx5_modify_qp,
+    query_qp=mlx5_query_qp, destroy_qp=mlx5_destroy_qp,
     post_send=mlx5_post_send, post_recv=mlx5_post_recv, poll_cq=mlx5_poll_cq)
