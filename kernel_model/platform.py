@@ -16,6 +16,8 @@ from kernel_model.hw.fabric import Fabric
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
 from kernel_model.machine import Machine
 
+__all__ = ["DEFAULT_MODULES", "Fabric", "rdma_host"]  # Fabric: hosts on one switch
+
 DEFAULT_MODULES: tuple[str, ...] = ("mlx5_core",)
 
 

@@ -163,7 +163,7 @@ def test_unknown_scenario(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err == ("peermem trace: no scenario 'nosuch'; known: create-qp, open-device, pin, "
-                   "reg-mr\n")
+                   "rdma-write, reg-mr\n")
 
 
 @pytest.mark.parametrize("args, kw", [

@@ -2,6 +2,7 @@
 
     peermem --help
     peermem gup-test -m 128          # the mm selftest's pin benchmark
+    peermem write-bw --two-machines  # perftest's ib_write_bw across a fabric
     peermem scenarios                # what `trace` can run
     peermem trace pin                # ftrace function_graph text of a scenario
     peermem trace pin --format perfetto -o pin.json
@@ -61,6 +62,30 @@ def _devinfo(args: argparse.Namespace) -> int:
     p.exit(0)
     m.check_leaks()
     return rc & 0xFF  # the exit status a shell sees (devinfo returns -1 for "not found")
+
+
+def _write_bw(args: argparse.Namespace) -> int:
+    from kernel_model.platform import Fabric, rdma_host
+    from userspace.tools import write_bw
+
+    def host(name: str, fabric: Fabric | None) -> Machine:
+        m = rdma_host(page_size=args.page_size, backend=args.backend, name=name,
+                      ram_size=max(256 << 20, 4 * args.size + (64 << 20)), fabric=fabric)
+        m.load_module("mlx5_ib")
+        return m
+
+    if args.two_machines:
+        fabric = Fabric()
+        machines = (host("server", fabric), host("client", fabric))
+    else:
+        m = host("host0", None)
+        machines = (m, m)
+    write_bw.main(machines, size=args.size, iters=args.iters, tx_depth=args.tx_depth,
+                  cq_mod=args.cq_mod)
+    for m in dict.fromkeys(machines):
+        m.check_leaks()
+    print(" leak check: clean")
+    return 0
 
 
 def _add_machine_options(sp: argparse.ArgumentParser) -> None:
@@ -151,6 +176,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "capability (tot_bfregs 0, no static UARs)")
     _add_machine_options(d)
     d.set_defaults(func=_devinfo)
+    w = sub.add_parser("write-bw", help="RDMA WRITE bandwidth between two processes, "
+                       "as perftest's ib_write_bw",
+                       description="A server and a client process, RC QPs, RDMA WRITEs of "
+                       "SIZE bytes; prints perftest's table (wall-clock rates of the "
+                       "emulation) and verifies the data at the end.")
+    w.add_argument("--size", "-s", type=int, default=65536, metavar="BYTES",
+                   help="message size (65536)")
+    w.add_argument("--iters", "-n", type=int, default=1000, metavar="N",
+                   help="messages (1000)")
+    w.add_argument("--tx-depth", "-t", type=int, default=128, help="WRs in flight (128)")
+    w.add_argument("--cq-mod", "-Q", type=int, default=100,
+                   help="signal one WR in every CQ_MOD (100)")
+    w.add_argument("--two-machines", action="store_true",
+                   help="server and client on two machines joined by a Fabric "
+                   "(default: both on one machine, over the HCA's loopback)")
+    _add_machine_options(w)
+    w.set_defaults(func=_write_bw)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")
     s.set_defaults(func=_scenarios)

@@ -178,7 +178,7 @@ def _print_port(out: TextIO, port: int, pa, transport: int, verbose: bool) -> No
         if transport == IBV_TRANSPORT_IB:
             phys = _named(_PHYS_STATES, pa.phys_state, "invalid physical state")
             w(f"\t\t\tphys_state:\t\t{phys}\n")
-        # EMU: the GID table (ibv_query_gid) is not published by the model
+        # EMU: print_all_port_gids (the GID[i] lines) is not reproduced; see ibv_query_gid
     w("\n")
 
 

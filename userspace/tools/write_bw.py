@@ -1,0 +1,165 @@
+"""ib_write_bw, in the style of perftest: RC RDMA WRITE bandwidth between two processes.
+
+    peermem write-bw --size 65536 --iters 1000 [--two-machines]
+
+A server and a client process each open mlx5_0, allocate a PD, a CQ, a
+buffer registered with remote write, and an RC QP; they exchange (QPN, PSN,
+rkey, address, GID) - perftest does it over a TCP socket, here by handing
+the values across (# EMU: out-of-band exchange without sockets) - and move
+their QPs RESET -> INIT -> RTR -> RTS.  The client keeps up to tx_depth
+RDMA WRITEs in flight, signalling every cq_mod-th one (perftest's CQ
+moderation), and polls for completions; at the end the server checks every
+byte it received.
+
+The table is perftest's.  Times are wall-clock times of the emulation, so
+the figures say how fast the emulated stack moves bytes, not what a
+ConnectX would: BW average is all bytes over the whole run; BW peak is the
+best rate over any tx_depth consecutive completions (perftest takes the
+best over every span of completions, which costs O(n^2)).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+
+from userspace.libibverbs import verbs as v
+from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr, SendWR
+from userspace.libibverbs.verbs import ibv_sge
+
+MB = 1 << 20  # perftest's MB/sec is 2^20 bytes per second
+RULE = "-" * 87
+
+
+@attrs.define
+class Endpoint:
+    """One side's resources, and what it tells the other side (pp_dest in perftest)."""
+
+    ctx: Any
+    pd: Any
+    cq: Any
+    mr: Any
+    qp: Any
+    gid: bytes
+    psn: int
+
+    def dest(self) -> dict[str, int | bytes]:
+        return {"qpn": self.qp.qp_num, "psn": self.psn, "rkey": self.mr.rkey,
+                "vaddr": self.mr.buf, "gid": self.gid}
+
+
+def _gid_text(gid: bytes) -> str:
+    return ":".join(f"{b:02d}" for b in gid)
+
+
+def setup(proc: Any, size: int, tx_depth: int, psn: int) -> Endpoint:
+    """ctx, PD, CQ, a registered buffer and an RC QP (perftest's ctx_init)."""
+    ctx = Context(proc)
+    pd = PD(ctx)
+    cq = CQ(ctx, tx_depth)
+    access = v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE
+    mr = MR(pd, max(size, 1), access)
+    qp = QP(pd, QPInitAttr(cq, cq, cap=QPCap(max_send_wr=tx_depth, max_recv_wr=1,
+                                             max_send_sge=1, max_recv_sge=1)))
+    return Endpoint(ctx, pd, cq, mr, qp, ctx.query_gid(1, 0), psn)
+
+
+def connect(ep: Endpoint, remote: dict[str, int | bytes]) -> None:
+    """RESET -> INIT -> RTR -> RTS against the other side's QPN, PSN and GID."""
+    ep.qp.to_rts(remote["gid"], remote["qpn"], sq_psn=ep.psn, rq_psn=remote["psn"])
+
+
+def run_client(ep: Endpoint, remote: dict[str, int | bytes], size: int, iters: int,
+               tx_depth: int, cq_mod: int) -> tuple[list[float], list[float]]:
+    """Post `iters` RDMA WRITEs, at most tx_depth outstanding, every cq_mod-th
+    signalled; returns the post and completion times per message."""
+    pattern = bytes((i * 131 + 7) & 0xFF for i in range(min(size, 4096)))
+    ep.mr.write((pattern * (size // max(len(pattern), 1) + 1))[:size])
+    tposted = [0.0] * iters
+    tcompleted = [0.0] * iters
+    scnt = ccnt = 0
+    while ccnt < iters:
+        while scnt < iters and scnt - ccnt < tx_depth:
+            last = scnt == iters - 1
+            flags = v.IBV_SEND_SIGNALED if (scnt + 1) % cq_mod == 0 or last else 0
+            tposted[scnt] = time.perf_counter()
+            ep.qp.post_send(SendWR(wr_id=scnt, sg_list=[ibv_sge(ep.mr.buf, size, ep.mr.lkey)],
+                                   opcode=v.IBV_WR_RDMA_WRITE, send_flags=flags,
+                                   remote_addr=remote["vaddr"], rkey=remote["rkey"]))
+            scnt += 1
+        for wc in ep.cq.poll_until(1):
+            if wc.status != v.IBV_WC_SUCCESS:
+                raise RuntimeError(f"write-bw: completion error "
+                                   f"{v.ibv_wc_status_str(wc.status)} (wr_id {wc.wr_id})")
+            now = time.perf_counter()
+            for i in range(ccnt, wc.wr_id + 1):   # one CQE completes the unsignalled ones too
+                tcompleted[i] = now
+            ccnt = wc.wr_id + 1
+    return tposted, tcompleted
+
+
+def report(size: int, iters: int, tx_depth: int, tposted: list[float],
+           tcompleted: list[float]) -> tuple[str, float, float, float]:
+    """perftest's result line: (#bytes #iterations BW peak BW average MsgRate)."""
+    total = max(tcompleted[-1] - tposted[0], 1e-9)
+    avg = size * iters / total / MB
+    window = min(tx_depth, iters)
+    best = min((tcompleted[j + window - 1] - tposted[j]) / window
+               for j in range(iters - window + 1))
+    peak = max(size / max(best, 1e-9) / MB, avg)
+    rate = iters / total / 1e6
+    line = f" {size:<10} {iters:<10}       {peak:<.2f}            {avg:<.2f}" \
+           f"                  {rate:.6f}"
+    return line, peak, avg, rate
+
+
+def main(machines: tuple[Any, Any], size: int = 65536, iters: int = 1000,
+         tx_depth: int = 128, cq_mod: int = 100, out: Any = print) -> dict[str, float]:
+    """Run the test between a server process on machines[0] and a client on
+    machines[1] (the same machine for loopback); print perftest's report."""
+    if size < 1 or iters < 1:
+        raise ValueError("write-bw: --size and --iters must be at least 1")
+    tx_depth = min(tx_depth, iters)
+    server, client = machines[0].spawn("ib_write_bw"), machines[1].spawn("ib_write_bw")
+    try:
+        srv = server.run(setup, server, size, tx_depth, 0x1A2B3C)
+        cli = client.run(setup, client, size, tx_depth, 0x4D5E6F)
+        server.run(connect, srv, cli.dest())
+        client.run(connect, cli, srv.dest())
+        out(RULE)
+        out("                    RDMA_Write BW Test")
+        out(" Number of qps   : 1            Transport type : IB")
+        out(" Connection type : RC           Using SRQ      : OFF")
+        out(f" TX depth        : {tx_depth}")
+        out(f" CQ Moderation   : {cq_mod}")
+        out(" Mtu             : 1024[B]")
+        out(" Link type       : Ethernet")
+        out(" GID index       : 0")
+        out(" Data ex. method : in-process (emulated)")
+        out(RULE)
+        for who, ep in (("local", cli), ("remote", srv)):
+            out(f" {who} address: LID 0000 QPN {ep.qp.qp_num:#06x} PSN {ep.psn:#08x} "
+                f"RKey {ep.mr.rkey:#08x} VAddr {ep.mr.buf:#016x}")
+            out(f" GID: {_gid_text(ep.gid)}")
+        out(RULE)
+        tposted, tcompleted = client.run(run_client, cli, srv.dest(), size, iters, tx_depth,
+                                         max(1, min(cq_mod, tx_depth)))
+        line, peak, avg, rate = report(size, iters, tx_depth, tposted, tcompleted)
+        out(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")
+        out(line)
+        out(RULE)
+        sent = client.run(cli.mr.read, size)
+        got = server.run(srv.mr.read, size)
+        if got != sent:
+            bad = next(i for i in range(size) if got[i] != sent[i])
+            raise RuntimeError(f"write-bw: data mismatch at byte {bad}")
+        out(f" data verified: {size} bytes at the server match the client's buffer")
+        client.run(cli.ctx.close)
+        server.run(srv.ctx.close)
+    finally:
+        for p in (client, server):
+            if p.alive:
+                p.exit(0)
+    return {"peak": peak, "average": avg, "msg_rate": rate}
