@@ -421,12 +421,16 @@ def _build(events: list[tuple], clock: str, t0: int) -> Trace:
 
 def _task_name(key: object, with_machine: bool = False) -> str:
     if isinstance(key, Task):
-        return key.label if key.ts is None else f"{key.ts.comm}-{key.ts.pid}"
+        if key.ts is not None:
+            key = key.ts
+        else:  # a device's or the emulator's own task: its machine, if it has one
+            m = key.machine
+            return f"{m.name}:{key.label}" if with_machine and m is not None else key.label
     name = f"{key.comm}-{key.pid}"
     return f"{key.machine.name}:{name}" if with_machine else name
 
 
-_HEX_NAMES = ("flags", "prot", "mask", "access", "mode")
+_HEX_NAMES = ("flags", "prot", "mask", "access", "mode", "key", "qpn", "opcode")
 
 
 def summarise(v: object, name: str = "") -> str:

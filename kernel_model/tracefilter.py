@@ -10,7 +10,11 @@ can be looked at many ways (kernel_model.traceout prints any of them):
     whose parent was dropped hangs from its nearest kept ancestor, so
     `layer=("ib_core", "mlx5_ib")` reads as a driver-only call graph;
   * depth    - like max_graph_depth: nothing at depth N or below;
-  * task     - one track only.
+  * task     - one track only;
+  * during   - every task, but only while calls to one function ran (from
+    the first entry to the last exit of each outermost call): what the HCA,
+    the other machine and the kernel threads did meanwhile.  ftrace has no
+    such filter; trace-cmd's time windows on a per-CPU buffer come closest.
 
 Every filter returns a new Trace of new Call/Point nodes (parents, depths,
 children, roots and timeline rebuilt together) and never touches its input,
@@ -40,8 +44,10 @@ MAX_ACTUAL_LINES = 40     # lines of the actual call sequence in a flow mismatch
 
 
 def filter_trace(trace: Trace, *, function: str | None = None, depth: int | None = None,
-                 layer: str | Iterable[str] | None = None, task: str | None = None) -> Trace:
-    """A new Trace cut down by the filters given, applied function, layer, depth, task.
+                 layer: str | Iterable[str] | None = None, task: str | None = None,
+                 during: str | None = None) -> Trace:
+    """A new Trace cut down by the filters given, applied during, function, layer,
+    depth, task.
 
     Every argument is checked before any work so a typo fails at once with
     the choices available; with no filter the result is a plain copy.
@@ -51,6 +57,8 @@ def filter_trace(trace: Trace, *, function: str | None = None, depth: int | None
         raise ValueError(f"depth must be >= 1 (like max_graph_depth), not {depth!r}")
     track = None if task is None else _task_track(trace, task)
     out = trace
+    if during is not None:
+        out = _during(out, during)
     if function is not None:
         out = _by_function(out, function)
     if layers is not None:
@@ -87,6 +95,25 @@ def _by_function(trace: Trace, name: str) -> Trace:
     if not kept:
         raise ValueError(_no_function_message(trace, name))
     return _rebuild(trace, lambda n: id(n) in kept)
+
+
+def _during(trace: Trace, name: str) -> Trace:
+    """Keep every node, on any track, that started while an outermost call to `name` ran."""
+    windows: list[tuple[int, int]] = []
+    inside: set[int] = set()
+    for call in trace.calls():
+        if call.func == name and id(call) not in inside:
+            inside.update(id(n) for n in call.walk())
+            end = call.end if call.end is not None else max(
+                (n.start if isinstance(n, Call) else n.ts) for n in call.walk())
+            windows.append((call.start, end))
+    if not windows:
+        raise ValueError(_no_function_message(trace, name))
+
+    def keep(n: Node) -> bool:
+        t = n.start if isinstance(n, Call) else n.ts
+        return any(lo <= t <= hi for lo, hi in windows)
+    return _rebuild(trace, keep)
 
 
 def _no_function_message(trace: Trace, name: str) -> str:

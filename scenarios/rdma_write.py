@@ -19,7 +19,8 @@ other's (GID, QPN).  Then the client:
   [mlx5_hca host-a]    hca_requester_answer: hca_cqe_write
   ibv_poll_cq          the CQE, found by its owner bit
   ibv_post_send (2 WRs) two WQEs, one 64-bit doorbell (no BlueFlame for more
-                       than one WQE); the register offset toggles each time
+                       than one WQE); the register offset toggles each time;
+                       only the second is signalled, and its CQE retires both
 
 The server checks the bytes; both sides tear down and the machines pass
 the leak check.
@@ -39,20 +40,28 @@ SIZE = 64
 
 
 @traced(layer="userspace")
-def write_and_complete(ep: Endpoint, remote: dict) -> list:
-    """The client's data path: one signalled RDMA WRITE, then two chained ones."""
+def write_signalled(ep: Endpoint, remote: dict) -> list:
+    """One signalled RDMA WRITE of SIZE bytes, polled to its completion."""
     ep.mr.write(bytes(range(SIZE)))
     sge = v.ibv_sge(ep.mr.buf, SIZE, ep.mr.lkey)
     ep.qp.post_send(SendWR(wr_id=1, sg_list=[sge], opcode=v.IBV_WR_RDMA_WRITE,
                            send_flags=v.IBV_SEND_SIGNALED, remote_addr=remote["vaddr"],
                            rkey=remote["rkey"]))
-    wcs = ep.cq.poll_until(1)
-    second = SendWR(wr_id=3, sg_list=[v.ibv_sge(ep.mr.buf, SIZE // 2, ep.mr.lkey)],
+    return ep.cq.poll_until(1)
+
+
+@traced(layer="userspace")
+def write_chain(ep: Endpoint, remote: dict) -> list:
+    """Two chained WRITEs in one post, only the second signalled: its CQE
+    retires both.  Together they fill the remote buffer's second half."""
+    second = SendWR(wr_id=3, sg_list=[v.ibv_sge(ep.mr.buf + SIZE // 2, SIZE // 2, ep.mr.lkey)],
                     opcode=v.IBV_WR_RDMA_WRITE, send_flags=v.IBV_SEND_SIGNALED,
-                    remote_addr=remote["vaddr"] + SIZE, rkey=remote["rkey"])
-    ep.qp.post_send(SendWR(wr_id=2, next=second, sg_list=[sge], opcode=v.IBV_WR_RDMA_WRITE,
-                           remote_addr=remote["vaddr"] + SIZE, rkey=remote["rkey"]))
-    return wcs + ep.cq.poll_until(1)
+                    remote_addr=remote["vaddr"] + SIZE + SIZE // 2, rkey=remote["rkey"])
+    ep.qp.post_send(SendWR(wr_id=2, next=second,
+                           sg_list=[v.ibv_sge(ep.mr.buf, SIZE // 2, ep.mr.lkey)],
+                           opcode=v.IBV_WR_RDMA_WRITE, remote_addr=remote["vaddr"] + SIZE,
+                           rkey=remote["rkey"]))
+    return ep.cq.poll_until(1)
 
 
 @scenario("rdma-write", "a client on host-a RDMA-WRITEs 64 bytes into a server's buffer on "
@@ -67,7 +76,8 @@ def rdma_write() -> None:
     cli = client.run(setup, client, 2 * SIZE, 16, 0x200)
     server.run(connect, srv, cli.dest())
     client.run(connect, cli, srv.dest())
-    wcs = client.run(write_and_complete, cli, srv.dest())
+    wcs = client.run(write_signalled, cli, srv.dest())
+    wcs += client.run(write_chain, cli, srv.dest())
     assert [(wc.wr_id, wc.status) for wc in wcs] == [(1, 0), (3, 0)], wcs
     got = server.run(srv.mr.read, 2 * SIZE)
     assert got == bytes(range(SIZE)) * 2, got

@@ -265,6 +265,7 @@ qp_state_table: dict[tuple[int, int], tuple[dict[int, int], dict[int, int]]] = {
 }
 
 
+@traced
 def ib_modify_qp_is_ok(cur_state: int, next_state: int, type_: int, mask: int) -> bool:
     """Mirrors ib_modify_qp_is_ok(): a transition in the table, every required
     attribute given, nothing it does not take (IB_QP_CUR_STATE only from RTR,

@@ -54,11 +54,12 @@ from typing import TYPE_CHECKING
 import attrs
 
 from c_ext import U64Array
+from kernel_model import trace
 from kernel_model.hw.fabric import route
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_SET
 from kernel_model.iommu import IommuFault, dma_to_phys
 from kernel_model.sched import SCHED, Task
-from kernel_model.trace import traced
+from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX, UarWrite
@@ -90,6 +91,17 @@ SYND_NAMES = {SYND_LOCAL_LENGTH: "local length", SYND_LOCAL_QP_OP: "local QP ope
               SYND_TRANSPORT_RETRY_EXC: "transport retry exceeded",
               SYND_RNR_RETRY_EXC: "RNR retry exceeded"}
 RNR_FOREVER_CAP = 10000
+
+# a frame handed from one port to another (or looped back): who to whom, what
+# the doorbell record's counter as the engine read it, and where each WQE came from
+trace_hca_dbrec = tracepoint("hca_dbrec", "qpn send_counter", layer="hw")
+trace_hca_wqe = tracepoint("hca_wqe", "qpn counter source", layer="hw")
+trace_roce_frame = tracepoint("roce_frame", "src dst kind op src_qpn dest_qpn wqe payload",
+                              layer="hw")
+
+
+def _port_name(hca: ConnectX) -> str:
+    return f"{hca.machine.name}/{hca.name}"
 MAX_PIECES = 1 << 16
 
 
@@ -250,9 +262,17 @@ class Mlx5Engine:
             return                                    # more 64-byte chunks to come
         del self._bf_chunks[key]
         qpn = word >> 8
-        if self._owns(qpn, rec.uar):
+        if not self._owns(qpn, rec.uar):
+            return
+        state = self.hca.fw.qps[qpn].state
+        if state in (QPS_RTS, QPS_SQD):
             self._qphw(qpn).bf[_be32(buf, 0) >> 8 & 0xFFFF] = bytes(buf[:(word & 0x3F) * 16])
-            self._queue(qpn)
+        elif state != QPS_ERR:
+            # the send queue is not running: the copy is not kept, so it can
+            # never stand in for a WQE posted later with the same counter
+            self.async_events.append(("bf_qp_not_ready", qpn, rec.uar))
+            return
+        self._queue(qpn)      # (in ERR: the doorbell makes the WQE flush)
 
     def _owns(self, qpn: int, uar: int) -> bool:
         """The device acts only on a doorbell for a QP bound to that UAR page."""
@@ -416,6 +436,8 @@ class Mlx5Engine:
         the doorbell, else a DMA read through the QP's PAS (wrapping at the end)."""
         hw = self._qphw(qp.num)
         bf = hw.bf.pop(counter & 0xFFFF, None)
+        if trace.enabled:
+            trace_hca_wqe(hex(qp.num), counter & 0xFFFF, "dma" if bf is None else "blueflame")
         if bf is not None:
             return bf
         c = self._c(qp)
@@ -506,6 +528,8 @@ class Mlx5Engine:
         if hw.stalled:
             return
         _rcv, snd = self._dbrec(qp)
+        if trace.enabled:
+            trace_hca_dbrec(hex(qpn), snd & 0xFFFF)
         while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF) and qp.state == QPS_RTS:
             counter = hw.sq_ci
             wqe = self.hca_wqe_fetch(qp, counter)
@@ -591,6 +615,11 @@ class Mlx5Engine:
         self._deliver(engine_of(dst), frame)
 
     def _deliver(self, eng: Mlx5Engine, frame: Frame) -> None:
+        if trace.enabled:
+            trace_roce_frame(_port_name(frame.src), _port_name(eng.hca), frame.kind,
+                             OP_NAMES.get(frame.opcode, hex(frame.opcode)), hex(frame.src_qpn),
+                             hex(frame.dest_qpn), frame.wqe_index,
+                             len(frame.payload) if frame.payload is not None else 0)
         eng.rx.append(frame)
         eng.kick()
 

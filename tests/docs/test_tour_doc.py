@@ -15,6 +15,7 @@ or a scenario, rewrite the blocks with
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 
 import pytest
@@ -134,6 +135,98 @@ def _qp_bfregs(dyn_uar: bool) -> str:
     return "".join(f"{r.rstrip()}\n" for r in rows)
 
 
+def _qp_state_rc() -> str:
+    """qp_state_table's RC rows for the connect path: required and optional attributes."""
+    import drivers.ib_core.ib_verbs as iv
+    from drivers.ib_core.verbs import qp_state_table
+    bits = sorted((val, name.removeprefix("IB_QP_")) for name, val in vars(iv).items()
+                  if name.startswith("IB_QP_") and isinstance(val, int)
+                  and val & (val - 1) == 0 and val)
+    state = {val: name.removeprefix("IB_QPS_") for name, val in vars(iv).items()
+             if name.startswith("IB_QPS_")}
+
+    def names(mask: int) -> str:
+        return " | ".join(n for b, n in bits if mask & b) or "-"
+    rows = []
+    for cur, nxt in ((iv.IB_QPS_RESET, iv.IB_QPS_INIT), (iv.IB_QPS_INIT, iv.IB_QPS_RTR),
+                     (iv.IB_QPS_RTR, iv.IB_QPS_RTS), (iv.IB_QPS_RTS, iv.IB_QPS_ERR),
+                     (iv.IB_QPS_ERR, iv.IB_QPS_RESET)):
+        req, opt = qp_state_table[(cur, nxt)]
+        rows.append(f"{state[cur]:>5} -> {state[nxt]:<5} required: "
+                    f"{names(req.get(iv.IB_QPT_RC, 0))}\n"
+                    f"{'':15}optional: {names(opt.get(iv.IB_QPT_RC, 0))}\n")
+    return "".join(rows)
+
+
+def _data_path_errors() -> str:
+    """Each bad post or bad key on a fresh loopback link: what the poster gets back."""
+    from tests.flows.test_data_path import SIG, make_link
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.cmd import VerbsError
+    from userspace.libibverbs.pyverbs import SendWR
+    states = {0: "RESET", 1: "INIT", 2: "RTR", 3: "RTS", 6: "ERR"}
+
+    def chain(link):  # one WR more than the send queue's max_post
+        wrs = [link.write(i, 0, 0, 8, flags=0) for i in range(link.a.qp.qp.sq.max_post + 1)]
+        for w, nxt in zip(wrs, wrs[1:], strict=False):
+            w.next = nxt
+        return wrs[0]
+
+    def bad_lkey(link):
+        wr = link.write(1, 0, 0, 8)
+        wr.sg_list[0].lkey ^= 0x100
+        return wr
+
+    def bad_rkey(link):
+        wr = link.write(1, 0, 0, 8)
+        wr.rkey ^= 0x100
+        return wr
+
+    def beyond(link):
+        return link.write(1, 0, link.b.mr.length - 4, 8)
+
+    def sges(link):  # one SGE more than max_gs
+        return SendWR(wr_id=1, sg_list=[link.a.sge(8 * i, 8)
+                                        for i in range(link.a.qp.qp.sq.max_gs + 1)],
+                      opcode=v.IBV_WR_RDMA_WRITE, send_flags=SIG,
+                      remote_addr=link.b.mr.buf, rkey=link.b.mr.rkey)
+
+    cases = [
+        ("post_send on a QP in RESET", {"connected": False}, lambda k: k.write(1, 0, 0, 8)),
+        ("max_post + 1 WRs in one post", {}, chain),
+        ("max_gs + 1 SGEs in one WR", {}, sges),
+        ("lkey not an MR of this PD", {}, bad_lkey),
+        ("rkey nobody registered", {}, bad_rkey),
+        ("remote range past the MR's end", {}, beyond),
+        ("remote MR without REMOTE_WRITE", {"b_kw": {"mr_access": v.IBV_ACCESS_LOCAL_WRITE}},
+         lambda k: k.write(1, 0, 0, 8)),
+        ("responder QP destroyed", {}, None),
+    ]
+    rows = [f"{'what':34}{'the poster gets':40}requester  responder"]
+    for what, kw, make in cases:
+        with fresh_process():
+            link = make_link("loopback", **kw)
+            if make is None:
+                link.b.qp.close()
+                make = lambda k: k.write(1, 0, 0, 8)  # noqa: E731
+            try:
+                link.a.qp.post_send(make(link))
+                wcs = link.a.cq.poll_until(1)
+                got = f"completion {v.ibv_wc_status_str(wcs[0].status)}"
+            except VerbsError as e:
+                got = f"errno {errno.errorcode[e.errno]} at once"
+                if e.bad_wr is not None and e.bad_wr.wr_id:
+                    got += f" (bad_wr: WR {e.bad_wr.wr_id})"
+            a = states[link.a.fw_state()]
+            b = states[link.b.fw_state()] if link.b.qp.qp_num in link.b.hca.fw.qps else "-"
+            rows.append(f"{what:34}{got:40}{a:11}{b}")
+            for side in (link.a, link.b):
+                side.ep.ctx.close()
+                side.p.exit(0)
+            link.machines[0].check_leaks()
+    return "".join(f"{r.rstrip()}\n" for r in rows)
+
+
 EXAMPLES: dict[str, Callable[[], str]] = {
     "devinfo_resp": _devinfo_resp,
     "devinfo_resp_dyn_uar": _devinfo_resp_dyn_uar,
@@ -141,6 +234,8 @@ EXAMPLES: dict[str, Callable[[], str]] = {
     "qp_sizing": _qp_sizing,
     "qp_bfregs": lambda: _qp_bfregs(dyn_uar=False),
     "qp_bfregs_dyn_uar": lambda: _qp_bfregs(dyn_uar=True),
+    "qp_state_rc": _qp_state_rc,
+    "data_path_errors": _data_path_errors,
 }
 
 BLOCKS = DocBlocks(DOC, EXAMPLES, REGEN)

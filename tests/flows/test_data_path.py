@@ -217,9 +217,6 @@ def test_write_with_immediate_consumes_a_receive(any_link):
     assert b.mr.read(16) == bytes(16)      # the receive buffer itself is not written
 
 
-@pytest.mark.xfail(reason="libmlx5 bug: _parse_cqe (providers/mlx5/cq.py) does not set "
-                   "IBV_WC_WITH_IMM on the requester's completion of a WRITE/SEND with "
-                   "immediate, as rdma-core's handle_good_req does", strict=True)
 @pytest.mark.parametrize("op", [v.IBV_WR_RDMA_WRITE_WITH_IMM, v.IBV_WR_SEND_WITH_IMM],
                          ids=["write_imm", "send_imm"])
 def test_requester_completion_of_an_immediate_has_with_imm(op):
@@ -897,11 +894,32 @@ def test_rdma_write_call_flow_and_tasks():
                               "hca_cqe_write")}
     resp = {track[f] for f in ("hca_rx", "hca_responder", "hca_dma_scatter")}
     assert len(req) == len(resp) == 1 and req != resp
-    # both tracks carry the engine's task name (each machine's HCA is 0000:01:00.0)
-    for tr in req | resp:
-        assert name[tr] == f"mlx5_hca {link.a.hca.name}"
+    # each machine's HCA is 0000:01:00.0: the track names say which machine
     assert link.a.hca.name == link.b.hca.name
+    assert name[req.pop()] == f"host-a:mlx5_hca {link.a.hca.name}"
+    assert name[resp.pop()] == f"host-b:mlx5_hca {link.b.hca.name}"
     assert link.b.mr.read(8) == b"trace me"
+    # the steps as tracepoints, in order: WQE, doorbell record, doorbell (one
+    # small WQE: BlueFlame), the engine reading the record and taking the
+    # BlueFlame copy, the request crossing to host-b, the ACK back, the CQE
+    pts = [(p.name, p.fields) for p in t.trace.points() if p.name.startswith(
+        ("mlx5_", "hca_", "roce_"))]
+    qpn_a, qpn_b = hex(a.qp.qp_num), hex(link.b.qp.qp_num)
+    # (both engines first ran the sq_process the move to RTS queued: nothing to do)
+    assert pts[:2] == [("hca_dbrec", {"qpn": qpn_a, "send_counter": 0})] * 2
+    pts = pts[2:]
+    assert [n for n, _ in pts] == ["mlx5_wqe", "mlx5_dbrec", "mlx5_doorbell", "hca_dbrec",
+                                   "hca_wqe", "roce_frame", "roce_frame", "mlx5_cqe"]
+    f = [fields for _, fields in pts]
+    assert f[0] == {"qpn": qpn_a, "idx": 0, "opcode": "RDMA_WRITE", "ds": 3, "signaled": True}
+    assert f[1] == {"qpn": qpn_a, "queue": "send", "counter": 1}
+    assert (f[2]["how"], f[2]["nbytes"]) == ("blueflame", 64)
+    assert f[3] == {"qpn": qpn_a, "send_counter": 1}
+    assert f[4] == {"qpn": qpn_a, "counter": 0, "source": "blueflame"}
+    assert [(x["src"].split("/")[0], x["dst"].split("/")[0], x["kind"], x["payload"])
+            for x in f[5:7]] == [("host-a", "host-b", "req", 8), ("host-b", "host-a", "ack", 0)]
+    assert (f[5]["src_qpn"], f[5]["dest_qpn"]) == (qpn_a, qpn_b)
+    assert (f[7]["qpn"], f[7]["wqe_counter"], f[7]["status"], f[7]["wr_id"]) == (qpn_a, 0, 0, 1)
 
 
 # -- QP modify helpers (libibverbs' ibv_modify_qp) -----------------------------------------------

@@ -215,6 +215,40 @@ def test_task_unknown_lists_tasks() -> None:
         filter_trace(reg_mr_trace(), task="idle")
 
 
+# -- during ---------------------------------------------------------------------
+
+def test_during_keeps_every_task_inside_the_window_only() -> None:
+    t = filtered(reg_mr_trace(), during="mlx5_ib_reg_user_mr")
+    # the other task's work inside the window stays; what app-1 did before or
+    # after it goes, and mlx5_ib_reg_user_mr becomes a root at depth 0
+    assert shape(t) == [[("mlx5_ib_reg_user_mr", 0, [("mlx5_cmd_exec", 1, [])])],
+                        [("mlx5_cmd_comp_handler", 0, [("mlx5_cmd_done", 1),
+                                                       ("complete", 1, [])])]]
+    assert [k for k, _ in t.timeline].count(SWITCH) == 2
+
+
+def test_during_several_calls_make_several_windows() -> None:
+    t = filtered(reg_mr_trace(), during="ib_umem_get")
+    assert [c.func for c in t.calls()] == ["ib_umem_get", "pin_user_pages_fast",
+                                           "pin_user_pages_fast", "ib_umem_get"]
+    assert [c.ret for c in t.roots[0]] == ["0", "-EFAULT"]
+
+
+def test_during_a_call_still_running_reaches_the_end() -> None:
+    t = filtered(reg_mr_trace(), during="ibv_close")
+    assert [c.func for c in t.calls()] == ["ibv_close"]
+
+
+def test_during_unknown_function_lists_names() -> None:
+    with pytest.raises(ValueError, match=r"no call to 'mlx5_ib_reg_mr'.*did you mean"):
+        filter_trace(reg_mr_trace(), during="mlx5_ib_reg_mr")
+
+
+def test_during_then_task_is_one_task_in_the_window() -> None:
+    t = filtered(reg_mr_trace(), during="mlx5_cmd_exec", task="kworker-3")
+    assert [c.func for c in t.calls()] == ["mlx5_cmd_comp_handler", "complete"]
+
+
 # -- combined -------------------------------------------------------------------
 
 def test_filters_combine_function_layer_depth_task() -> None:

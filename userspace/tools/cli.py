@@ -123,7 +123,7 @@ def _trace(args: argparse.Namespace) -> int:
         return 2
     try:
         trace = filter_trace(trace, function=args.function, depth=args.depth,
-                             layer=args.layer, task=args.task)
+                             layer=args.layer, task=args.task, during=args.during)
     except ValueError as e:
         print(f"peermem trace: {e}", file=sys.stderr)
         return 2
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-o", metavar="FILE", help="write to FILE instead of stdout")
     t.add_argument("--function", metavar="NAME",
                    help="only the graphs under calls of NAME (set_graph_function)")
+    t.add_argument("--during", metavar="NAME",
+                   help="every task, but only while calls of NAME ran (what the "
+                   "HCA and the other machine did meanwhile)")
     t.add_argument("--depth", type=int, metavar="N", help="nesting limit (max_graph_depth)")
     t.add_argument("--layer", action="append", metavar="NAME",
                    help="only calls of this layer (repeatable)")

@@ -244,9 +244,6 @@ def test_engine_forgets_a_destroyed_or_reset_qp(host):
     assert cqn not in eng.cq_pi
 
 
-@pytest.mark.xfail(reason="engine bug: hca_doorbell keeps a BlueFlame copy for a QP that is "
-                   "not in RTS (QpHw.bf), and hca_wqe_fetch later executes it in place of "
-                   "the real WQE with that counter once the QP reaches RTS", strict=True)
 def test_a_blueflame_copy_to_a_qp_not_ready_is_dropped(host):
     p = host.spawn("app")
     ctx, pd, cq, mr, qps = _objects(p, 2)
@@ -258,6 +255,7 @@ def test_a_blueflame_copy_to_a_qp_not_ready_is_dropped(host):
     for _ in range(5):
         p.sched_yield()
     assert eng.stats["wqes"] == 0
+    assert [e[0] for e in host.hcas[0].async_events] == ["bf_qp_not_ready"]
     eps = [Endpoint(ctx, pd, cq, mr, q, ctx.query_gid(1, 0), 0) for q in qps]
     connect(eps[1], eps[0].dest())
     connect(eps[0], eps[1].dest())

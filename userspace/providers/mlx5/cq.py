@@ -13,7 +13,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from kernel_model.trace import traced
+from kernel_model import trace
+from kernel_model.trace import traced, tracepoint
 
 MLX5_CQE_INVALID = 0xF
 MLX5_CQE_OWNER_MASK = 1
@@ -100,6 +101,11 @@ REQ_OPCODE_TO_WC = {0x08: IBV_WC_RDMA_WRITE, 0x09: IBV_WC_RDMA_WRITE, 0x0A: IBV_
                     0x0B: IBV_WC_SEND, 0x01: IBV_WC_SEND, 0x10: IBV_WC_RDMA_READ}
 
 
+# EMU: rdma-core has no tracepoints; this marks each CQE taken (by its owner bit)
+trace_mlx5_cqe = tracepoint("mlx5_cqe", "qpn wqe_counter cqe_opcode status wr_id",
+                            layer="userspace")
+
+
 def _find_qp(cq: Any, rsn: int) -> Any:
     """mlx5_find_uidx() / mlx5_find_qp(): the QP a CQE names."""
     table = cq.context.uidx_table
@@ -140,6 +146,8 @@ def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
         sop = struct.unpack_from(">I", raw, CQE_SOP_DROP_QPN)[0] >> 24
         wc.opcode = REQ_OPCODE_TO_WC.get(sop, IBV_WC_SEND)
         wc.byte_len = byte_cnt if wc.opcode == IBV_WC_RDMA_READ else 0
+        if sop in (0x09, 0x0B):  # handle_good_req: WRITE_IMM / SEND_IMM carry the flag
+            wc.wc_flags |= IBV_WC_WITH_IMM
         return True
     wc.byte_len = byte_cnt
     wc.src_qp = struct.unpack_from(">I", raw, 24)[0] & 0xFFFFFF
@@ -173,6 +181,9 @@ def mlx5_poll_cq(cq: Any, num_entries: int, wc_factory: Any) -> list:
             update_cons_index(cq)
             raise OSError(22, "mlx5_poll_cq: CQE for an unknown QP")
         out.append(wc)
+        if trace.enabled:
+            trace_mlx5_cqe(hex(wc.qp_num), struct.unpack_from(">H", raw, 60)[0],
+                           raw[CQE_OP_OWN] >> 4, wc.status, wc.wr_id)
     if out:
         update_cons_index(cq)
     else:

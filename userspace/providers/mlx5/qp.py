@@ -31,7 +31,8 @@ import errno
 import struct
 from typing import Any
 
-from kernel_model.trace import traced
+from kernel_model import trace
+from kernel_model.trace import traced, tracepoint
 
 # enum ibv_wr_opcode -> the mlx5 WQE opcode (mlx5_ib_opcode[])
 IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND = 0, 1, 2
@@ -50,6 +51,15 @@ MLX5_INVALID_LKEY = 0x100
 MLX5_SEND_WQE_BB = 64
 MLX5_RCV_DBR, MLX5_SND_DBR = 0, 1
 IBV_QPT_RC, IBV_QPT_UC = 2, 3
+_OP_NAME = {MLX5_OPCODE_RDMA_WRITE: "RDMA_WRITE", MLX5_OPCODE_RDMA_WRITE_IMM: "RDMA_WRITE_IMM",
+            MLX5_OPCODE_SEND: "SEND", MLX5_OPCODE_SEND_IMM: "SEND_IMM",
+            MLX5_OPCODE_RDMA_READ: "RDMA_READ"}
+
+# EMU: rdma-core has no tracepoints; these mark the three steps of a post
+# (WQE written, doorbell record stored, doorbell rung) so a trace shows them
+trace_mlx5_wqe = tracepoint("mlx5_wqe", "qpn idx opcode ds signaled", layer="userspace")
+trace_mlx5_dbrec = tracepoint("mlx5_dbrec", "qpn queue counter", layer="userspace")
+trace_mlx5_doorbell = tracepoint("mlx5_doorbell", "qpn how reg nbytes", layer="userspace")
 
 
 def mlx5_init_qp_indices(qp: Any) -> None:
@@ -134,6 +144,9 @@ def mlx5_post_send(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
                            qp.qp_num << 8 | size, 0, 0, fm_ce_se, imm)
         wqe = ctrl + body
         _store_ring(qp, idx, wqe + bytes(-len(wqe) % MLX5_SEND_WQE_BB))
+        if trace.enabled:
+            trace_mlx5_wqe(hex(qp.qp_num), qp.sq.cur_post & 0xFFFF, _OP_NAME[opcode], size,
+                           bool(fm_ce_se & MLX5_WQE_CTRL_CQ_UPDATE))
         qp.sq.wrid[idx] = wr.wr_id
         qp.sq.wqe_head[idx] = qp.sq.head + nreq
         qp.sq.cur_post += -(-size * 16 // MLX5_SEND_WQE_BB)
@@ -157,11 +170,18 @@ def post_send_db(qp: Any, bf: Any, nreq: int, inl: bool, size: int, ctrl: bytes)
     proc = qp.context.proc
     # udma_to_device_barrier(): the WQEs are in memory before the record says so
     proc.store(qp.db + 4 * MLX5_SND_DBR, struct.pack(">I", qp.sq.cur_post & 0xFFFF))
+    if trace.enabled:
+        trace_mlx5_dbrec(hex(qp.qp_num), "send", qp.sq.cur_post & 0xFFFF)
     ctx = qp.context
     if not ctx.shut_up_bf and nreq == 1 and bf.uuarn and (inl or ctx.prefer_bf) and \
             1 < size <= bf.buf_size // 16:
-        mlx5_bf_copy(qp, bf, -(-size * 16 // 64) * 64)
+        nbytes = -(-size * 16 // 64) * 64
+        if trace.enabled:
+            trace_mlx5_doorbell(hex(qp.qp_num), "blueflame", hex(bf.reg + bf.offset), nbytes)
+        mlx5_bf_copy(qp, bf, nbytes)
     else:
+        if trace.enabled:
+            trace_mlx5_doorbell(hex(qp.qp_num), "db", hex(bf.reg + bf.offset), 8)
         proc.store(bf.reg + bf.offset, ctrl[:8])     # mmio_write64_be
     # mmio_flush_writes(); then the next post uses the register's other half
     bf.offset ^= bf.buf_size
@@ -206,6 +226,8 @@ def mlx5_post_recv(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
     if nreq:
         rq.head += nreq
         proc.store(qp.db + 4 * MLX5_RCV_DBR, struct.pack(">I", rq.head & 0xFFFF))
+        if trace.enabled:
+            trace_mlx5_dbrec(hex(qp.qp_num), "recv", rq.head & 0xFFFF)
     if err and bad_wr is not None:
         bad_wr.append(wr)
     return err
