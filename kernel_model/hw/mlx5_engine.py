@@ -192,6 +192,10 @@ class Mlx5Engine:
         self.stats = {"wqes": 0, "bytes": 0, "cqes": 0, "frames_tx": 0, "frames_rx": 0}
         self.async_events = hca.async_events
         self._pieces = (U64Array(1024, zero=False), U64Array(1024, zero=False))
+        # scratch piece arrays (translation, copy destination, copy source),
+        # grown on demand: the engine is one task and finishes with each
+        # before its next scheduling point, so one set serves every WQE
+        self._scr = [(U64Array(64, zero=False), U64Array(64, zero=False)) for _ in range(3)]
         self._bf_chunks: dict[tuple, bytearray] = {}
         hca.doorbell_hooks.append(self.hca_doorbell)
         self.machine.shutdown_hooks.append(lambda m: self.stop())
@@ -379,9 +383,15 @@ class Mlx5Engine:
         sa, sl = self._array(spieces, 1)
         self.ops.dma_copy(dst, da, dl, len(dpieces), src, sa, sl, len(spieces))
 
+    def _scratch(self, slot: int, n: int) -> tuple[U64Array, U64Array]:
+        have = self._scr[slot]
+        if have[0].n < n:
+            cap = max(n, min(2 * have[0].n, MAX_PIECES))
+            have = self._scr[slot] = (U64Array(cap, zero=False), U64Array(cap, zero=False))
+        return have
+
     def _array(self, pieces: list[tuple[int, int]], which: int) -> tuple[U64Array, U64Array]:
-        n = len(pieces)
-        a, b = U64Array(n, zero=False), U64Array(n, zero=False)
+        a, b = self._scratch(1 + which, len(pieces))
         for i, (x, y) in enumerate(pieces):
             a.view[i] = x
             b.view[i] = y
@@ -496,8 +506,8 @@ class Mlx5Engine:
         pg_bit = k["pg_bit"]
         off = (start & ((1 << pg_bit) - 1)) + (addr - start)
         n = len(mk.pas)
-        a, b = U64Array(min(n, MAX_PIECES) or 1, zero=False), U64Array(min(n, MAX_PIECES) or 1,
-                                                                       zero=False)
+        # (at most n pieces whatever the room; MAX_PIECES caps a huge MTT's)
+        a, b = self._scratch(0, min(n, MAX_PIECES) or 1)
         k = self.ops.mtt_pieces(mk.pas, n, pg_bit, off, length, a, b)
         if k < 0:
             raise WqeError(synd, f"key {key:#x}: range beyond its translation table")
