@@ -99,6 +99,7 @@ class Machine:
         self.zone.free_boot_range(1, self.nr_pages)
         self.vmstat: Counter[str] = Counter()
         self.bugs: list[str] = []
+        self.dmesg: list[str] = []  # the kernel log: pr_err/pr_info lines, oldest first
         self.iomem: list[MmioRegion] = []  # sorted by start: the physical address map
         self._iomem_starts: list[int] = []
         self._mmio_next = max(PCI_MMIO_BASE, -(-ram_size // (256 * GiB)) * 256 * GiB)

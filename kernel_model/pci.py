@@ -95,6 +95,7 @@ class pci_dev:
         self.resource = [resource() for _ in range(PCI_STD_NUM_BARS)]
         self.regions: dict[int, MmioRegion] = {}  # bar -> decoder (device model side)
         self.dev = dma.device(self.name, machine, bus="pci")
+        self.dev.pci_dev = self      # container_of(dev, struct pci_dev, dev)
         # pci_setup_device(): 32-bit DMA masks until the driver's dma_set_mask,
         # 64 KiB segments, 4 GiB segment boundary
         self.dev.dma_mask = dma.DMA_BIT_MASK(32)
@@ -114,6 +115,12 @@ class pci_dev:
 
     def __repr__(self) -> str:
         return f"pci {self.name} [{self.vendor:04x}:{self.device:04x}]"
+
+
+def to_pci_dev(dev: dma.device | None) -> pci_dev | None:
+    """Mirrors to_pci_dev(): the PCI function a struct device is embedded in (None for
+    a device that is not a PCI function)."""
+    return getattr(dev, "pci_dev", None)
 
 
 def _next_bus(machine: Machine) -> int:
@@ -316,9 +323,14 @@ class pci_driver:
         return f"pci_driver {self.name}"
 
 
+PCI_ANY_ID = 0xFFFFFFFF
+
+
 def pci_match_id(ids: list[tuple[int, int]], pdev: pci_dev) -> tuple[int, int] | None:
-    """Mirrors pci_match_id(): the first (vendor, device) entry matching pdev."""
-    return next((i for i in ids if i == (pdev.vendor, pdev.device)), None)
+    """Mirrors pci_match_id(): the first (vendor, device) entry matching pdev
+    (PCI_ANY_ID matches any value)."""
+    return next((i for i in ids if i[0] in (pdev.vendor, PCI_ANY_ID)
+                 and i[1] in (pdev.device, PCI_ANY_ID)), None)
 
 
 def _driver_list(machine: Machine) -> list[pci_driver]:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from kernel_model.hw.fabric import Fabric
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
+from kernel_model.hw.nvgpu import GpuConfig, NvGpu
 from kernel_model.machine import Machine
 
-__all__ = ["DEFAULT_MODULES", "Fabric", "rdma_host"]  # Fabric: hosts on one switch
+__all__ = ["DEFAULT_MODULES", "Fabric", "GpuConfig", "rdma_host"]  # Fabric: hosts on one switch
 
 DEFAULT_MODULES: tuple[str, ...] = ("mlx5_core",)
 
@@ -24,8 +25,10 @@ DEFAULT_MODULES: tuple[str, ...] = ("mlx5_core",)
 def rdma_host(ram_size: int = 256 << 20, page_size: int = 4096, backend: str | None = None,
               name: str | None = None, hca: Mlx5Config | None = None,
               modules: tuple[str, ...] = DEFAULT_MODULES, *, nr_hcas: int = 1,
-              iommu: str = "identity", fabric: Fabric | None = None) -> Machine:
-    """Build a Machine, plug `nr_hcas` ConnectX functions (config `hca`), load `modules`.
+              iommu: str = "identity", fabric: Fabric | None = None, nr_gpus: int = 0,
+              gpu: GpuConfig | None = None) -> Machine:
+    """Build a Machine, plug `nr_hcas` ConnectX functions (config `hca`) and `nr_gpus`
+    NVIDIA GPUs (config `gpu`; their driver is the `nvidia` module), load `modules`.
 
     The HCAs are reachable as machine.hcas (kernel_model.hw.mlx5.ConnectX);
     with `fabric` their ports are cabled to that switch, so QPs on other
@@ -38,6 +41,8 @@ def rdma_host(ram_size: int = 256 << 20, page_size: int = 4096, backend: str | N
         if fabric is not None:
             fabric.attach(cx)
             machine.shutdown_hooks.append(lambda m, cx=cx: fabric.detach(cx))
+    for _ in range(nr_gpus):
+        NvGpu(machine, gpu)
     for mod in modules:
         if mod not in machine.modules:  # a dependency may have loaded it already
             machine.load_module(mod)

@@ -251,6 +251,19 @@ def sg_alloc_table_from_pages(sgt: sg_table, pages: U64Array, n_pages: int, offs
 
 
 @traced
+def sg_alloc_table(sgt: sg_table, nents: int) -> None:
+    """Mirrors sg_alloc_table(): room for nents entries, all of them in use (page-less
+    and zero-length until the caller sets them, as sg_set_page(sg, NULL, ...) leaves
+    them).  EINVAL for 0 entries."""
+    if nents <= 0:
+        raise KernelError(EINVAL, f"sg_alloc_table: {nents} entries")
+    sgt._alloc(nents)
+    for name in _COLUMNS:
+        getattr(sgt, name).view[:nents] = memoryview(bytes(8 * nents)).cast("Q")
+    sgt.nents = sgt.orig_nents = nents
+
+
+@traced
 def sg_free_table(sgt: sg_table) -> None:
     """Mirrors sg_free_table(): drop every entry (the DMA side must be unmapped first)."""
     sgt.nents = sgt.orig_nents = 0

@@ -464,6 +464,8 @@ def summarise(v: object, name: str = "") -> str:
 def _args_text(r: _Traced, args: tuple, kwargs: dict | None) -> str:
     parts = []
     for i, v in enumerate(args):
+        if i == 0 and r.params and r.params[0] == "self":
+            continue   # a method: the object is the task's device or module, not an argument
         if i < len(r.params):
             parts.append(f"{r.params[i]}={summarise(v, r.params[i])}")
         else:

@@ -26,7 +26,7 @@ from kernel_model.tracedata import Trace
 
 #: the modules that define scenarios, imported on first use
 _MODULES = ("scenarios.pin", "scenarios.open_device", "scenarios.create_qp",
-            "scenarios.reg_mr", "scenarios.rdma_write")
+            "scenarios.reg_mr", "scenarios.rdma_write", "scenarios.gpudirect")
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,12 @@ def get(name: str) -> Scenario:
     return all_[name]
 
 
-def run_traced(name: str, *, clock: str = "virtual", schedule: str | None = None) -> Trace:
+def run_traced(name: str, *, clock: str = "virtual", schedule: str | None = None,
+               report: list | None = None) -> Trace:
     """Run scenario `name` under a Tracer and return its Trace.
+
+    A scenario may return a report (text it wants shown after the trace, such
+    as statistics); it is appended to `report` when one is given.
 
     `schedule` replays a recorded schedule string instead of the default
     order (see kernel_model.sched): ValueError if it is malformed,
@@ -78,7 +82,9 @@ def run_traced(name: str, *, clock: str = "virtual", schedule: str | None = None
     SCHED.use(replay)
     try:
         with Tracer(clock=clock) as t:
-            sc.run()
+            result = sc.run()
+        if report is not None and result is not None:
+            report.append(result)
         if replay is not None and replay.i < len(replay.steps):
             raise ReplayDivergence(f"replay: the run made {replay.i} decisions but the "
                                    f"schedule lists {len(replay.steps)}")

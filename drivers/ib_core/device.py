@@ -149,6 +149,8 @@ class IbCoreState:
         self.devices: dict[str, ib_device] = {}
         self.clients: list[ib_client] = []
         self.next_index = 0
+        from drivers.ib_core.peer_mem import PeerMemState
+        self.peer = PeerMemState()   # peer_mem.c's globals (part of ib_core here, as in OFED)
 
     def __repr__(self) -> str:
         return f"ib_core devices={list(self.devices)} clients={[c.name for c in self.clients]}"

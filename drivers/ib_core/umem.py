@@ -115,6 +115,7 @@ class ib_umem:
         self.writable = False
         self.is_odp = False
         self.is_dmabuf = False
+        self.is_peer = False
         self.sgt_append = sg_append_table(machine)
 
     @property
@@ -220,7 +221,26 @@ def ib_umem_get(device: ib_device, addr: int, size: int, access: int) -> ib_umem
     CAP_IPC_LOCK), EOPNOTSUPP (IB_ACCESS_ON_DEMAND), ENOMEM (pinned_vm would
     pass RLIMIT_MEMLOCK), and whatever gup or the DMA mapping return (EFAULT
     for an unmapped or VM_IO|VM_PFNMAP range).  Every error unwinds fully.
+    No peer-memory client is asked (peer_mem_flags 0).
     """
+    return __ib_umem_get(device, addr, size, access, 0)
+
+
+@traced
+def ib_umem_get_peer(device: ib_device, addr: int, size: int, access: int,
+                     peer_mem_flags: int) -> ib_umem:
+    """Mirrors ib_umem_get_peer() (MLNX_OFED): ib_umem_get, and when pinning or mapping
+    fails, the peer-memory clients (peer_mem.py); IB_PEER_MEM_INVAL_SUPP in
+    peer_mem_flags says the caller can take an invalidation.  If no client takes
+    the range, gup's error stands."""
+    from drivers.ib_core.peer_mem import IB_PEER_MEM_ALLOW
+    return __ib_umem_get(device, addr, size, access, IB_PEER_MEM_ALLOW | peer_mem_flags)
+
+
+def __ib_umem_get(device: ib_device, addr: int, size: int, access: int,
+                  peer_mem_flags: int) -> ib_umem:
+    """Mirrors __ib_umem_get() (MLNX_OFED umem.c): the checks, the pinned_vm charge, the
+    pin and map - and, on their failure path only, the peer attempt."""
     task = current()
     m = task.machine
     ps, shift = m.page_size, m.page_shift
@@ -255,10 +275,17 @@ def ib_umem_get(device: ib_device, addr: int, size: int, access: int) -> ib_umem
             raise KernelError(ENOMEM, f"ib_umem_get: pinned_vm {mm.pinned_vm} + {npages} "
                               f"pages over RLIMIT_MEMLOCK ({lock_limit} pages)")
         unwind.callback(_refund_pinned_vm, umem, mm)  # the pinned_vm charge
-        unwind.callback(__ib_umem_release, device, umem, False)  # umem_release:
-        _pin_pages(device, umem, addr & ~(ps - 1), npages, page_list)
-        attrs = DMA_ATTR_WEAK_ORDERING if access & IB_ACCESS_RELAXED_ORDERING else 0
-        dma_map_sgtable(device.dma_device, umem.sgt_append.sgt, DMA_BIDIRECTIONAL, attrs)
+        try:
+            _pin_pages(device, umem, addr & ~(ps - 1), npages, page_list)
+            attrs = DMA_ATTR_WEAK_ORDERING if access & IB_ACCESS_RELAXED_ORDERING else 0
+            dma_map_sgtable(device.dma_device, umem.sgt_append.sgt, DMA_BIDIRECTIONAL, attrs)
+        except KernelError as err:
+            __ib_umem_release(device, umem, False)  # umem_release:
+            from drivers.ib_core.peer_mem import IB_PEER_MEM_ALLOW, ib_peer_umem_get
+            if not peer_mem_flags & IB_PEER_MEM_ALLOW:
+                raise
+            # the peer umem keeps the pinned_vm charge and the mm reference
+            umem = ib_peer_umem_get(umem, err, peer_mem_flags)
         unwind.pop_all()
     return umem
 
@@ -337,6 +364,10 @@ def ib_umem_release(umem: ib_umem | None) -> None:
     computed from iova as the kernel does.
     """
     if umem is None:
+        return
+    if umem.is_peer:
+        from drivers.ib_core.peer_mem import ib_peer_umem_release
+        ib_peer_umem_release(umem)
         return
     if umem.is_dmabuf or umem.is_odp:  # EMU: neither kind exists in this model yet
         raise KernelError(EOPNOTSUPP, "ib_umem_release: dmabuf/ODP umems are not modelled")

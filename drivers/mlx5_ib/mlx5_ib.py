@@ -274,6 +274,7 @@ class mlx5_ib_mr(ib_mr):
         self.umem: ib_umem | None = None
         self.page_shift = 0
         self.access_flags = 0
+        self.revoked = False         # a UMR revoked the mkey (peer invalidation or dereg)
 
     def __repr__(self) -> str:
         return (f"mlx5_ib_mr mkey={self.mmkey.key:#x} iova={self.iova:#x} "

@@ -18,6 +18,13 @@ ibv_reg_mr(pd, addr, len, access) reaches mlx5_ib_reg_user_mr():
 # the MTT.  The user-visible result (a key whose MTT maps the pinned pages)
 # is the same.
 
+Peer memory (MLNX_OFED): ib_umem_get_peer(..., IB_PEER_MEM_INVAL_SUPP) lets
+a peer client back the MR when gup cannot (GPU memory); once the mkey
+exists create_real_mr activates the invalidation notifier
+(mlx5_invalidate_umem revokes the mkey by UMR), and dereg revokes the mkey,
+stops the notifier, then destroys the mkey and releases the umem.  Peer
+umems never take the cached-mkey path (reg_create always, as here).
+
 Lock order: none of the driver's own (ib_umem_get takes the mm's locks).
 """
 
@@ -33,7 +40,17 @@ from drivers.ib_core.ib_verbs import (
     IB_ACCESS_REMOTE_WRITE,
     ib_udata,
 )
-from drivers.ib_core.umem import ib_umem, ib_umem_get, ib_umem_num_dma_blocks, ib_umem_release
+from drivers.ib_core.peer_mem import (
+    IB_PEER_MEM_INVAL_SUPP,
+    ib_umem_activate_invalidation_notifier,
+    ib_umem_stop_invalidation_notifier,
+)
+from drivers.ib_core.umem import (
+    ib_umem,
+    ib_umem_get_peer,
+    ib_umem_num_dma_blocks,
+    ib_umem_release,
+)
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
     MLX5_ADDR_OF,
@@ -53,6 +70,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     order_base_2,
     to_mdev,
 )
+from drivers.mlx5_ib.umr import mlx5r_umr_revoke_mr
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
@@ -143,7 +161,18 @@ def create_real_mr(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int) 
     page_size = mlx5_umem_find_best_pgsz(umem, "mkc", "log_page_size", 0, iova)
     if not page_size:
         raise KernelError(EINVAL, "create_real_mr: no page size fits the region and iova")
-    return reg_create(pd, umem, iova, access_flags, page_size)
+    mr = reg_create(pd, umem, iova, access_flags, page_size)
+    if umem.is_peer:
+        # the mkey exists: from here an invalidation can revoke it
+        ib_umem_activate_invalidation_notifier(umem, mlx5_invalidate_umem, mr)
+    return mr
+
+
+@traced
+def mlx5_invalidate_umem(umem: ib_umem, priv: mlx5_ib_mr) -> None:
+    """Mirrors mlx5_invalidate_umem() (MLNX_OFED mr.c): the peer's memory is going -
+    revoke the mkey, so the HCA cannot reach the pages once this returns."""
+    mlx5r_umr_revoke_mr(priv)
 
 
 @traced
@@ -159,10 +188,13 @@ def mlx5_ib_reg_user_mr(pd: mlx5_ib_pd, start: int, length: int, iova: int,
     if access_flags & IB_ACCESS_ON_DEMAND:
         # EMU: ODP MRs (mlx5_ib_reg_user_mr's ODP branch) are not modelled
         raise KernelError(EOPNOTSUPP, "mlx5_ib_reg_user_mr: on-demand paging")
-    umem = ib_umem_get(pd.device, start, length, access_flags)
+    # MLNX_OFED: a user MR may be backed by a peer-memory client that invalidates
+    umem = ib_umem_get_peer(pd.device, start, length, access_flags, IB_PEER_MEM_INVAL_SUPP)
     try:
         return create_real_mr(pd, umem, iova, access_flags)
     except BaseException:
+        if umem.is_peer:
+            ib_umem_stop_invalidation_notifier(umem)   # stop without activate
         ib_umem_release(umem)
         raise
 
@@ -172,6 +204,10 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
     """Mirrors mlx5_ib_dereg_mr() -> __mlx5_ib_dereg_mr(): DESTROY_MKEY (the HCA can
     no longer reach the pages), then unpin them, then free the MR."""
     dev = to_mdev(mr.device)
+    if mr.umem is not None and mr.umem.is_peer:
+        # mlx5r_handle_mkey_cleanup(): fence the DMA, then no more invalidations
+        mlx5r_umr_revoke_mr(mr)
+        ib_umem_stop_invalidation_notifier(mr.umem)
     mlx5_core_destroy_mkey(dev.mdev, mr.mmkey.key)
     ib_umem_release(mr.umem)
     mr.umem = None

@@ -58,6 +58,8 @@ from kernel_model import trace
 from kernel_model.hw.fabric import route
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_SET
 from kernel_model.iommu import IommuFault, dma_to_phys
+from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
+from kernel_model.machine import MachineCheck
 from kernel_model.sched import SCHED, Task
 from kernel_model.trace import traced, tracepoint
 
@@ -197,6 +199,11 @@ class Mlx5Engine:
         # before its next scheduling point, so one set serves every WQE
         self._scr = [(U64Array(64, zero=False), U64Array(64, zero=False)) for _ in range(3)]
         self._bf_chunks: dict[tuple, bytearray] = {}
+        # mkeys a step has translated and may still DMA through, until the step ends
+        self.mkey_busy: dict[int, int] = {}
+        self._held: list[int] = []
+        self.draining: set[int] = set()          # mkeys a revoke waits on
+        self.drain_wq = init_waitqueue_head(f"mlx5 dma drain {hca.name}")
         hca.doorbell_hooks.append(self.hca_doorbell)
         self.machine.shutdown_hooks.append(lambda m: self.stop())
 
@@ -223,9 +230,15 @@ class Mlx5Engine:
     def _run(self) -> None:
         while not self.stopping:
             if self.rx:
-                self.hca_rx(self.rx.popleft())
+                try:
+                    self.hca_rx(self.rx.popleft())
+                finally:
+                    self._release_held()
             elif self.work:
-                self.hca_sq_process(self.work.popleft())
+                try:
+                    self.hca_sq_process(self.work.popleft())
+                finally:
+                    self._release_held()
             elif self.retry:
                 SCHED.yield_("hca_rnr_retry")  # let the responder's CPU post a receive
                 if self.retry and not self.rx and not self.work:
@@ -233,6 +246,29 @@ class Mlx5Engine:
             else:
                 SCHED.block(self)
         self.task = None
+
+    def _release_held(self) -> None:
+        """A step is over: its DMA is done; wake anyone draining those mkeys."""
+        if not self._held:
+            return
+        idle = False
+        for index in self._held:
+            self.mkey_busy[index] -= 1
+            if not self.mkey_busy[index]:
+                del self.mkey_busy[index]
+                idle = idle or index in self.draining
+        self._held.clear()
+        if idle:
+            wake_up(self.drain_wq)
+
+    def mkey_revoked(self, index: int) -> None:
+        """An mkey was just revoked (its context says free): wait until no DMA that
+        passed its checks before is still moving bytes."""
+        self.draining.add(index)
+        try:
+            wait_event(self.drain_wq, lambda: index not in self.mkey_busy)
+        finally:
+            self.draining.discard(index)
 
     def _queue(self, qpn: int) -> None:
         if qpn not in self.work:
@@ -358,7 +394,10 @@ class Mlx5Engine:
         else:
             off = 0
             for p, n in phys:
-                out[off:off + n] = self.machine.phys_read(p, n)
+                try:
+                    out[off:off + n] = self.machine.phys_read(p, n)
+                except MachineCheck as e:   # the target answered with an error
+                    raise WqeError(SYND_LOCAL_PROT, f"DMA read failed: {e}") from None
                 off += n
         self.stats["bytes"] += length
         return out
@@ -373,7 +412,10 @@ class Mlx5Engine:
         else:
             off = 0
             for p, n in phys:
-                self.machine.phys_write(p, bytes(payload[off:off + n]))
+                try:
+                    self.machine.phys_write(p, bytes(payload[off:off + n]))
+                except MachineCheck as e:   # a posted write nobody takes: lost
+                    self.machine.report_bug("mlx5 engine", f"DMA write dropped: {e}")
                 off += n
         self.stats["bytes"] += len(payload)
 
@@ -511,6 +553,9 @@ class Mlx5Engine:
         k = self.ops.mtt_pieces(mk.pas, n, pg_bit, off, length, a, b)
         if k < 0:
             raise WqeError(synd, f"key {key:#x}: range beyond its translation table")
+        index = key >> 8
+        self.mkey_busy[index] = self.mkey_busy.get(index, 0) + 1
+        self._held.append(index)
         return [(a.view[i], b.view[i]) for i in range(k)]
 
     def _sges(self, qp: Mlx5Qp, sges: list[tuple[int, int, int]], access: str

@@ -40,6 +40,7 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_OP_DESTROY_EQ,
     MLX5_CMD_OP_DESTROY_MKEY,
     MLX5_CMD_OP_DESTROY_QP,
+    MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY,
     MLX5_CMD_OP_QUERY_CQ,
     MLX5_CMD_OP_QUERY_MKEY,
     MLX5_CMD_OP_QUERY_QP,
@@ -330,6 +331,19 @@ def destroy_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
     mkey.drop_refs()
     del fw.mkeys[index]
+
+
+@fw_command(MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY, "emu_umr_revoke_mkey")
+def emu_umr_revoke_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    """What the UMR of mlx5r_umr_revoke_mr does (see the EMU note at the opcode): the
+    mkey becomes free and moves to the UMR PD, so no later access passes its checks,
+    and the command completes only after DMA already through it has finished."""
+    index = MLX5_GET("emu_umr_revoke_mkey_in", in_, "mkey_index")
+    mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
+    MLX5_SET("mkc", mkey.mkc, "free", 1)
+    MLX5_SET("mkc", mkey.mkc, "pd", 0)      # the UMR PD: no user PD has number 0 here
+    mkey.hw_cache = None
+    fw.hca.engine.mkey_revoked(index)
 
 
 @fw_command(MLX5_CMD_OP_QUERY_MKEY, "query_mkey")

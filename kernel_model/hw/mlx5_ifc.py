@@ -51,6 +51,11 @@ MLX5_CMD_OP_CREATE_MKEY = 0x200
 MLX5_CMD_OP_QUERY_MKEY = 0x201
 MLX5_CMD_OP_DESTROY_MKEY = 0x202
 MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS = 0x203
+# EMU: not a PRM command.  The kernel revokes an mkey with a UMR work request on
+# its UMR QP (mlx5r_umr_revoke_mr); the UMR QP is not modelled, so the same
+# effect - the mkey free, in the UMR PD, DMA through it drained - is this
+# vendor-range command
+MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY = 0x7F01
 MLX5_CMD_OP_CREATE_EQ = 0x301
 MLX5_CMD_OP_DESTROY_EQ = 0x302
 MLX5_CMD_OP_CREATE_CQ = 0x400
@@ -325,6 +330,7 @@ _TEXT: dict[str, str] = {
         translations_octword_actual_size 32, klm_pas_mtt []""",
     "create_mkey_out": "mkey_index 24",
     "destroy_mkey_in": "mkey_index 24", "destroy_mkey_out": "",
+    "emu_umr_revoke_mkey_in": "mkey_index 24", "emu_umr_revoke_mkey_out": "",
     "query_mkey_in": "mkey_index 24",
     "query_mkey_out": "memory_key_mkey_entry @mkc, bsf0_klm0_pas_mtt0_1 []",
     "query_nic_vport_context_in": "other_vport 1, vport_number 16, allowed_list_type 3",

@@ -114,7 +114,9 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"peermem trace: {e.args[0]}", file=sys.stderr)
         return 2
     try:
-        trace = run_traced(args.scenario, clock=args.clock, schedule=args.schedule)
+        report: list = []
+        trace = run_traced(args.scenario, clock=args.clock, schedule=args.schedule,
+                           report=report)
     except (DeadlockError, ReplayDivergence) as e:
         print(f"peermem trace: {args.scenario}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -137,6 +139,11 @@ def _trace(args: argparse.Namespace) -> int:
             f.write(text)
     else:
         sys.stdout.write(text)
+    if args.stats:
+        if not report:
+            print(f"peermem trace: {args.scenario} keeps no statistics", file=sys.stderr)
+            return 2
+        sys.stdout.write("".join(report))
     return 0
 
 
@@ -206,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-o", metavar="FILE", help="write to FILE instead of stdout")
     t.add_argument("--function", metavar="NAME",
                    help="only the graphs under calls of NAME (set_graph_function)")
+    t.add_argument("--stats", action="store_true",
+                   help="after the trace, the statistics the scenario reports (the "
+                   "peer-memory counters of /sys/kernel/mm/memory_peers)")
     t.add_argument("--during", metavar="NAME",
                    help="every task, but only while calls of NAME ran (what the "
                    "HCA and the other machine did meanwhile)")

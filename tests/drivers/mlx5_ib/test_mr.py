@@ -94,7 +94,7 @@ def test_reg_mr_call_flow(m, app):
     addr = user_pages(p)
     with Tracer() as t:
         p.run(v.ibv_reg_mr, pd, addr, 4096, LW)
-    assert_call_flow(t.trace, ["mlx5_ib_reg_user_mr", "ib_umem_get", "create_real_mr",
+    assert_call_flow(t.trace, ["mlx5_ib_reg_user_mr", "ib_umem_get_peer", "create_real_mr",
                                "reg_create", "mlx5_ib_populate_pas", "mlx5_ib_create_mkey"])
 
 

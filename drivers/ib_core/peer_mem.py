@@ -1,0 +1,545 @@
+"""Mirrors MLNX_OFED drivers/infiniband/core/peer_mem.c (25.x), ib_peer_mem.h and
+include/rdma/peer_mem.h: PeerDirect, memory registration of device memory.
+
+gup cannot pin a GPU's memory (its VMA is VM_IO|VM_PFNMAP), so ib_umem_get
+asks the registered *peer-memory clients* instead.  A client is a table of
+callbacks (peer_memory_client: acquire, get_pages, dma_map, dma_unmap,
+put_pages, get_page_size, release) that the core drives:
+
+    ib_umem_get fails in gup -> ib_peer_umem_get:
+        ib_get_peer_client    under peer_memory_mutex, in registration order,
+                              the first client whose acquire() says "mine"
+                              (invalidating clients only for callers that can
+                              take an invalidation)
+        mapping_lock taken    and, for an invalidating client, a core_context
+                              id from the client's cyclic xarray
+        get_pages             pins; from here the client may invalidate
+        dma_map               fills the sg table (64 KiB entries for a GPU)
+        fix_peer_sgls         trims the first/last entry to PAGE_SIZE granularity
+        MAPPED                mapping_lock stays held (invalidating client) until
+                              the MR owner calls ib_umem_activate_invalidation_notifier
+    invalidation: the client calls ib_invalidate_peer_memory(reg, core_context):
+        the umem's owner revokes the device's access (mlx5: the mkey), then
+        the core unmaps (dma_unmap + put_pages) - or, for a client that set
+        PEER_MEM_INVALIDATE_UNMAPS, only marks the umem INVALIDATED and lets
+        the client tear down itself
+    deregistration: ib_umem_stop_invalidation_notifier (no more callbacks;
+        with UNMAPS the unmap runs outside mapping_lock - the fix for the
+        mapping_lock / GPU-driver lock inversion), then ib_peer_umem_release:
+        release(), the client's usecnt, the pinned_vm refund
+
+The state of a peer umem is a table (PEER_UMEM_TRANSITIONS), read by one
+function (ib_unmap_peer_client).
+
+Lock order: peer_memory_mutex -> (client acquire); umem_p.mapping_lock ->
+(MR owner's invalidation func, client dma_unmap/put_pages in non-UNMAPS
+mode); xa_lock is innermost.
+
+Statistics per client (struct ib_peer_memory_statistics) are kept and
+published under /sys/kernel/mm/memory_peers/<name>/ as the OFED releases
+before 24.04 did.  # EMU: num_dereg_pages counts the entries that were
+registered (the intended count; OFED 5.5+ reads it after zeroing the table
+and so always adds 0 - peermem_facts §2.6).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from kernel_model.current import current
+from kernel_model.errno import EINVAL, KernelError
+from kernel_model.locking import (
+    complete,
+    init_completion,
+    mutex_init,
+    mutex_lock,
+    mutex_unlock,
+    spin_lock,
+    spin_unlock,
+    wait_for_completion,
+)
+from kernel_model.mm import mmdrop
+from kernel_model.refcount import (
+    REFCOUNT_INIT,
+    kref,
+    kref_get,
+    kref_init,
+    kref_put,
+    refcount_dec_and_test,
+    refcount_inc,
+    refcount_read,
+)
+from kernel_model.scatterlist import sg_append_table, sg_free_table
+from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
+from kernel_model.trace import traced, tracepoint
+from kernel_model.xarray import U32_MAX, xa_alloc_cyclic, xa_erase, xa_load, xarray
+
+if TYPE_CHECKING:
+    from drivers.ib_core.umem import ib_umem
+
+IB_PEER_MEMORY_NAME_MAX = 64
+IB_PEER_MEMORY_VER_MAX = 16
+PEER_MEM_INVALIDATE_UNMAPS = 1 << 0
+# enum ib_peer_mem_flags (include/rdma/ib_umem.h)
+IB_PEER_MEM_ALLOW = 1 << 0
+IB_PEER_MEM_INVAL_SUPP = 1 << 1
+PEER_NO_INVALIDATION_ID = U32_MAX
+# enum ib_umem_mapped_state
+UMEM_PEER_UNMAPPED, UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED = 0, 1, 2
+STATE_NAMES = ("UNMAPPED", "MAPPED", "INVALIDATED")
+MANDATORY = ("acquire", "get_pages", "put_pages", "dma_map", "dma_unmap")
+PEER_MEMORY_CLIENT_EX_SIZE = 2   # offsetofend(struct peer_memory_client_ex, flags), in fields
+STATS = ("num_alloc_mrs", "num_dealloc_mrs", "num_reg_pages", "num_dereg_pages",
+         "num_reg_bytes", "num_dereg_bytes", "num_free_callbacks")
+
+trace_peer_mem_state = tracepoint("peer_umem_state", "client core_context old new",
+                                  layer="ib_core")
+trace_peer_invalidate = tracepoint("peer_invalidate", "client core_context found",
+                                   layer="ib_core")
+
+
+# -- the client's side: include/rdma/peer_mem.h ----------------------------------------------
+@attrs.define(eq=False)
+class peer_memory_client:
+    """Mirrors struct peer_memory_client: name, version and the seven callbacks.
+
+    `version_ex` stands for version[IB_PEER_MEMORY_VER_MAX - 1]: a client
+    embedded in a peer_memory_client_ex writes 1 there, which is how the
+    core tells the two apart (ib_peer_unmap_on_invalidate).
+    """
+
+    name: str
+    version: str
+    acquire: Any = None
+    get_pages: Any = None
+    dma_map: Any = None
+    dma_unmap: Any = None
+    put_pages: Any = None
+    get_page_size: Any = None
+    release: Any = None
+    version_ex: int = 0
+    container: Any = None          # the peer_memory_client_ex around it (container_of)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.name) >= IB_PEER_MEMORY_NAME_MAX:
+            raise ValueError(f"peer_memory_client: name {self.name!r} too long")
+        if len(self.version) > IB_PEER_MEMORY_VER_MAX - 2:
+            raise ValueError(f"peer_memory_client: version {self.version!r} too long "
+                             "(BUG_ON(strlen > IB_PEER_MEMORY_VER_MAX - 2))")
+
+
+@attrs.define(eq=False)
+class peer_memory_client_ex:
+    """Mirrors struct peer_memory_client_ex: the client plus ex_size and flags."""
+
+    client: peer_memory_client
+    ex_size: int = PEER_MEMORY_CLIENT_EX_SIZE
+    flags: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.client.version_ex = 1
+        self.client.container = self
+
+
+# -- the core's side: ib_peer_mem.h ---------------------------------------------------------
+class ib_peer_memory_client:
+    """Mirrors struct ib_peer_memory_client: one registration (the reg_handle)."""
+
+    def __init__(self, peer_mem: peer_memory_client, invalidation_required: bool):
+        self.peer_mem = peer_mem
+        self.usecnt = REFCOUNT_INIT(1)
+        self.usecnt_zero = init_completion(f"{peer_mem.name} usecnt_zero")
+        self.stats = dict.fromkeys(STATS, 0)
+        self.umem_xa = xarray(f"{peer_mem.name} xa_lock")
+        self.xa_cyclic_next = [0]
+        self.invalidation_required = invalidation_required
+
+    @property
+    def trace_name(self) -> str:
+        return self.peer_mem.name
+
+    def __repr__(self) -> str:
+        users = refcount_read(self.usecnt) - 1
+        inval = "invalidating" if self.invalidation_required else "non-invalidating"
+        return f"peer client {self.peer_mem.name} {inval}, {users} umems"
+
+
+class PeerMemState:
+    """peer_mem.c's globals for one machine: peer_memory_list under peer_memory_mutex."""
+
+    def __init__(self) -> None:
+        self.peer_memory_mutex = mutex_init("peer_memory_mutex")
+        self.peer_memory_list: list[ib_peer_memory_client] = []   # registration order
+
+
+def _peer_state() -> PeerMemState:
+    from drivers.ib_core.device import _core
+    return _core().peer
+
+
+# -- registration ---------------------------------------------------------------------------
+def ib_memory_peer_check_mandatory(peer_client: peer_memory_client) -> bool:
+    """Mirrors ib_memory_peer_check_mandatory(): acquire, get_pages, put_pages, dma_map and
+    dma_unmap must be there (get_page_size and release may be NULL)."""
+    for name in MANDATORY:
+        if getattr(peer_client, name) is None:
+            current().machine.dmesg.append(
+                f"ib_core: Peer memory {peer_client.name} is missing mandatory function {name}")
+            return False
+    return True
+
+
+@traced
+def ib_register_peer_memory_client(peer_client: peer_memory_client,
+                                   invalidate_callback: list | None
+                                   ) -> ib_peer_memory_client | None:
+    """Mirrors ib_register_peer_memory_client(): the reg_handle, or None (a missing
+    mandatory callback).  With `invalidate_callback` (a one-slot list standing for
+    the C out-pointer) the core stores ib_invalidate_peer_memory in it and the
+    client serves only callers that take invalidations."""
+    if not ib_memory_peer_check_mandatory(peer_client):
+        return None
+    state = _peer_state()
+    client = ib_peer_memory_client(peer_client, invalidate_callback is not None)
+    if invalidate_callback is not None:
+        invalidate_callback[0] = ib_invalidate_peer_memory
+    mutex_lock(state.peer_memory_mutex)
+    state.peer_memory_list.append(client)
+    _publish(client)
+    mutex_unlock(state.peer_memory_mutex)
+    return client
+
+
+@traced
+def ib_unregister_peer_memory_client(reg_handle: ib_peer_memory_client) -> None:
+    """Mirrors ib_unregister_peer_memory_client(): no new acquires from now on, then wait
+    until every umem the client backs is released; after it returns no peer op is called."""
+    state = _peer_state()
+    mutex_lock(state.peer_memory_mutex)
+    state.peer_memory_list.remove(reg_handle)
+    mutex_unlock(state.peer_memory_mutex)
+    ib_put_peer_client_ref(reg_handle)        # the registration's own reference
+    wait_for_completion(reg_handle.usecnt_zero)
+    sysfs_remove_dir(_sysfs_dir(reg_handle))
+
+
+def _sysfs_dir(client: ib_peer_memory_client) -> str:
+    return f"/sys/kernel/mm/memory_peers/{client.peer_mem.name}"
+
+
+def _publish(client: ib_peer_memory_client) -> None:
+    base = _sysfs_dir(client)
+    sysfs_create_file(f"{base}/version", lambda: client.peer_mem.version + "\n")
+    for name in STATS:
+        sysfs_create_file(f"{base}/{name}", lambda n=name: f"{client.stats[n]}\n")
+
+
+def ib_put_peer_client_ref(client: ib_peer_memory_client) -> None:
+    if refcount_dec_and_test(client.usecnt):
+        complete(client.usecnt_zero)
+
+
+def ib_peer_unmap_on_invalidate(client: ib_peer_memory_client) -> bool:
+    """Mirrors ib_peer_unmap_on_invalidate(): does the client tear down on its own
+    after an invalidation (PEER_MEM_INVALIDATE_UNMAPS)?"""
+    pm = client.peer_mem
+    if not pm.version_ex:
+        return False                                 # an old-style client
+    ex = pm.container
+    if ex is None or ex.ex_size < PEER_MEMORY_CLIENT_EX_SIZE:
+        return False
+    return bool(ex.flags & PEER_MEM_INVALIDATE_UNMAPS)
+
+
+# -- the umem -------------------------------------------------------------------------------
+class ib_umem_peer:
+    """Mirrors struct ib_umem_peer: an ib_umem backed by a peer client."""
+
+    def __init__(self, old: ib_umem, client: ib_peer_memory_client, ctx: Any):
+        # the ib_umem fields, copied from the umem gup failed on
+        self.ibdev, self.owning_mm = old.ibdev, old.owning_mm
+        self.iova, self.length, self.address = old.iova, old.length, old.address
+        self.writable, self.is_odp, self.is_dmabuf = old.writable, False, False
+        self.is_peer = True
+        self.sgt_append = sg_append_table(old.sgt_append.sgt.machine)
+        self.kref = kref()
+        kref_init(self.kref)
+        self.ib_peer_client: ib_peer_memory_client | None = client
+        self.peer_client_context = ctx
+        self.invalidation_func: Any = None
+        self.invalidation_private: Any = None
+        self.mapping_lock = mutex_init("mapping_lock")
+        self.mapped_state = UMEM_PEER_UNMAPPED      # protected by mapping_lock
+        self.xa_id = PEER_NO_INVALIDATION_ID
+        self.saved: tuple | None = None              # first/last sg before fix_peer_sgls
+        self.reg_nents = 0
+
+    @property
+    def trace_name(self) -> str:
+        return f"peer umem {self.address:#x}+{self.length:#x}"
+
+    def __repr__(self) -> str:
+        name = self.ib_peer_client.peer_mem.name if self.ib_peer_client else "-"
+        return (f"ib_umem_peer {self.address:#x}+{self.length:#x} {name} "
+                f"{STATE_NAMES[self.mapped_state]} id {self.xa_id:#x}")
+
+
+@traced
+def ib_get_peer_client(addr: int, size: int, peer_mem_flags: int) -> tuple[Any, Any]:
+    """Mirrors ib_get_peer_client(): the first client, in registration order, whose
+    acquire() takes the whole range; (client, its context) or (None, None)."""
+    state = _peer_state()
+    mutex_lock(state.peer_memory_mutex)
+    try:
+        for client in state.peer_memory_list:
+            if client.invalidation_required and not peer_mem_flags & IB_PEER_MEM_INVAL_SUPP:
+                continue
+            ctx: list = [None]
+            if client.peer_mem.acquire(addr, size, None, None, ctx) > 0:
+                refcount_inc(client.usecnt)
+                return client, ctx[0]
+    finally:
+        mutex_unlock(state.peer_memory_mutex)
+    return None, None
+
+
+def ib_put_peer_client(client: ib_peer_memory_client, ctx: Any) -> None:
+    """Mirrors ib_put_peer_client(): release() the context, drop the client's use."""
+    if client.peer_mem.release is not None:
+        client.peer_mem.release(ctx)
+    ib_put_peer_client_ref(client)
+
+
+@traced
+def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: int) -> Any:
+    """Mirrors ib_peer_umem_get(): back the range by a peer client, or raise old_err.
+
+    get_pages failing undoes nothing but the id (put_pages is not called);
+    dma_map failing calls put_pages.  For an invalidating client the
+    mapping_lock is still held on return (see the module docstring).
+    """
+    client, ctx = ib_get_peer_client(old_umem.address, old_umem.length, peer_mem_flags)
+    if client is None:
+        raise old_err
+    pm = client.peer_mem
+    umem_p = ib_umem_peer(old_umem, client, ctx)
+    sgt = umem_p.sgt_append.sgt
+    mutex_lock(umem_p.mapping_lock)
+    try:
+        if client.invalidation_required:
+            spin_lock(client.umem_xa.xa_lock)
+            try:
+                umem_p.xa_id = xa_alloc_cyclic(client.umem_xa, umem_p, (0, U32_MAX - 1),
+                                               client.xa_cyclic_next)
+            finally:
+                spin_unlock(client.umem_xa.xa_lock)
+        ret = pm.get_pages(old_umem.address, old_umem.length, 1, int(not umem_p.writable),
+                           None, ctx, umem_p.xa_id)
+        if ret:
+            raise KernelError(-ret if ret < 0 else EINVAL, f"ib_peer_umem_get: {pm.name} "
+                              f"get_pages returned {ret}")
+        nmap: list = [0]
+        ret = pm.dma_map(sgt, ctx, old_umem.ibdev.dma_device, 0, nmap)
+        if ret:
+            pm.put_pages(sgt, ctx)
+            raise KernelError(-ret if ret < 0 else EINVAL, f"ib_peer_umem_get: {pm.name} "
+                              f"dma_map returned {ret}")
+        sgt.nents = nmap[0]
+    except BaseException:
+        _erase_id(umem_p)                                 # err_xa:
+        mutex_unlock(umem_p.mapping_lock)
+        umem_p.ib_peer_client = None
+        ib_put_peer_client(client, ctx)                   # err_umem:
+        raise
+    peer_page_size = pm.get_page_size(ctx) if pm.get_page_size is not None else 0
+    page_size = sgt.machine.page_size
+    if peer_page_size != page_size:
+        fix_peer_sgls(umem_p, peer_page_size)
+    umem_p.reg_nents = sgt.nents
+    _set_state(umem_p, UMEM_PEER_MAPPED)
+    client.stats["num_reg_pages"] += sgt.nents
+    client.stats["num_reg_bytes"] += umem_p.length
+    client.stats["num_alloc_mrs"] += 1
+    if umem_p.xa_id == PEER_NO_INVALIDATION_ID:
+        mutex_unlock(umem_p.mapping_lock)
+    return umem_p
+
+
+def fix_peer_sgls(umem_p: ib_umem_peer, peer_page_size: int) -> None:
+    """Mirrors fix_peer_sgls(): trim the first and last entries, given in the client's
+    page size, to PAGE_SIZE granularity around [address, address + length); the
+    originals are saved for the unmap."""
+    sgt = umem_p.sgt_append.sgt
+    if not peer_page_size or not sgt.nents:
+        return
+    ps = sgt.machine.page_size
+    first, last = 0, sgt.nents - 1
+    umem_p.saved = (sgt.dma_addr.view[first], sgt.dma_len.view[first], sgt.sg_len.view[first],
+                    sgt.dma_len.view[last], sgt.sg_len.view[last])
+    addr, end = umem_p.address, umem_p.address + umem_p.length
+    offset = (addr & ~(ps - 1)) - (addr & ~(peer_page_size - 1))
+    sgt.dma_addr.view[first] += offset
+    sgt.dma_len.view[first] -= offset
+    sgt.sg_len.view[first] -= offset
+    trim = (-(-end // peer_page_size) * peer_page_size) - (-(-end // ps) * ps)
+    sgt.dma_len.view[last] -= trim
+    sgt.sg_len.view[last] -= trim
+
+
+def _restore_sgls(umem_p: ib_umem_peer) -> None:
+    """ib_unmap_peer_client's restore: last first, then first."""
+    if umem_p.saved is None:
+        return
+    sgt = umem_p.sgt_append.sgt
+    first, last = 0, sgt.nents - 1
+    a0, dl0, l0, dl1, l1 = umem_p.saved
+    sgt.dma_len.view[last], sgt.sg_len.view[last] = dl1, l1
+    sgt.dma_addr.view[first], sgt.dma_len.view[first], sgt.sg_len.view[first] = a0, dl0, l0
+    umem_p.saved = None
+
+
+def _erase_id(umem_p: ib_umem_peer) -> None:
+    client = umem_p.ib_peer_client
+    if umem_p.xa_id != PEER_NO_INVALIDATION_ID:
+        spin_lock(client.umem_xa.xa_lock)
+        xa_erase(client.umem_xa, umem_p.xa_id)
+        spin_unlock(client.umem_xa.xa_lock)
+
+
+def _set_state(umem_p: ib_umem_peer, new: int) -> None:
+    old = umem_p.mapped_state
+    umem_p.mapped_state = new
+    from kernel_model import trace
+    if trace.enabled:
+        trace_peer_mem_state(umem_p.ib_peer_client.peer_mem.name if umem_p.ib_peer_client
+                             else "-", umem_p.xa_id, STATE_NAMES[old], STATE_NAMES[new])
+
+
+#: ib_unmap_peer_client's table: (cur, to) -> (unmap: call dma_unmap + put_pages,
+#: dealloc: num_dealloc_mrs and the table cleared, dereg: num_dereg_* counted)
+PEER_UMEM_TRANSITIONS: dict[tuple[int, int], tuple[bool, bool, bool]] = {
+    (UMEM_PEER_MAPPED, UMEM_PEER_UNMAPPED): (True, True, True),
+    (UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED): (False, True, False),
+    (UMEM_PEER_INVALIDATED, UMEM_PEER_UNMAPPED): (False, False, True),
+}
+
+
+@traced
+def ib_unmap_peer_client(umem_p: ib_umem_peer, cur_state: int, to_state: int) -> None:
+    """Mirrors ib_unmap_peer_client(): move the umem from cur_state to to_state doing
+    what PEER_UMEM_TRANSITIONS says; any other pair only records the state."""
+    client = umem_p.ib_peer_client
+    unmap, dealloc, dereg = PEER_UMEM_TRANSITIONS.get((cur_state, to_state),
+                                                      (False, False, False))
+    sgt = umem_p.sgt_append.sgt
+    if dealloc:
+        _restore_sgls(umem_p)
+        if unmap:
+            pm = client.peer_mem
+            pm.dma_unmap(sgt, umem_p.peer_client_context, umem_p.ibdev.dma_device)
+            pm.put_pages(sgt, umem_p.peer_client_context)
+        sg_free_table(sgt)                     # memset(&umem_p->umem.sgt_append, 0)
+        client.stats["num_dealloc_mrs"] += 1
+    if dereg:
+        client.stats["num_dereg_pages"] += umem_p.reg_nents
+        client.stats["num_dereg_bytes"] += umem_p.length
+    _set_state(umem_p, to_state)
+
+
+# -- invalidation ---------------------------------------------------------------------------
+@traced
+def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: int) -> int:
+    """Mirrors ib_invalidate_peer_memory(): the client says the pages behind core_context
+    go away.  Returns 0 always; an unknown or stale id is ignored.  When it returns
+    the MR owner has revoked the device's access (mlx5: no DMA can still happen)."""
+    client = reg_handle
+    spin_lock(client.umem_xa.xa_lock)
+    client.stats["num_free_callbacks"] += 1
+    umem_p = xa_load(client.umem_xa, core_context)
+    if umem_p is not None:
+        kref_get(umem_p.kref)
+    spin_unlock(client.umem_xa.xa_lock)
+    from kernel_model import trace
+    if trace.enabled:
+        trace_peer_invalidate(client.peer_mem.name, core_context, umem_p is not None)
+    if umem_p is None:
+        return 0
+    mutex_lock(umem_p.mapping_lock)
+    if umem_p.mapped_state == UMEM_PEER_MAPPED and umem_p.invalidation_func is not None:
+        umem_p.invalidation_func(umem_p, umem_p.invalidation_private)
+        if ib_peer_unmap_on_invalidate(umem_p.ib_peer_client):
+            ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED)
+        else:
+            ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_UNMAPPED)
+    mutex_unlock(umem_p.mapping_lock)
+    kref_put(umem_p.kref, _free_umem_p)
+    return 0
+
+
+@traced
+def ib_umem_activate_invalidation_notifier(umem: Any, func: Any, priv: Any) -> None:
+    """Mirrors ib_umem_activate_invalidation_notifier(): from now on func(umem, priv)
+    may be called; drops the mapping_lock ib_peer_umem_get left held."""
+    if not getattr(umem, "is_peer", False):
+        current().machine.report_bug("ib_umem_activate_invalidation_notifier", "not a peer umem")
+        return
+    if umem.xa_id == PEER_NO_INVALIDATION_ID:
+        return
+    umem.invalidation_func = func
+    umem.invalidation_private = priv
+    mutex_unlock(umem.mapping_lock)
+
+
+@traced
+def ib_umem_stop_invalidation_notifier(umem: Any) -> None:
+    """Mirrors ib_umem_stop_invalidation_notifier() (OFED 25.04+): no more invalidation
+    calls; the umem is unmapped - with UNMAPS, outside mapping_lock.  The caller has
+    already made sure the device does no more DMA to it."""
+    umem_p = umem
+    unmap_on_inval = ib_peer_unmap_on_invalidate(umem_p.ib_peer_client)
+    if umem_p.invalidation_func is not None:
+        mutex_lock(umem_p.mapping_lock)
+        umem_p.invalidation_func = None
+    elif umem_p.xa_id == PEER_NO_INVALIDATION_ID:
+        mutex_lock(umem_p.mapping_lock)
+    # else: activate never ran, and ib_peer_umem_get's lock is still ours
+    if not unmap_on_inval:
+        ib_unmap_peer_client(umem_p, umem_p.mapped_state, UMEM_PEER_UNMAPPED)
+        mutex_unlock(umem_p.mapping_lock)
+        return
+    cur = umem_p.mapped_state
+    umem_p.mapped_state = UMEM_PEER_UNMAPPED          # blocks ib_invalidate_peer_memory
+    mutex_unlock(umem_p.mapping_lock)
+    ib_unmap_peer_client(umem_p, cur, UMEM_PEER_UNMAPPED)
+
+
+@traced
+def ib_peer_umem_release(umem: Any) -> None:
+    """Mirrors ib_peer_umem_release(): unmap if still mapped, free the id, release()
+    the client context, refund pinned_vm, drop the umem."""
+    umem_p = umem
+    if umem_p.invalidation_func is not None:
+        current().machine.report_bug("ib_peer_umem_release", "invalidation still active "
+                                     "(ib_umem_stop_invalidation_notifier not called)")
+    ib_unmap_peer_client(umem_p, umem_p.mapped_state, UMEM_PEER_UNMAPPED)
+    _erase_id(umem_p)
+    client = umem_p.ib_peer_client
+    ib_put_peer_client(client, umem_p.peer_client_context)
+    umem_p.ib_peer_client = None
+    from drivers.ib_core.umem import ib_umem_num_pages
+    mm = umem_p.owning_mm
+    mm.pinned_vm -= ib_umem_num_pages(umem_p)
+    mmdrop(mm)
+    kref_put(umem_p.kref, _free_umem_p)
+
+
+def _free_umem_p(k: kref) -> None:
+    """The last reference: kfree(umem_p) and mutex_destroy (nothing to free here)."""
+
+
+# -- queries for tools and tests (not kernel API) ----------------------------------------------
+def peer_clients() -> list[ib_peer_memory_client]:
+    """The registered clients, in registration order."""
+    return list(_peer_state().peer_memory_list)

@@ -1,0 +1,87 @@
+"""The nvidia module (nvidia.ko): the GPU driver and its nv-p2p API.
+
+module_init registers a PCI driver for every NVIDIA GPU on the machine; its
+probe gives each GPU an NvDevice (rm.py) and a /dev/nvidiaN (nv.py).  The
+third-party P2P API other modules import lives in nv_p2p.py.
+
+Module parameters:
+  release   the driver release, "580.65.06" by default.  Releases from R515
+            up to 535.14 (and R525 before 525.105.17) have the put_pages /
+            free-callback race of seed 002 chapter 10 and accept a NULL
+            free callback as "persistent"; later ones refuse it and export
+            nvidia_p2p_get_pages_persistent.  See nv_p2p.py.
+
+Lock order: see rm.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel_model.current import current
+from kernel_model.errno import EINVAL, KernelError
+from kernel_model.fs import cdev, cdev_add, cdev_del
+from kernel_model.pci import PCI_ANY_ID, pci_driver, pci_register_driver, pci_unregister_driver
+from kernel_model.trace import traced
+from kernel_model.uapi.nvidia import NV_DEVICE_PATH
+from kernel_model.workqueue import alloc_workqueue, destroy_workqueue
+
+PCI_VENDOR_ID_NVIDIA = 0x10DE
+DEFAULT_RELEASE = "580.65.06"
+
+
+class NvidiaState:
+    """The module's globals: its devices, nv_queue, the release it behaves as."""
+
+    def __init__(self, mod: Any, release: tuple[int, int]):
+        self.mod = mod
+        self.release = release
+        self.devices: list = []
+        self.nv_queue = alloc_workqueue("nv_queue")
+        self.driver = pci_driver("nvidia", [(PCI_VENDOR_ID_NVIDIA, PCI_ANY_ID)], self.probe,
+                                 self.remove)
+
+    @traced
+    def probe(self, pdev: Any, ident: tuple[int, int]) -> None:
+        """nv_pci_probe(): an NvDevice and its /dev/nvidiaN."""
+        from drivers.nvidia.nv import nvidia_fops
+        from drivers.nvidia.rm import NvDevice
+        gpu = getattr(pdev, "model", None)
+        if gpu is None:
+            raise KernelError(EINVAL, f"nv_pci_probe: {pdev.name} is not a GPU this driver "
+                              "knows")
+        dev = NvDevice(gpu, len(self.devices), self.release, self.nv_queue)
+        dev.cdev = cdev(nvidia_fops(self.mod), private=dev)
+        cdev_add(dev.cdev, NV_DEVICE_PATH.format(minor=dev.minor))
+        pdev.dev.driver_data = dev
+        self.devices.append(dev)
+
+    @traced
+    def remove(self, pdev: Any) -> None:
+        """nv_pci_remove()."""
+        dev = pdev.dev.driver_data
+        cdev_del(dev.cdev)
+        self.devices.remove(dev)
+
+
+def parse_release(release: str) -> tuple[int, int]:
+    """"535.104.05" -> (535, 104): the branch and the build within it."""
+    try:
+        branch, build = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        raise KernelError(EINVAL, f"nvidia: release {release!r} is not BRANCH.BUILD[.x]") \
+            from None
+    return branch, build
+
+
+def module_init(mod: Any, release: str = DEFAULT_RELEASE) -> NvidiaState:
+    """nvidia_init_module(): the workqueue, then the PCI driver (probing every GPU)."""
+    state = NvidiaState(mod, parse_release(release))
+    pci_register_driver(current().machine, state.driver)
+    return state
+
+
+def module_exit(mod: Any) -> None:
+    """nvidia_exit_module()."""
+    pci_unregister_driver(current().machine, mod.state.driver)
+    destroy_workqueue(mod.state.nv_queue)

@@ -1,0 +1,359 @@
+"""Mirrors kernel-open/nvidia/nv-p2p.c and nv-p2p.h: the GPUDirect RDMA kernel API.
+
+A third-party driver (nv_peer_mem, gdrdrv, an NVMe driver) pins GPU memory
+for its device's DMA with this API:
+
+    pt  = nvidia_p2p_get_pages(0, 0, va, len, free_callback, data)
+    map = nvidia_p2p_dma_map_pages(peer_pdev, pt)     # bus addresses for the peer
+    ... the peer DMAs to map.dma_addresses[i] (64 KiB each) ...
+    nvidia_p2p_dma_unmap_pages(peer_pdev, pt, map)
+    nvidia_p2p_put_pages(0, 0, va, pt)
+
+The rules (peermem_facts.md §4):
+  * va and len must both be 64 KiB aligned (EINVAL), and lie in one
+    allocation of the calling process - or of the VA space the tokens name;
+  * a get_pages maps the pages into BAR1; ENOMEM when BAR1 is exhausted;
+  * when the owner frees the memory (cudaFree) or its GPU file closes, the
+    driver calls free_callback(data) on its own thread and, after it
+    returns, frees the page table and any DMA mapping still there: the
+    callback must call only nvidia_p2p_free_page_table (and
+    nvidia_p2p_free_dma_mapping), never put_pages;
+  * put_pages on a mapping whose callback is in flight waits for the
+    callback and then does nothing; put_pages after it is a no-op (0);
+  * persistent mappings (get_pages_persistent) have no callback.
+
+Errors are KernelError(-errno) raised with the function's name, as the
+kernel-side callers test `ret < 0` (nvidia_p2p_map_status's mapping: EINVAL,
+ENOMEM, ENOTSUPP as EOPNOTSUPP, EBUSY, EIO).
+
+Driver releases: the module parameter `release` picks the branch.  From
+535.14 (and 525.105.17 on R525) get_pages refuses a NULL callback and the
+persistent calls exist.  From R515 up to those releases put_pages does not
+wait for an in-flight free callback: both free the page table, which is the
+null-pointer dereference seed 002 chapter 10 describes (here KASAN's
+double-free report, DoubleFree).  Before R515 neither exists (not modelled).
+
+Lock order: rm_lock (rm.py) -> nothing; a mapping's teardown_done
+completion is what put_pages waits on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from drivers.nvidia.rm import NvDevice, find_memory, rm_p2p_get_pages, rm_p2p_put_pages
+from kernel_model.current import current
+from kernel_model.dma import (
+    DMA_BIDIRECTIONAL,
+    dma_map_resource,
+    dma_mapping_error,
+    dma_unmap_resource,
+)
+from kernel_model.errno import EINVAL, EIO, EOPNOTSUPP, KernelError
+from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
+from kernel_model.locking import (
+    complete_all,
+    init_completion,
+    mutex_lock,
+    mutex_unlock,
+    wait_for_completion,
+)
+from kernel_model.slab import kfree, kmalloc_obj
+from kernel_model.trace import traced
+
+if TYPE_CHECKING:
+    from kernel_model.pci import pci_dev
+
+NVIDIA_P2P_PAGE_TABLE_VERSION = 0x00020000      # 580+: with flags
+NVIDIA_P2P_DMA_MAPPING_VERSION = 0x00020003
+NVIDIA_P2P_PAGE_SIZE_4KB, NVIDIA_P2P_PAGE_SIZE_64KB, NVIDIA_P2P_PAGE_SIZE_128KB = 0, 1, 2
+NVIDIA_P2P_FLAGS_DEFAULT, NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING = 0, 1
+FIXED_RELEASES = ((535, 14), (525, 105))       # first fixed build per branch
+
+
+def NVIDIA_P2P_VERSION_COMPATIBLE(p: Any, v: int) -> bool:
+    """Mirrors NVIDIA_P2P_VERSION_COMPATIBLE(): same major, minor at least v's."""
+    return (p.version >> 16) == (v >> 16) and (p.version & 0xFFFF) >= (v & 0xFFFF)
+
+
+class nvidia_p2p_page:
+    """Mirrors struct nvidia_p2p_page: one 64 KiB page's BAR1 bus address."""
+
+    def __init__(self, physical_address: int):
+        self.physical_address = physical_address
+
+
+class nvidia_p2p_page_table:
+    """Mirrors struct nvidia_p2p_page_table (embedded in the driver's mem_info)."""
+
+    def __init__(self, pages: list[nvidia_p2p_page], gpu_uuid: bytes):
+        self.version = NVIDIA_P2P_PAGE_TABLE_VERSION
+        self.page_size = NVIDIA_P2P_PAGE_SIZE_64KB
+        self.pages = pages
+        self.entries = len(pages)
+        self.gpu_uuid = gpu_uuid
+        self.flags = 0
+
+    def __repr__(self) -> str:
+        return f"nvidia_p2p_page_table {self.entries} x 64 KiB"
+
+
+class nvidia_p2p_dma_mapping:
+    """Mirrors struct nvidia_p2p_dma_mapping: the peer's DMA address of each page."""
+
+    def __init__(self, dma_addresses: list[int], pci_dev_: pci_dev):
+        self.version = NVIDIA_P2P_DMA_MAPPING_VERSION
+        self.page_size_type = NVIDIA_P2P_PAGE_SIZE_64KB
+        self.entries = len(dma_addresses)
+        self.dma_addresses = dma_addresses
+        self.private = None
+        self.pci_dev = pci_dev_
+
+    def __repr__(self) -> str:
+        return f"nvidia_p2p_dma_mapping {self.entries} x 64 KiB for {self.pci_dev.name}"
+
+
+class nv_p2p_mem_info:
+    """Mirrors nv-p2p.c's nv_p2p_mem_info_t: the page table, its DMA mappings, the callback."""
+
+    def __init__(self, dev: NvDevice, memory: Any, gpu_pages: list[int], free_callback: Any,
+                 data: Any, persistent: bool):
+        self.dev = dev
+        self.memory = memory
+        self.gpu_pages = gpu_pages
+        self.free_callback = free_callback
+        self.data = data
+        self.persistent = persistent
+        self.page_table: nvidia_p2p_page_table | None = None
+        self.dma_mappings: list[nvidia_p2p_dma_mapping] = []
+        # protected by dev.rm_lock: "live" -> "teardown" (owner freeing it) / "put"
+        self.state = "live"
+        self.teardown_done = init_completion("nv_p2p_teardown")
+
+    def __repr__(self) -> str:
+        return f"nv_p2p_mem_info {len(self.gpu_pages)} pages {self.state}"
+
+
+def _devices() -> list[NvDevice]:
+    mod = current().machine.modules.get("nvidia")
+    return mod.state.devices if mod is not None else []
+
+
+def _legacy(dev: NvDevice) -> bool:
+    """A release with the put_pages/free-callback race: R515 up to 535.14, except
+    R525 from 525.105.17 (seed 002 chapter 10)."""
+    branch, build = dev.release
+    if not 515 <= branch <= 535:
+        return False
+    fixed = dict(FIXED_RELEASES).get(branch)
+    return fixed is None or build < fixed
+
+
+def _has_persistent_api(dev: NvDevice) -> bool:
+    return not _legacy(dev)
+
+
+def _lookup(pt: Any) -> tuple[NvDevice, nv_p2p_mem_info] | None:
+    """RM's lookup of a page table it handed out (by identity: never dereferences it)."""
+    for dev in _devices():
+        info = dev.p2p_infos.get(id(pt))
+        if info is not None and info.page_table is pt:
+            return dev, info
+    return None
+
+
+# -- get / put -----------------------------------------------------------------------------
+def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_address: int,
+                     length: int, free_callback: Any, data: Any,
+                     what: str) -> nvidia_p2p_page_table:
+    """Mirrors nv_p2p_get_pages(): the common path of both get_pages calls."""
+    if virtual_address % GPU_PAGE_SIZE or length % GPU_PAGE_SIZE:
+        raise KernelError(EINVAL, f"{what}: Invalid argument in nv_p2p_get_pages, address "
+                          f"or length are not aligned ({virtual_address:#x}, {length:#x})")
+    if length == 0:
+        raise KernelError(EINVAL, f"{what}: length 0")
+    if persistent and (p2p_token or va_space):
+        raise KernelError(EINVAL, f"{what}: persistent mappings take no tokens")
+    task = current()
+    err: KernelError | None = None
+    for dev in _devices():
+        mutex_lock(dev.rm_lock)
+        try:
+            mem = find_memory(dev, virtual_address, length, p2p_token, va_space, task.mm)
+            addrs = rm_p2p_get_pages(mem, virtual_address, length)
+            first = (virtual_address - mem.va) >> GPU_PAGE_SHIFT
+            info = kmalloc_obj(nv_p2p_mem_info(
+                dev, mem, mem.pages[first:first + (length >> GPU_PAGE_SHIFT)], free_callback,
+                data, persistent))
+            pt = kmalloc_obj(nvidia_p2p_page_table([nvidia_p2p_page(a) for a in addrs],
+                                                   dev.gpu.uuid))
+            info.page_table = pt
+            mem.mem_infos.append(info)
+            dev.p2p_infos[id(pt)] = info
+            return pt
+        except KernelError as e:
+            err = err if err is not None and e.errno == EINVAL else e
+        finally:
+            mutex_unlock(dev.rm_lock)
+    if err is None:
+        err = KernelError(EINVAL, f"{what}: no GPU")
+    raise KernelError(err.errno, f"{what}: {err}")
+
+
+@traced
+def nvidia_p2p_get_pages(p2p_token: int, va_space: int, virtual_address: int, length: int,
+                         free_callback: Any, data: Any) -> nvidia_p2p_page_table:
+    """Mirrors nvidia_p2p_get_pages(): pin and BAR1-map; free_callback(data) on revocation.
+
+    EINVAL for a NULL callback (535.14+; before, NULL meant persistent),
+    unaligned or empty ranges, or a range not in one allocation the caller
+    may pin; ENOMEM when BAR1 is exhausted.
+    """
+    devs = _devices()
+    legacy = bool(devs) and _legacy(devs[0])
+    if free_callback is None and not legacy:
+        raise KernelError(EINVAL, "nvidia_p2p_get_pages: NULL free_callback (use "
+                          "nvidia_p2p_get_pages_persistent)")
+    return nv_p2p_get_pages(free_callback is None, p2p_token, va_space, virtual_address,
+                            length, free_callback, data, "nvidia_p2p_get_pages")
+
+
+@traced
+def nvidia_p2p_get_pages_persistent(virtual_address: int, length: int,
+                                    flags: int = 0) -> nvidia_p2p_page_table:
+    """Mirrors nvidia_p2p_get_pages_persistent() (535.14+): a mapping with no callback."""
+    devs = _devices()
+    if devs and not _has_persistent_api(devs[0]):
+        raise KernelError(EOPNOTSUPP, "nvidia_p2p_get_pages_persistent: not in this release")
+    if flags not in (NVIDIA_P2P_FLAGS_DEFAULT, NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING):
+        raise KernelError(EINVAL, f"nvidia_p2p_get_pages_persistent: flags {flags:#x}")
+    return nv_p2p_get_pages(True, 0, 0, virtual_address, length, None, None,
+                            "nvidia_p2p_get_pages_persistent")
+
+
+@traced
+def nvidia_p2p_put_pages(p2p_token: int, va_space: int, virtual_address: int,
+                         page_table: nvidia_p2p_page_table | None) -> int:
+    """Mirrors nvidia_p2p_put_pages(): unpin; 0.
+
+    A page table the owner's teardown already took is a no-op - after
+    waiting for its free callback if that is still running (the fix; see
+    the module docstring for the legacy releases).
+    """
+    if page_table is None:
+        return 0
+    found = _lookup(page_table)
+    if found is None:
+        return 0                         # NV_ERR_OBJECT_NOT_FOUND: torn down already
+    dev, info = found
+    mutex_lock(dev.rm_lock)
+    if info.state == "teardown" and not _legacy(dev):
+        done = info.teardown_done
+        mutex_unlock(dev.rm_lock)
+        wait_for_completion(done)       # the callback finishes, RM frees it: nothing to do
+        return 0
+    _unlink(dev, info)
+    mutex_unlock(dev.rm_lock)
+    nv_p2p_free_platform_data(info)
+    return 0
+
+
+@traced
+def nvidia_p2p_put_pages_persistent(virtual_address: int,
+                                    page_table: nvidia_p2p_page_table | None,
+                                    flags: int = 0) -> int:
+    """Mirrors nvidia_p2p_put_pages_persistent(): EINVAL for flags; NULL is a no-op."""
+    if flags:
+        raise KernelError(EINVAL, f"nvidia_p2p_put_pages_persistent: flags {flags:#x}")
+    return nvidia_p2p_put_pages(0, 0, virtual_address, page_table)
+
+
+def _unlink(dev: NvDevice, info: nv_p2p_mem_info) -> None:
+    """Under rm_lock: take the mapping off its allocation (put_pages' atomic unlink)."""
+    if info in info.memory.mem_infos:
+        info.memory.mem_infos.remove(info)
+    info.state = "put"
+
+
+@traced
+def nv_p2p_free_platform_data(info: nv_p2p_mem_info) -> None:
+    """Mirrors nv_p2p_free_platform_data(): unmap what DMA mappings remain, release the
+    BAR1 windows, free the page table and the mem_info; wake put_pages waiters."""
+    dev, done, mem = info.dev, info.teardown_done, info.memory
+    for mapping in list(info.dma_mappings):
+        _dma_unmap(info, mapping)
+    mutex_lock(dev.rm_lock)
+    dev.p2p_infos.pop(id(info.page_table), None)
+    rm_p2p_put_pages(dev, info.gpu_pages)
+    mutex_unlock(dev.rm_lock)
+    kfree(info.page_table)
+    kfree(info)
+    complete_all(done)
+    if mem.freed and not mem.mem_infos:
+        from drivers.nvidia.rm import rm_release_pages
+        rm_release_pages(mem)
+
+
+@traced
+def nvidia_p2p_free_page_table(page_table: nvidia_p2p_page_table) -> int:
+    """Mirrors nvidia_p2p_free_page_table(): a no-op returning 0 in the open driver (RM
+    frees the table after the free callback returns)."""
+    return 0
+
+
+# -- DMA mappings ------------------------------------------------------------------------------
+@traced
+def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
+                             ) -> nvidia_p2p_dma_mapping:
+    """Mirrors nvidia_p2p_dma_map_pages(): each page's bus address as `peer` must use it
+    (dma_map_resource: through the IOMMU when one translates).  EINVAL for NULL or a
+    page table the driver no longer has; EIO when a mapping fails (all undone)."""
+    if peer is None or page_table is None:
+        raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: NULL peer or page table")
+    found = _lookup(page_table)
+    if found is None or found[1].state != "live":
+        raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not live")
+    _dev, info = found
+    addrs: list[int] = []
+    for page in page_table.pages:
+        a = dma_map_resource(peer.dev, page.physical_address, GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+        if dma_mapping_error(peer.dev, a):
+            for done in addrs:
+                dma_unmap_resource(peer.dev, done, GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+            raise KernelError(EIO, f"nvidia_p2p_dma_map_pages: {peer.name} cannot reach "
+                              f"{page.physical_address:#x}")
+        addrs.append(a)
+    mapping = kmalloc_obj(nvidia_p2p_dma_mapping(addrs, peer))
+    info.dma_mappings.append(mapping)
+    return mapping
+
+
+@traced
+def nvidia_p2p_dma_unmap_pages(peer: pci_dev, page_table: nvidia_p2p_page_table,
+                               dma_mapping: nvidia_p2p_dma_mapping) -> int:
+    """Mirrors nvidia_p2p_dma_unmap_pages(): 0, also when the owner's teardown already
+    unmapped it (the mapping is looked up, not trusted)."""
+    if peer is None or page_table is None or dma_mapping is None:
+        raise KernelError(EINVAL, "nvidia_p2p_dma_unmap_pages: NULL argument")
+    found = _lookup(page_table)
+    if found is None or not any(m is dma_mapping for m in found[1].dma_mappings):
+        return 0
+    if dma_mapping.pci_dev is not peer:
+        current().machine.report_bug("nvidia_p2p_dma_unmap_pages",
+                                     f"peer {peer.name} is not the mapping's "
+                                     f"{dma_mapping.pci_dev.name}")
+    _dma_unmap(found[1], dma_mapping)
+    return 0
+
+
+def _dma_unmap(info: nv_p2p_mem_info, mapping: nvidia_p2p_dma_mapping) -> None:
+    info.dma_mappings.remove(mapping)
+    for a in mapping.dma_addresses:
+        dma_unmap_resource(mapping.pci_dev.dev, a, GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+    kfree(mapping)
+
+
+@traced
+def nvidia_p2p_free_dma_mapping(dma_mapping: nvidia_p2p_dma_mapping) -> int:
+    """Mirrors nvidia_p2p_free_dma_mapping(): a no-op returning 0 in the open driver."""
+    return 0

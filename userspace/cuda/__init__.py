@@ -1,0 +1,1 @@
+"""A CUDA-like runtime over the emulated NVIDIA driver (see runtime.py)."""
