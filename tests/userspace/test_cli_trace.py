@@ -162,8 +162,8 @@ def test_unknown_scenario(capsys):
     assert main(["trace", "nosuch"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == ("peermem trace: no scenario 'nosuch'; known: create-qp, open-device, pin, "
-                   "rdma-write, reg-mr\n")
+    assert err == ("peermem trace: no scenario 'nosuch'; known: create-qp, "
+                   "cuda-free-invalidate, gpudirect, open-device, pin, rdma-write, reg-mr\n")
 
 
 @pytest.mark.parametrize("args, kw", [
