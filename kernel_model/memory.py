@@ -200,6 +200,17 @@ def follow_pte(mm: mm_struct, address: int) -> int:
     return mm.pgtable.get(address)
 
 
+def follow_pfn(vma: vm_area_struct, address: int) -> int:
+    """Mirrors follow_pfn() (mm/memory.c, before 6.10): the PFN a VM_IO|VM_PFNMAP vma
+    maps at address.  EINVAL for any other vma, or when nothing is mapped there."""
+    if not vma.vm_flags & (VM_IO | VM_PFNMAP):
+        raise KernelError(EINVAL, f"follow_pfn: {address:#x}: not a PFN mapping")
+    pte = follow_pte(vma.vm_mm, address)
+    if not pte & _PAGE_PRESENT:
+        raise KernelError(EINVAL, f"follow_pfn: {address:#x}: no PTE")
+    return pte_addr(pte) >> vma.vm_mm.machine.page_shift
+
+
 def access_vm(mm: mm_struct, addr: int, length: int, write: bool,
               chunk: Callable[[int, int, int], None], force: bool = False) -> int:
     """Walk [addr, addr+len) page by page, faulting pages in as the CPU would.
