@@ -1,7 +1,8 @@
 """Mirrors kernel/module/main.c: loading and unloading modules by name.
 
 A module is a Python module under drivers/ or peermem_clients/ (or any
-importable name) defining `module_init()` and, optionally, `module_exit()`,
+importable name, or a peer-memory client another package declares in the
+`peermem.clients` entry-point group) defining `module_init()` and, optionally, `module_exit()`,
 the two ends of module_init()/module_exit(), and `MODULE_DEPENDS`, the
 modules whose symbols it uses: loading it loads those first (modprobe), and
 they cannot be unloaded while it is loaded (EWOULDBLOCK, "in use by").  Loading runs init in the
@@ -16,6 +17,10 @@ code that asks for a module - a CLI, a test - never imports drivers itself.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import running
@@ -49,7 +54,37 @@ def _find(name: str) -> Any:
         except ModuleNotFoundError as e:
             if e.name not in (prefix + name, (prefix + name).rsplit(".", 1)[0]):
                 raise
+    ep = _entry_points().get(name)
+    if ep is not None:                   # a client another package installed
+        return importlib.import_module(ep.value.split(":")[0])
     raise KernelError(ENOENT, f"request_module: module {name} not found")
+
+
+PEER_CLIENT_GROUP = "peermem.clients"
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """The peer-memory client modules installed packages declare (their entry points)."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=PEER_CLIENT_GROUP)}
+
+
+def peer_client_modules() -> list[tuple[str, str, str]]:
+    """Every peer-memory client module that can be loaded by name: (name, origin, module),
+    the built-in ones (peermem_clients/*.py defining module_init) first, then those of
+    installed packages (entry point group `peermem.clients`, value "package.module").
+
+    # EMU: stands in for modinfo over /lib/modules: what `peermem clients` lists.
+    """
+    out = []
+    spec = importlib.util.find_spec("peermem_clients")
+    for info in pkgutil.iter_modules(spec.submodule_search_locations or []):
+        mod = importlib.import_module(f"peermem_clients.{info.name}")
+        if hasattr(mod, "module_init"):
+            out.append((info.name, "built-in", mod.__name__))
+    for name, ep in sorted(_entry_points().items()):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        out.append((name, f"installed ({dist})", ep.value.split(":")[0]))
+    return out
 
 
 @traced
@@ -62,6 +97,11 @@ def load_module(machine: Machine, name: str, **params: Any) -> module:
     for dep in getattr(code, "MODULE_DEPENDS", ()):  # modprobe: dependencies first
         if dep not in mods:
             load_module(machine, dep)
+    accepted = inspect.signature(code.module_init).parameters
+    takes_any = any(a.kind is a.VAR_KEYWORD for a in accepted.values())  # checks its own
+    unknown = [k for k in params if not takes_any and (k not in accepted or k == "mod")]
+    if unknown:   # parse_args(): "Unknown parameter" fails the load
+        raise KernelError(ENOENT, f"load_module: {name}: unknown parameter {unknown[0]!r}")
     mod = module(name, code, machine)
     with running(machine.init_task):
         mod.state = code.module_init(mod, **params)

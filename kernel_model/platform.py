@@ -17,8 +17,10 @@ from kernel_model.hw.fabric import Fabric
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
 from kernel_model.hw.nvgpu import GpuConfig, NvGpu
 from kernel_model.machine import Machine
+from kernel_model.module import peer_client_modules
 
-__all__ = ["DEFAULT_MODULES", "Fabric", "GpuConfig", "rdma_host"]  # Fabric: hosts on one switch
+# Fabric: hosts on one switch; peer_client_modules: what `modprobe` could load
+__all__ = ["DEFAULT_MODULES", "Fabric", "GpuConfig", "peer_client_modules", "rdma_host"]
 
 DEFAULT_MODULES: tuple[str, ...] = ("mlx5_core",)
 

@@ -1,5 +1,7 @@
-"""Mirrors nvidia-peermem (open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c,
-580+) and nv_peer_memory 1.3 (nv_peer_mem.c): the GPU's peer-memory client.
+"""Mirrors nvidia-peermem (580+) and nv_peer_memory 1.3: the GPU's peer-memory client.
+
+(open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c;
+Mellanox/nv_peer_memory nv_peer_mem.c.)
 
 It lets ibv_reg_mr register GPU memory: when gup fails on a cudaMalloc
 address, ib_core asks the peer clients, and this one answers for every

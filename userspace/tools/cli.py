@@ -3,6 +3,7 @@
     peermem --help
     peermem gup-test -m 128          # the mm selftest's pin benchmark
     peermem write-bw --two-machines  # perftest's ib_write_bw across a fabric
+    peermem clients                  # the peer-memory clients, and what they register
     peermem scenarios                # what `trace` can run
     peermem trace pin                # ftrace function_graph text of a scenario
     peermem trace pin --format perfetto -o pin.json
@@ -70,8 +71,12 @@ def _write_bw(args: argparse.Namespace) -> int:
 
     def host(name: str, fabric: Fabric | None) -> Machine:
         m = rdma_host(page_size=args.page_size, backend=args.backend, name=name,
-                      ram_size=max(256 << 20, 4 * args.size + (64 << 20)), fabric=fabric)
+                      ram_size=max(256 << 20, 4 * args.size + (64 << 20)), fabric=fabric,
+                      nr_gpus=1 if args.use_gpu else 0)
         m.load_module("mlx5_ib")
+        if args.use_gpu:
+            m.load_module("nvidia")
+            m.load_module("nv_peer_mem")
         return m
 
     if args.two_machines:
@@ -81,11 +86,25 @@ def _write_bw(args: argparse.Namespace) -> int:
         m = host("host0", None)
         machines = (m, m)
     write_bw.main(machines, size=args.size, iters=args.iters, tx_depth=args.tx_depth,
-                  cq_mod=args.cq_mod)
+                  cq_mod=args.cq_mod, use_gpu=args.use_gpu)
     for m in dict.fromkeys(machines):
         m.check_leaks()
     print(" leak check: clean")
     return 0
+
+
+def _clients(args: argparse.Namespace) -> int:
+    from userspace.tools import clients
+    params: dict[str, dict[str, int]] = {}
+    for spec in args.param or []:
+        try:
+            mod, kv = spec.split(":", 1)
+            key, value = kv.split("=", 1)
+            params.setdefault(mod, {})[key] = int(value, 0)
+        except ValueError:
+            print(f"peermem clients: --param {spec!r} is not MODULE:NAME=INT", file=sys.stderr)
+            return 2
+    return clients.main(params)
 
 
 def _add_machine_options(sp: argparse.ArgumentParser) -> None:
@@ -195,11 +214,22 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--tx-depth", "-t", type=int, default=128, help="WRs in flight (128)")
     w.add_argument("--cq-mod", "-Q", type=int, default=100,
                    help="signal one WR in every CQ_MOD (100)")
+    w.add_argument("--use-gpu", action="store_true",
+                   help="both buffers in GPU memory, as perftest's --use_cuda (each host "
+                   "gets a GPU, the nvidia module and nv_peer_mem)")
     w.add_argument("--two-machines", action="store_true",
                    help="server and client on two machines joined by a Fabric "
                    "(default: both on one machine, over the HCA's loopback)")
     _add_machine_options(w)
     w.set_defaults(func=_write_bw)
+    c = sub.add_parser("clients", help="the peer-memory clients and what each registers",
+                       description="Every built-in or installed (entry point group "
+                       "peermem.clients) peer-memory client: loaded on a host with a "
+                       "ConnectX, a GPU and a CMB device, and what it registered as "
+                       "/sys/kernel/mm/memory_peers shows it.")
+    c.add_argument("--param", action="append", metavar="MODULE:NAME=INT",
+                   help="a module parameter for one client (repeatable)")
+    c.set_defaults(func=_clients)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")
     s.set_defaults(func=_scenarios)

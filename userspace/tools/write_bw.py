@@ -25,6 +25,8 @@ from typing import Any
 
 import attrs
 
+from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudart
+from userspace.libc import free, posix_memalign
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr, SendWR
 from userspace.libibverbs.verbs import ibv_sge
@@ -44,6 +46,7 @@ class Endpoint:
     qp: Any
     gid: bytes
     psn: int
+    gpu: bool = False          # the buffer is GPU memory (--use-gpu)
 
     def dest(self) -> dict[str, int | bytes]:
         return {"qpn": self.qp.qp_num, "psn": self.psn, "rkey": self.mr.rkey,
@@ -54,16 +57,56 @@ def _gid_text(gid: bytes) -> str:
     return ":".join(f"{b:02d}" for b in gid)
 
 
-def setup(proc: Any, size: int, tx_depth: int, psn: int) -> Endpoint:
-    """ctx, PD, CQ, a registered buffer and an RC QP (perftest's ctx_init)."""
+def setup(proc: Any, size: int, tx_depth: int, psn: int, use_gpu: bool = False) -> Endpoint:
+    """ctx, PD, CQ, a registered buffer and an RC QP (perftest's ctx_init).  With
+    use_gpu the buffer is cudaMalloc'd (perftest --use_cuda): ibv_reg_mr then goes
+    through the peer-memory client."""
     ctx = Context(proc)
     pd = PD(ctx)
     cq = CQ(ctx, tx_depth)
     access = v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE
-    mr = MR(pd, max(size, 1), access)
+    if use_gpu:
+        mr = MR(pd, max(size, 1), access, addr=cudart(proc).cudaMalloc(max(size, 1)))
+    else:
+        mr = MR(pd, max(size, 1), access)
     qp = QP(pd, QPInitAttr(cq, cq, cap=QPCap(max_send_wr=tx_depth, max_recv_wr=1,
                                              max_send_sge=1, max_recv_sge=1)))
-    return Endpoint(ctx, pd, cq, mr, qp, ctx.query_gid(1, 0), psn)
+    return Endpoint(ctx, pd, cq, mr, qp, ctx.query_gid(1, 0), psn, use_gpu)
+
+
+def fill(ep: Endpoint, data: bytes) -> None:
+    """Put data at the start of the endpoint's buffer (cudaMemcpy for GPU memory)."""
+    if not ep.gpu:
+        ep.mr.write(data)
+        return
+    proc = ep.ctx.proc
+    host = posix_memalign(proc, 0, len(data))
+    try:
+        proc.store(host, data)
+        cudart(proc).cudaMemcpy(ep.mr.buf, host, len(data), cudaMemcpyHostToDevice)
+    finally:
+        free(proc, host, len(data))
+
+
+def contents(ep: Endpoint, n: int) -> bytes:
+    """The first n bytes of the endpoint's buffer (cudaMemcpy for GPU memory)."""
+    if not ep.gpu:
+        return ep.mr.read(n)
+    proc = ep.ctx.proc
+    host = posix_memalign(proc, 0, n)
+    try:
+        cudart(proc).cudaMemcpy(host, ep.mr.buf, n, cudaMemcpyDeviceToHost)
+        return proc.load(host, n)
+    finally:
+        free(proc, host, n)
+
+
+def teardown(ep: Endpoint) -> None:
+    """Close the verbs context (its MR first), then free the GPU buffer if there is one."""
+    buf = ep.mr.buf
+    ep.ctx.close()
+    if ep.gpu:
+        cudart(ep.ctx.proc).cudaFree(buf)
 
 
 def connect(ep: Endpoint, remote: dict[str, int | bytes]) -> None:
@@ -76,7 +119,7 @@ def run_client(ep: Endpoint, remote: dict[str, int | bytes], size: int, iters: i
     """Post `iters` RDMA WRITEs, at most tx_depth outstanding, every cq_mod-th
     signalled; returns the post and completion times per message."""
     pattern = bytes((i * 131 + 7) & 0xFF for i in range(min(size, 4096)))
-    ep.mr.write((pattern * (size // max(len(pattern), 1) + 1))[:size])
+    fill(ep, (pattern * (size // max(len(pattern), 1) + 1))[:size])
     tposted = [0.0] * iters
     tcompleted = [0.0] * iters
     scnt = ccnt = 0
@@ -116,16 +159,19 @@ def report(size: int, iters: int, tx_depth: int, tposted: list[float],
 
 
 def main(machines: tuple[Any, Any], size: int = 65536, iters: int = 1000,
-         tx_depth: int = 128, cq_mod: int = 100, out: Any = print) -> dict[str, float]:
+         tx_depth: int = 128, cq_mod: int = 100, out: Any = print,
+         use_gpu: bool = False) -> dict[str, float]:
     """Run the test between a server process on machines[0] and a client on
-    machines[1] (the same machine for loopback); print perftest's report."""
+    machines[1] (the same machine for loopback); print perftest's report.
+    use_gpu: both buffers in GPU memory (the machines need a GPU, the nvidia
+    module and a peer-memory client)."""
     if size < 1 or iters < 1:
         raise ValueError("write-bw: --size and --iters must be at least 1")
     tx_depth = min(tx_depth, iters)
     server, client = machines[0].spawn("ib_write_bw"), machines[1].spawn("ib_write_bw")
     try:
-        srv = server.run(setup, server, size, tx_depth, 0x1A2B3C)
-        cli = client.run(setup, client, size, tx_depth, 0x4D5E6F)
+        srv = server.run(setup, server, size, tx_depth, 0x1A2B3C, use_gpu)
+        cli = client.run(setup, client, size, tx_depth, 0x4D5E6F, use_gpu)
         server.run(connect, srv, cli.dest())
         client.run(connect, cli, srv.dest())
         out(RULE)
@@ -138,6 +184,8 @@ def main(machines: tuple[Any, Any], size: int = 65536, iters: int = 1000,
         out(" Link type       : Ethernet")
         out(" GID index       : 0")
         out(" Data ex. method : in-process (emulated)")
+        if use_gpu:
+            out(" Memory          : GPU (cudaMalloc; registered through the peer client)")
         out(RULE)
         for who, ep in (("local", cli), ("remote", srv)):
             out(f" {who} address: LID 0000 QPN {ep.qp.qp_num:#06x} PSN {ep.psn:#08x} "
@@ -150,14 +198,14 @@ def main(machines: tuple[Any, Any], size: int = 65536, iters: int = 1000,
         out(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")
         out(line)
         out(RULE)
-        sent = client.run(cli.mr.read, size)
-        got = server.run(srv.mr.read, size)
+        sent = client.run(contents, cli, size)
+        got = server.run(contents, srv, size)
         if got != sent:
             bad = next(i for i in range(size) if got[i] != sent[i])
             raise RuntimeError(f"write-bw: data mismatch at byte {bad}")
         out(f" data verified: {size} bytes at the server match the client's buffer")
-        client.run(cli.ctx.close)
-        server.run(srv.ctx.close)
+        client.run(teardown, cli)
+        server.run(teardown, srv)
     finally:
         for p in (client, server):
             if p.alive:
