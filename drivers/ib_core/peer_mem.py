@@ -408,8 +408,8 @@ def _erase_id(umem_p: ib_umem_peer) -> None:
         spin_unlock(client.umem_xa.xa_lock)
 
 
-def _set_state(umem_p: ib_umem_peer, new: int) -> None:
-    old = umem_p.mapped_state
+def _set_state(umem_p: ib_umem_peer, new: int, old: int | None = None) -> None:
+    old = umem_p.mapped_state if old is None else old
     umem_p.mapped_state = new
     from kernel_model import trace
     if trace.enabled:
@@ -445,7 +445,7 @@ def ib_unmap_peer_client(umem_p: ib_umem_peer, cur_state: int, to_state: int) ->
     if dereg:
         client.stats["num_dereg_pages"] += umem_p.reg_nents
         client.stats["num_dereg_bytes"] += umem_p.length
-    _set_state(umem_p, to_state)
+    _set_state(umem_p, to_state, cur_state)
 
 
 # -- invalidation ---------------------------------------------------------------------------
@@ -510,7 +510,7 @@ def ib_umem_stop_invalidation_notifier(umem: Any) -> None:
         mutex_unlock(umem_p.mapping_lock)
         return
     cur = umem_p.mapped_state
-    umem_p.mapped_state = UMEM_PEER_UNMAPPED          # blocks ib_invalidate_peer_memory
+    _set_state(umem_p, UMEM_PEER_UNMAPPED)            # blocks ib_invalidate_peer_memory
     mutex_unlock(umem_p.mapping_lock)
     ib_unmap_peer_client(umem_p, cur, UMEM_PEER_UNMAPPED)
 

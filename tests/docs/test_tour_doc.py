@@ -1,6 +1,6 @@
 """docs/tour.md shows real output: every excerpt is rerun and compared.
 
-The tour walks three flows (open-device, create-qp, reg-mr) through
+The tour walks the flows (open-device, create-qp, reg-mr, rdma-write, gpudirect) through
 excerpts of `peermem trace ...` and `peermem devinfo ...`, plus a few
 `example: NAME` programs below for what the CLI does not print on its own:
 a section of `devinfo -v`, the library's queue sizing, and which BlueFlame
