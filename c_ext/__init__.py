@@ -297,6 +297,21 @@ class _Backend:
                                        sg_len.ptr, dma_addr.ptr)
 
 
+    def baseline_peer_table(self, gpu_pages: U64Array, n: int, bar1_pte: U64Array,
+                            first_window: int, bar1_base: int, gpu_page_shift: int,
+                            phys: U64Array, sg_len: U64Array, dma_addr: U64Array,
+                            dma_len: U64Array) -> int:
+        """Benchmark-only fused loop for a GPU registration; C only (the yardstick)."""
+        _check(gpu_pages, 0, n, "gpu_pages")
+        _check(bar1_pte, first_window, n, "bar1_pte")
+        for arr, name in ((phys, "phys"), (sg_len, "sg_len"), (dma_addr, "dma_addr"),
+                          (dma_len, "dma_len")):
+            _check(arr, 0, n, name)
+        return lib.pm_baseline_peer_table(gpu_pages.ptr, n, bar1_pte.ptr, first_window,
+                                          bar1_base, gpu_page_shift, phys.ptr, sg_len.ptr,
+                                          dma_addr.ptr, dma_len.ptr)
+
+
 def _flat(buf) -> tuple[memoryview, int]:
     """A dma_copy side as (byte view, size): a MemCtx's RAM or any buffer."""
     view = buf.ram if isinstance(buf, MemCtx) else memoryview(buf).cast("B")

@@ -466,3 +466,29 @@ long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,
 	}
 	return (long)done;
 }
+
+/*
+ * Benchmark-only yardstick for registering GPU memory: what nv-p2p and a peer
+ * client do per GPU page, fused, with no Python around it - point a BAR1
+ * window at the page, record the window's bus address in the page table, and
+ * fill the HCA's sg entry (one GPU page long).  Returns n.
+ */
+long pm_baseline_peer_table(const uint64_t *gpu_pages, long n, uint64_t *bar1_pte,
+			    uint64_t first_window, uint64_t bar1_base, int gpu_page_shift,
+			    uint64_t *phys, uint64_t *sg_len, uint64_t *dma_addr,
+			    uint64_t *dma_len)
+{
+	uint64_t psize = 1ull << gpu_page_shift;
+
+	for (long i = 0; i < n; i++) {
+		uint64_t w = first_window + (uint64_t)i;
+		uint64_t bus = bar1_base + (w << gpu_page_shift);
+
+		bar1_pte[w] = gpu_pages[i] + 1;
+		phys[i] = bus;
+		sg_len[i] = psize;
+		dma_addr[i] = bus;
+		dma_len[i] = psize;
+	}
+	return n;
+}

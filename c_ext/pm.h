@@ -65,6 +65,10 @@ long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 			 long nr, uint64_t max_seg, uint64_t *pfns,
 			 uint64_t *sg_pfn, uint64_t *sg_len,
 			 uint64_t *dma_addr);
+long pm_baseline_peer_table(const uint64_t *gpu_pages, long n, uint64_t *bar1_pte,
+			    uint64_t first_window, uint64_t bar1_base, int gpu_page_shift,
+			    uint64_t *phys, uint64_t *sg_len, uint64_t *dma_addr,
+			    uint64_t *dma_len);
 long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
 		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
 		   long cap);
