@@ -222,6 +222,10 @@ def ib_unregister_peer_memory_client(reg_handle: ib_peer_memory_client) -> None:
     mutex_unlock(state.peer_memory_mutex)
     ib_put_peer_client_ref(reg_handle)        # the registration's own reference
     wait_for_completion(reg_handle.usecnt_zero)
+    if reg_handle.umem_xa.entries:            # every umem erased its core_context id
+        current().machine.report_bug("ib_unregister_peer_memory_client",
+                                     f"{reg_handle.peer_mem.name}: core_context ids "
+                                     f"{sorted(reg_handle.umem_xa.entries)} still allocated")
     sysfs_remove_dir(_sysfs_dir(reg_handle))
 
 

@@ -58,10 +58,15 @@ class NvidiaState:
 
     @traced
     def remove(self, pdev: Any) -> None:
-        """nv_pci_remove()."""
+        """nv_pci_remove(): every client gone, every page back, no P2P mapping left."""
         dev = pdev.dev.driver_data
         cdev_del(dev.cdev)
         self.devices.remove(dev)
+        lost = dev.gpu.nr_pages - len(dev.free_pages)
+        if dev.clients or lost or dev.p2p_infos:
+            current().machine.report_bug(
+                "nv_pci_remove", f"{dev!r}: {len(dev.clients)} clients, {lost} GPU pages "
+                f"not freed, {len(dev.p2p_infos)} P2P mappings left")
 
 
 def parse_release(release: str) -> tuple[int, int]:

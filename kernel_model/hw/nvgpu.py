@@ -88,6 +88,7 @@ class NvGpu:
         gpus = getattr(machine, "gpus", None)
         if gpus is None:
             gpus = machine.gpus = []
+            machine.leak_checks.append(_leak_check)
         gpus.append(self)
 
     def __repr__(self) -> str:
@@ -167,3 +168,9 @@ class NvGpu:
         for a, k in pieces:
             self.vidmem[a:a + k] = data[done:done + k]
             done += k
+
+
+def _leak_check(machine: Machine) -> list[str]:
+    """After shutdown no BAR1 window may still map a GPU page: a pin nobody put."""
+    return [f"{gpu.name}: {len(gpu.bar1_ptes)} BAR1 window(s) still mapped (a third-party "
+            "pin never put)" for gpu in machine.gpus if gpu.bar1_ptes]
