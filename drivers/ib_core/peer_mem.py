@@ -206,8 +206,14 @@ def ib_register_peer_memory_client(peer_client: peer_memory_client,
     if invalidate_callback is not None:
         invalidate_callback[0] = ib_invalidate_peer_memory
     mutex_lock(state.peer_memory_mutex)
-    state.peer_memory_list.append(client)
+    if any(c.peer_mem.name == peer_client.name for c in state.peer_memory_list):
+        # kobject_add() of memory_peers/<name> fails: the registration with it
+        mutex_unlock(state.peer_memory_mutex)
+        current().machine.dmesg.append(f"ib_core: peer memory client {peer_client.name}: "
+                                       "name already registered")
+        return None
     _publish(client)
+    state.peer_memory_list.append(client)
     mutex_unlock(state.peer_memory_mutex)
     return client
 
@@ -471,14 +477,16 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
     if umem_p is None:
         return 0
     mutex_lock(umem_p.mapping_lock)
-    if umem_p.mapped_state == UMEM_PEER_MAPPED and umem_p.invalidation_func is not None:
-        umem_p.invalidation_func(umem_p, umem_p.invalidation_private)
-        if ib_peer_unmap_on_invalidate(umem_p.ib_peer_client):
-            ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED)
-        else:
-            ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_UNMAPPED)
-    mutex_unlock(umem_p.mapping_lock)
-    kref_put(umem_p.kref, _free_umem_p)
+    try:
+        if umem_p.mapped_state == UMEM_PEER_MAPPED and umem_p.invalidation_func is not None:
+            umem_p.invalidation_func(umem_p, umem_p.invalidation_private)
+            if ib_peer_unmap_on_invalidate(umem_p.ib_peer_client):
+                ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED)
+            else:
+                ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_UNMAPPED)
+    finally:
+        mutex_unlock(umem_p.mapping_lock)
+        kref_put(umem_p.kref, _free_umem_p)
     return 0
 
 

@@ -67,6 +67,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_mkey,
     mlx5_ib_mr,
     mlx5_ib_pd,
+    mlx5_ib_warn,
     order_base_2,
     to_mdev,
 )
@@ -171,8 +172,12 @@ def create_real_mr(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int) 
 @traced
 def mlx5_invalidate_umem(umem: ib_umem, priv: mlx5_ib_mr) -> None:
     """Mirrors mlx5_invalidate_umem() (MLNX_OFED mr.c): the peer's memory is going -
-    revoke the mkey, so the HCA cannot reach the pages once this returns."""
-    mlx5r_umr_revoke_mr(priv)
+    revoke the mkey, so the HCA cannot reach the pages once this returns.  It returns
+    void: a failed revoke is only warned about, as the kernel does."""
+    try:
+        mlx5r_umr_revoke_mr(priv)
+    except KernelError as e:
+        mlx5_ib_warn(to_mdev(priv.device), f"mlx5_invalidate_umem: revoke failed: {e}")
 
 
 @traced
