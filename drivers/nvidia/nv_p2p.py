@@ -30,8 +30,9 @@ Driver releases: the module parameter `release` picks the branch.  From
 535.14 (and 525.105.17 on R525) get_pages refuses a NULL callback and the
 persistent calls exist.  From R515 up to those releases put_pages does not
 wait for an in-flight free callback: both free the page table, which is the
-null-pointer dereference seed 002 chapter 10 describes (here KASAN's
-double-free report, DoubleFree).  Before R515 neither exists (not modelled).
+null-pointer dereference seed 002 chapter 10 describes (here a KASAN report:
+the teardown touching the mem_info put_pages freed - UseAfterFree - or
+freeing it again - DoubleFree).  Before R515 neither exists (not modelled).
 
 Lock order: rm_lock (rm.py) -> nothing; a mapping's teardown_done
 completion is what put_pages waits on.
@@ -41,7 +42,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drivers.nvidia.rm import NvDevice, find_memory, rm_p2p_get_pages, rm_p2p_put_pages
+from drivers.nvidia.rm import (
+    NvDevice,
+    find_memory,
+    rm_p2p_get_pages,
+    rm_p2p_put_pages,
+    rm_release_pages,
+)
 from kernel_model.current import current
 from kernel_model.dma import (
     DMA_BIDIRECTIONAL,
@@ -65,6 +72,7 @@ if TYPE_CHECKING:
     from kernel_model.pci import pci_dev
 
 NVIDIA_P2P_PAGE_TABLE_VERSION = 0x00020000      # 580+: with flags
+NVIDIA_P2P_PAGE_TABLE_VERSION_575 = 0x00010002  # up to 575
 NVIDIA_P2P_DMA_MAPPING_VERSION = 0x00020003
 NVIDIA_P2P_PAGE_SIZE_4KB, NVIDIA_P2P_PAGE_SIZE_64KB, NVIDIA_P2P_PAGE_SIZE_128KB = 0, 1, 2
 NVIDIA_P2P_FLAGS_DEFAULT, NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING = 0, 1
@@ -84,15 +92,19 @@ class nvidia_p2p_page:
 
 
 class nvidia_p2p_page_table:
-    """Mirrors struct nvidia_p2p_page_table (embedded in the driver's mem_info)."""
+    """Mirrors struct nvidia_p2p_page_table (embedded in the driver's mem_info): version
+    0x00020000 with `flags` from 580 on, 0x00010002 without it before."""
 
-    def __init__(self, pages: list[nvidia_p2p_page], gpu_uuid: bytes):
-        self.version = NVIDIA_P2P_PAGE_TABLE_VERSION
+    def __init__(self, pages: list[nvidia_p2p_page], gpu_uuid: bytes,
+                 release: tuple[int, int] = (580, 0)):
+        self.version = NVIDIA_P2P_PAGE_TABLE_VERSION if release >= (580, 0) else \
+            NVIDIA_P2P_PAGE_TABLE_VERSION_575
         self.page_size = NVIDIA_P2P_PAGE_SIZE_64KB
         self.pages = pages
         self.entries = len(pages)
         self.gpu_uuid = gpu_uuid
-        self.flags = 0
+        if release >= (580, 0):
+            self.flags = 0
 
     def __repr__(self) -> str:
         return f"nvidia_p2p_page_table {self.entries} x 64 KiB"
@@ -186,7 +198,7 @@ def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_ad
                 dev, mem, mem.pages[first:first + (length >> GPU_PAGE_SHIFT)], free_callback,
                 data, persistent))
             pt = kmalloc_obj(nvidia_p2p_page_table([nvidia_p2p_page(a) for a in addrs],
-                                                   dev.gpu.uuid))
+                                                   dev.gpu.uuid, dev.release))
             info.page_table = pt
             mem.mem_infos.append(info)
             dev.p2p_infos[id(pt)] = info
@@ -254,7 +266,10 @@ def nvidia_p2p_put_pages(p2p_token: int, va_space: int, virtual_address: int,
         return 0
     _unlink(dev, info)
     mutex_unlock(dev.rm_lock)
+    mem = info.memory
     nv_p2p_free_platform_data(info)
+    if mem.freed and not mem.mem_infos:     # the last pin of freed memory: pages go back
+        rm_release_pages(mem)
     return 0
 
 
@@ -279,7 +294,7 @@ def _unlink(dev: NvDevice, info: nv_p2p_mem_info) -> None:
 def nv_p2p_free_platform_data(info: nv_p2p_mem_info) -> None:
     """Mirrors nv_p2p_free_platform_data(): unmap what DMA mappings remain, release the
     BAR1 windows, free the page table and the mem_info; wake put_pages waiters."""
-    dev, done, mem = info.dev, info.teardown_done, info.memory
+    dev, done = info.dev, info.teardown_done
     for mapping in list(info.dma_mappings):
         _dma_unmap(info, mapping)
     mutex_lock(dev.rm_lock)
@@ -289,9 +304,6 @@ def nv_p2p_free_platform_data(info: nv_p2p_mem_info) -> None:
     kfree(info.page_table)
     kfree(info)
     complete_all(done)
-    if mem.freed and not mem.mem_infos:
-        from drivers.nvidia.rm import rm_release_pages
-        rm_release_pages(mem)
 
 
 @traced

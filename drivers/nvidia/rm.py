@@ -191,9 +191,11 @@ def rm_release_pages(mem: NvMemory) -> None:
 
 
 def rm_free_client(client: NvClient) -> None:
-    """The client goes (its file's last close): free everything it still holds."""
+    """The client goes (its file's last close): free everything it still holds (memory
+    freed already but kept by a persistent pin goes back at that pin's put)."""
     for mem in list(client.memory.values()):
-        rm_free_memory(mem)
+        if not mem.freed:
+            rm_free_memory(mem)
     client.dev.clients.remove(client)
 
 
