@@ -38,6 +38,7 @@ Lock order: none of its own; see peer_mem.py and drivers/nvidia/nv_p2p.py.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from drivers.ib_core.peer_mem import (
@@ -242,10 +243,12 @@ class NvPeerMem:
             return -e.errno
         context.dma_mapping = mapping
         context.sg_allocated = 1
-        for i, addr in enumerate(mapping.dma_addresses):   # sg_set_page(sg, NULL, 64K, 0)
-            sg_head.sg_len.view[i] = GPU_PAGE_SIZE
-            sg_head.dma_addr.view[i] = addr
-            sg_head.dma_len.view[i] = GPU_PAGE_SIZE
+        # for each entry: sg_set_page(sg, NULL, 64K, 0), its DMA address and length
+        n = context.npages
+        sixty_four_k = array("Q", [GPU_PAGE_SIZE]) * n
+        sg_head.sg_len.view[:n] = sixty_four_k
+        sg_head.dma_addr.view[:n] = array("Q", mapping.dma_addresses)
+        sg_head.dma_len.view[:n] = sixty_four_k
         context.sg_head = sg_head
         nmap[0] = context.npages
         return 0

@@ -40,6 +40,7 @@ completion is what put_pages waits on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from drivers.nvidia.rm import (
@@ -87,15 +88,35 @@ def NVIDIA_P2P_VERSION_COMPATIBLE(p: Any, v: int) -> bool:
 class nvidia_p2p_page:
     """Mirrors struct nvidia_p2p_page: one 64 KiB page's BAR1 bus address."""
 
+    __slots__ = ("physical_address",)
+
     def __init__(self, physical_address: int):
         self.physical_address = physical_address
+
+
+class _p2p_pages(Sequence):
+    """page_table->pages: the entries as nvidia_p2p_page objects, made when read
+    (# EMU: a 1 GiB table holds 16,384 of them; the addresses are kept as ints)."""
+
+    __slots__ = ("addrs",)
+
+    def __init__(self, addrs: list[int]):
+        self.addrs = addrs
+
+    def __len__(self) -> int:
+        return len(self.addrs)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [nvidia_p2p_page(a) for a in self.addrs[i]]
+        return nvidia_p2p_page(self.addrs[i])
 
 
 class nvidia_p2p_page_table:
     """Mirrors struct nvidia_p2p_page_table (embedded in the driver's mem_info): version
     0x00020000 with `flags` from 580 on, 0x00010002 without it before."""
 
-    def __init__(self, pages: list[nvidia_p2p_page], gpu_uuid: bytes,
+    def __init__(self, pages: Sequence[nvidia_p2p_page], gpu_uuid: bytes,
                  release: tuple[int, int] = (580, 0)):
         self.version = NVIDIA_P2P_PAGE_TABLE_VERSION if release >= (580, 0) else \
             NVIDIA_P2P_PAGE_TABLE_VERSION_575
@@ -197,8 +218,8 @@ def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_ad
             info = kmalloc_obj(nv_p2p_mem_info(
                 dev, mem, mem.pages[first:first + (length >> GPU_PAGE_SHIFT)], free_callback,
                 data, persistent))
-            pt = kmalloc_obj(nvidia_p2p_page_table([nvidia_p2p_page(a) for a in addrs],
-                                                   dev.gpu.uuid, dev.release))
+            pt = kmalloc_obj(nvidia_p2p_page_table(_p2p_pages(addrs), dev.gpu.uuid,
+                                                   dev.release))
             info.page_table = pt
             mem.mem_infos.append(info)
             dev.p2p_infos[id(pt)] = info
@@ -326,18 +347,37 @@ def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
     if found is None or found[1].state != "live":
         raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not live")
     _dev, info = found
+    # EMU: one dma_map_resource per run of consecutive BAR1 windows (the driver maps
+    # page by page); the peer gets the same address for every page either way
+    runs: list[tuple[int, int]] = []
     addrs: list[int] = []
-    for page in page_table.pages:
-        a = dma_map_resource(peer.dev, page.physical_address, GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+    pages = page_table.pages
+    addrs_in = pages.addrs if isinstance(pages, _p2p_pages) else \
+        [pg.physical_address for pg in pages]
+    for start, n in _runs(addrs_in):
+        a = dma_map_resource(peer.dev, start, n * GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
         if dma_mapping_error(peer.dev, a):
-            for done in addrs:
-                dma_unmap_resource(peer.dev, done, GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+            for done, size in runs:
+                dma_unmap_resource(peer.dev, done, size, DMA_BIDIRECTIONAL)
             raise KernelError(EIO, f"nvidia_p2p_dma_map_pages: {peer.name} cannot reach "
-                              f"{page.physical_address:#x}")
-        addrs.append(a)
+                              f"{start:#x}")
+        runs.append((a, n * GPU_PAGE_SIZE))
+        addrs.extend(range(a, a + n * GPU_PAGE_SIZE, GPU_PAGE_SIZE))
     mapping = kmalloc_obj(nvidia_p2p_dma_mapping(addrs, peer))
+    mapping.runs = runs
     info.dma_mappings.append(mapping)
     return mapping
+
+
+def _runs(addrs: list[int]) -> list[tuple[int, int]]:
+    """(first address, pages) of each run of consecutive 64 KiB pages."""
+    out: list[tuple[int, int]] = []
+    for a in addrs:
+        if out and out[-1][0] + out[-1][1] * GPU_PAGE_SIZE == a:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((a, 1))
+    return out
 
 
 @traced
@@ -360,8 +400,8 @@ def nvidia_p2p_dma_unmap_pages(peer: pci_dev, page_table: nvidia_p2p_page_table,
 
 def _dma_unmap(info: nv_p2p_mem_info, mapping: nvidia_p2p_dma_mapping) -> None:
     info.dma_mappings.remove(mapping)
-    for a in mapping.dma_addresses:
-        dma_unmap_resource(mapping.pci_dev.dev, a, GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+    for a, size in mapping.runs:
+        dma_unmap_resource(mapping.pci_dev.dev, a, size, DMA_BIDIRECTIONAL)
     kfree(mapping)
 
 
