@@ -297,6 +297,51 @@ class _Backend:
                                        sg_len.ptr, dma_addr.ptr)
 
 
+    def bar1_map(self, pages: U64Array, off: int, n: int, win_of_page: U64Array,
+                 refs: U64Array, free_stack: U64Array, free_top: U64Array, bar1_pte: U64Array,
+                 max_new: int, win_out: U64Array) -> int:
+        """nv-p2p's BAR1 windows for n GPU pages (pages[off:off+n]): see pm.c.  The new
+        window count, or -(needed) - 1 with nothing changed when they do not fit;
+        ValueError (nothing changed) for a page beyond the per-page arrays."""
+        self._check_bar1(pages, off, n, win_of_page, refs, free_stack, free_top, bar1_pte)
+        _check(win_out, 0, n, "win_out")
+        if self.name == "python":
+            r = twins.bar1_map(pages.view[off:], n, win_of_page.n, win_of_page.view, refs.view,
+                               free_stack.view, free_top.view, bar1_pte.view, max_new,
+                               win_out.view)
+        else:
+            r = lib.pm_bar1_map(pages.ptr + off, n, win_of_page.n, win_of_page.ptr, refs.ptr,
+                                free_stack.ptr, free_top.ptr, bar1_pte.ptr, max_new,
+                                win_out.ptr)
+        if r == twins.BAR1_BAD_PAGE:
+            raise ValueError("bar1_map: a GPU page beyond the per-page arrays")
+        return r
+
+    def bar1_unmap(self, pages: U64Array, off: int, n: int, win_of_page: U64Array,
+                   refs: U64Array, free_stack: U64Array, free_top: U64Array,
+                   bar1_pte: U64Array) -> int:
+        """The reverse of bar1_map: the windows freed.  ValueError (nothing changed) if a
+        page is not mapped."""
+        self._check_bar1(pages, off, n, win_of_page, refs, free_stack, free_top, bar1_pte)
+        if self.name == "python":
+            r = twins.bar1_unmap(pages.view[off:], n, win_of_page.n, win_of_page.view,
+                                 refs.view, free_stack.view, free_top.view, bar1_pte.view)
+        else:
+            r = lib.pm_bar1_unmap(pages.ptr + off, n, win_of_page.n, win_of_page.ptr,
+                                  refs.ptr, free_stack.ptr, free_top.ptr, bar1_pte.ptr)
+        if r == twins.BAR1_BAD_PAGE:
+            raise ValueError("bar1_unmap: a page that is not mapped")
+        return r
+
+    @staticmethod
+    def _check_bar1(pages: U64Array, off: int, n: int, win_of_page: U64Array, refs: U64Array,
+                    free_stack: U64Array, free_top: U64Array, bar1_pte: U64Array) -> None:
+        _check(pages, off, n, "pages")
+        if refs.n != win_of_page.n or free_stack.n != bar1_pte.n or free_top.n != 1:
+            raise ValueError("bar1: per-page, per-window or top arrays differ in size")
+        if free_top.view[0] > free_stack.n:
+            raise ValueError("bar1: free_top beyond the stack")
+
     def baseline_peer_table(self, gpu_pages: U64Array, n: int, bar1_pte: U64Array,
                             first_window: int, bar1_base: int, gpu_page_shift: int,
                             phys: U64Array, sg_len: U64Array, dma_addr: U64Array,

@@ -492,3 +492,72 @@ long pm_baseline_peer_table(const uint64_t *gpu_pages, long n, uint64_t *bar1_pt
 	}
 	return n;
 }
+
+/*
+ * nv-p2p's BAR1 bookkeeping for one third-party mapping of n GPU pages:
+ * a page nobody maps yet takes the window on top of the free stack (and the
+ * BAR1 page table points that window at it); every page's use count goes up;
+ * win_out[i] is page i's window.  win_of_page and bar1_pte hold index + 1,
+ * 0 meaning none.  If the new windows would be more than max_new (the space
+ * left above the reserve) or than the free stack holds, nothing is changed
+ * and the result is -(windows needed) - 1.  Otherwise the result is the
+ * number of new windows.  A page number >= npg is PM_BAR1_BAD_PAGE.
+ */
+long pm_bar1_map(const uint64_t *pages, long n, uint64_t npg, uint64_t *win_of_page,
+		 uint64_t *refs, uint64_t *free_stack, uint64_t *free_top, uint64_t *bar1_pte,
+		 long max_new, uint64_t *win_out)
+{
+	long need = 0;
+
+	for (long i = 0; i < n; i++) {
+		if (pages[i] >= npg)
+			return PM_BAR1_BAD_PAGE;
+		if (!win_of_page[pages[i]])
+			need++;
+	}
+	if (need > max_new || (uint64_t)need > *free_top)
+		return -need - 1;
+	for (long i = 0; i < n; i++) {
+		uint64_t p = pages[i];
+
+		if (!win_of_page[p]) {
+			uint64_t w = free_stack[--*free_top];
+
+			win_of_page[p] = w + 1;
+			bar1_pte[w] = p + 1;
+		}
+		refs[p]++;
+		win_out[i] = win_of_page[p] - 1;
+	}
+	return need;
+}
+
+/*
+ * The reverse: every page's use count goes down; a window nobody uses any more
+ * is cleared in the BAR1 page table and pushed back - pages taken last to
+ * first, so the next map pops them in ascending order again.  Returns the
+ * windows freed, or PM_BAR1_BAD_PAGE (nothing changed) if a page is not mapped.
+ */
+long pm_bar1_unmap(const uint64_t *pages, long n, uint64_t npg, uint64_t *win_of_page,
+		   uint64_t *refs, uint64_t *free_stack, uint64_t *free_top,
+		   uint64_t *bar1_pte)
+{
+	long freed = 0;
+
+	for (long i = 0; i < n; i++)	/* nothing changes unless every page is mapped */
+		if (pages[i] >= npg || !refs[pages[i]])
+			return PM_BAR1_BAD_PAGE;
+	for (long i = n - 1; i >= 0; i--) {
+		uint64_t p = pages[i];
+
+		if (--refs[p])
+			continue;
+		uint64_t w = win_of_page[p] - 1;
+
+		bar1_pte[w] = 0;
+		win_of_page[p] = 0;
+		free_stack[(*free_top)++] = w;
+		freed++;
+	}
+	return freed;
+}

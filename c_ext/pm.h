@@ -65,6 +65,14 @@ long pm_baseline_pin_map(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 			 long nr, uint64_t max_seg, uint64_t *pfns,
 			 uint64_t *sg_pfn, uint64_t *sg_len,
 			 uint64_t *dma_addr);
+#define PM_BAR1_BAD_PAGE (-(1L << 62))
+
+long pm_bar1_map(const uint64_t *pages, long n, uint64_t npg, uint64_t *win_of_page,
+		 uint64_t *refs, uint64_t *free_stack, uint64_t *free_top, uint64_t *bar1_pte,
+		 long max_new, uint64_t *win_out);
+long pm_bar1_unmap(const uint64_t *pages, long n, uint64_t npg, uint64_t *win_of_page,
+		   uint64_t *refs, uint64_t *free_stack, uint64_t *free_top,
+		   uint64_t *bar1_pte);
 long pm_baseline_peer_table(const uint64_t *gpu_pages, long n, uint64_t *bar1_pte,
 			    uint64_t first_window, uint64_t bar1_base, int gpu_page_shift,
 			    uint64_t *phys, uint64_t *sg_len, uint64_t *dma_addr,

@@ -251,3 +251,47 @@ def dma_copy(dst, dst_size, dst_addr, dst_len, ndst, src, src_size, src_addr, sr
         if soff == src_len[s]:
             s, soff = s + 1, 0
     return done
+
+
+BAR1_BAD_PAGE = -(1 << 62)
+
+
+def bar1_map(pages, n, npg, win_of_page, refs, free_stack, free_top, bar1_pte, max_new,
+             win_out):
+    need = 0
+    for i in range(n):
+        if pages[i] >= npg:
+            return BAR1_BAD_PAGE
+        if not win_of_page[pages[i]]:
+            need += 1
+    if need > max_new or need > free_top[0]:
+        return -need - 1
+    for i in range(n):
+        p = pages[i]
+        if not win_of_page[p]:
+            free_top[0] -= 1
+            w = free_stack[free_top[0]]
+            win_of_page[p] = w + 1
+            bar1_pte[w] = p + 1
+        refs[p] += 1
+        win_out[i] = win_of_page[p] - 1
+    return need
+
+
+def bar1_unmap(pages, n, npg, win_of_page, refs, free_stack, free_top, bar1_pte):
+    freed = 0
+    for i in range(n):
+        if pages[i] >= npg or not refs[pages[i]]:
+            return BAR1_BAD_PAGE
+    for i in range(n - 1, -1, -1):
+        p = pages[i]
+        refs[p] -= 1
+        if refs[p]:
+            continue
+        w = win_of_page[p] - 1
+        bar1_pte[w] = 0
+        win_of_page[p] = 0
+        free_stack[free_top[0]] = w
+        free_top[0] += 1
+        freed += 1
+    return freed

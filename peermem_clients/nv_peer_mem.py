@@ -247,7 +247,7 @@ class NvPeerMem:
         n = context.npages
         sixty_four_k = array("Q", [GPU_PAGE_SIZE]) * n
         sg_head.sg_len.view[:n] = sixty_four_k
-        sg_head.dma_addr.view[:n] = array("Q", mapping.dma_addresses)
+        sg_head.dma_addr.view[:n] = mapping.dma_addr_array.view[:n]
         sg_head.dma_len.view[:n] = sixty_four_k
         context.sg_head = sg_head
         nmap[0] = context.npages

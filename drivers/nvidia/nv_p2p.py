@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from c_ext import U64Array
 from drivers.nvidia.rm import (
     NvDevice,
     find_memory,
@@ -95,21 +96,24 @@ class nvidia_p2p_page:
 
 
 class _p2p_pages(Sequence):
-    """page_table->pages: the entries as nvidia_p2p_page objects, made when read
-    (# EMU: a 1 GiB table holds 16,384 of them; the addresses are kept as ints)."""
+    """page_table->pages: each page's BAR1 bus address as an nvidia_p2p_page, made when
+    read (# EMU: a 1 GiB table holds 16,384 of them; the model keeps the windows)."""
 
-    __slots__ = ("addrs",)
+    __slots__ = ("base", "windows")
 
-    def __init__(self, addrs: list[int]):
-        self.addrs = addrs
+    def __init__(self, base: int, windows: U64Array):
+        self.base, self.windows = base, windows
 
     def __len__(self) -> int:
-        return len(self.addrs)
+        return self.windows.n
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
-            return [nvidia_p2p_page(a) for a in self.addrs[i]]
-        return nvidia_p2p_page(self.addrs[i])
+            return [nvidia_p2p_page(self.base + (w << GPU_PAGE_SHIFT))
+                    for w in self.windows.view[i].tolist()]
+        if not -self.windows.n <= i < self.windows.n:
+            raise IndexError(i)
+        return nvidia_p2p_page(self.base + (self.windows.view[i] << GPU_PAGE_SHIFT))
 
 
 class nvidia_p2p_page_table:
@@ -132,15 +136,22 @@ class nvidia_p2p_page_table:
 
 
 class nvidia_p2p_dma_mapping:
-    """Mirrors struct nvidia_p2p_dma_mapping: the peer's DMA address of each page."""
+    """Mirrors struct nvidia_p2p_dma_mapping: the peer's DMA address of each page
+    (kept as a U64Array, `dma_addr_array`, that a client can copy in one go)."""
 
-    def __init__(self, dma_addresses: list[int], pci_dev_: pci_dev):
+    def __init__(self, dma_addr_array: U64Array, entries: int, pci_dev_: pci_dev):
         self.version = NVIDIA_P2P_DMA_MAPPING_VERSION
         self.page_size_type = NVIDIA_P2P_PAGE_SIZE_64KB
-        self.entries = len(dma_addresses)
-        self.dma_addresses = dma_addresses
+        self.entries = entries
+        self.dma_addr_array = dma_addr_array
         self.private = None
         self.pci_dev = pci_dev_
+        self.runs: list[tuple[int, int]] = []   # (dma address, bytes) mapped, to unmap
+
+    @property
+    def dma_addresses(self) -> list[int]:
+        """dma_addresses[i]: page i's address for the peer."""
+        return self.dma_addr_array.view[:self.entries].tolist()
 
     def __repr__(self) -> str:
         return f"nvidia_p2p_dma_mapping {self.entries} x 64 KiB for {self.pci_dev.name}"
@@ -149,11 +160,11 @@ class nvidia_p2p_dma_mapping:
 class nv_p2p_mem_info:
     """Mirrors nv-p2p.c's nv_p2p_mem_info_t: the page table, its DMA mappings, the callback."""
 
-    def __init__(self, dev: NvDevice, memory: Any, gpu_pages: list[int], free_callback: Any,
+    def __init__(self, dev: NvDevice, memory: Any, first: int, n: int, free_callback: Any,
                  data: Any, persistent: bool):
         self.dev = dev
         self.memory = memory
-        self.gpu_pages = gpu_pages
+        self.first, self.n = first, n      # the allocation's GPU pages it maps
         self.free_callback = free_callback
         self.data = data
         self.persistent = persistent
@@ -164,7 +175,11 @@ class nv_p2p_mem_info:
         self.teardown_done = init_completion("nv_p2p_teardown")
 
     def __repr__(self) -> str:
-        return f"nv_p2p_mem_info {len(self.gpu_pages)} pages {self.state}"
+        return f"nv_p2p_mem_info {self.n} pages {self.state}"
+
+    @property
+    def gpu_pages(self) -> list[int]:
+        return self.memory.pages[self.first:self.first + self.n]
 
 
 def _devices() -> list[NvDevice]:
@@ -213,13 +228,12 @@ def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_ad
         mutex_lock(dev.rm_lock)
         try:
             mem = find_memory(dev, virtual_address, length, p2p_token, va_space, task.mm)
-            addrs = rm_p2p_get_pages(mem, virtual_address, length)
+            windows = rm_p2p_get_pages(mem, virtual_address, length)
             first = (virtual_address - mem.va) >> GPU_PAGE_SHIFT
-            info = kmalloc_obj(nv_p2p_mem_info(
-                dev, mem, mem.pages[first:first + (length >> GPU_PAGE_SHIFT)], free_callback,
-                data, persistent))
-            pt = kmalloc_obj(nvidia_p2p_page_table(_p2p_pages(addrs), dev.gpu.uuid,
-                                                   dev.release))
+            info = kmalloc_obj(nv_p2p_mem_info(dev, mem, first, length >> GPU_PAGE_SHIFT,
+                                               free_callback, data, persistent))
+            pt = kmalloc_obj(nvidia_p2p_page_table(_p2p_pages(dev.gpu.bar1.start, windows),
+                                                   dev.gpu.uuid, dev.release))
             info.page_table = pt
             mem.mem_infos.append(info)
             dev.p2p_infos[id(pt)] = info
@@ -320,7 +334,7 @@ def nv_p2p_free_platform_data(info: nv_p2p_mem_info) -> None:
         _dma_unmap(info, mapping)
     mutex_lock(dev.rm_lock)
     dev.p2p_infos.pop(id(info.page_table), None)
-    rm_p2p_put_pages(dev, info.gpu_pages)
+    rm_p2p_put_pages(dev, info.memory, info.first, info.n)
     mutex_unlock(dev.rm_lock)
     kfree(info.page_table)
     kfree(info)
@@ -348,36 +362,40 @@ def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
         raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not live")
     _dev, info = found
     # EMU: one dma_map_resource per run of consecutive BAR1 windows (the driver maps
-    # page by page); the peer gets the same address for every page either way
-    runs: list[tuple[int, int]] = []
-    addrs: list[int] = []
+    # page by page); the peer gets the same address for every page either way.  The
+    # runs come from c_ext's coalescing loop, the per-page addresses from its block loop.
+    ops = peer.machine.ops
     pages = page_table.pages
-    addrs_in = pages.addrs if isinstance(pages, _p2p_pages) else \
-        [pg.physical_address for pg in pages]
-    for start, n in _runs(addrs_in):
-        a = dma_map_resource(peer.dev, start, n * GPU_PAGE_SIZE, DMA_BIDIRECTIONAL)
+    n = len(pages)
+    if isinstance(pages, _p2p_pages):
+        windows, base = pages.windows, pages.base
+    else:                                 # a table some test built by hand
+        base = 0
+        windows = U64Array(n, zero=False)
+        for i, pg in enumerate(pages):
+            windows.view[i] = pg.physical_address >> GPU_PAGE_SHIFT
+    run_win, run_off, run_len = (U64Array(n, zero=False) for _ in range(3))
+    nruns = ops.sg_append(GPU_PAGE_SHIFT, windows, 0, n, 0, n << GPU_PAGE_SHIFT, 1 << 62,
+                          run_win, run_off, run_len, 0)
+    runs: list[tuple[int, int]] = []
+    run_dma = U64Array(nruns, zero=False)
+    for i in range(nruns):
+        start = base + (run_win.view[i] << GPU_PAGE_SHIFT)
+        size = run_len.view[i]
+        a = dma_map_resource(peer.dev, start, size, DMA_BIDIRECTIONAL)
         if dma_mapping_error(peer.dev, a):
-            for done, size in runs:
-                dma_unmap_resource(peer.dev, done, size, DMA_BIDIRECTIONAL)
+            for done, sz in runs:
+                dma_unmap_resource(peer.dev, done, sz, DMA_BIDIRECTIONAL)
             raise KernelError(EIO, f"nvidia_p2p_dma_map_pages: {peer.name} cannot reach "
                               f"{start:#x}")
-        runs.append((a, n * GPU_PAGE_SIZE))
-        addrs.extend(range(a, a + n * GPU_PAGE_SIZE, GPU_PAGE_SIZE))
-    mapping = kmalloc_obj(nvidia_p2p_dma_mapping(addrs, peer))
+        runs.append((a, size))
+        run_dma.view[i] = a
+    addrs = U64Array(n, zero=False)
+    ops.dma_blocks(run_dma, run_len, nruns, 0, GPU_PAGE_SIZE, n, addrs)
+    mapping = kmalloc_obj(nvidia_p2p_dma_mapping(addrs, n, peer))
     mapping.runs = runs
     info.dma_mappings.append(mapping)
     return mapping
-
-
-def _runs(addrs: list[int]) -> list[tuple[int, int]]:
-    """(first address, pages) of each run of consecutive 64 KiB pages."""
-    out: list[tuple[int, int]] = []
-    for a in addrs:
-        if out and out[-1][0] + out[-1][1] * GPU_PAGE_SIZE == a:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((a, 1))
-    return out
 
 
 @traced

@@ -39,8 +39,10 @@ an in-flight callback instead).
 from __future__ import annotations
 
 import random
+from array import array
 from typing import TYPE_CHECKING, Any
 
+from c_ext import U64Array
 from kernel_model.errno import EINVAL, ENOMEM, KernelError
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
 from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
@@ -67,8 +69,16 @@ class NvDevice:
         self.rm_lock = mutex_init("rm_lock")
         # protected by rm_lock:
         self.free_pages: list[int] = list(range(gpu.nr_pages - 1, -1, -1))  # a stack
-        self.bar1_refs: dict[int, list[int]] = {}  # GPU page -> [window, mappings using it]
-        self.bar1_free: list[int] = list(range(gpu.bar1_windows - 1, -1, -1))
+        # BAR1 bookkeeping, as arrays the C loop (c_ext bar1_map/bar1_unmap) walks:
+        # per GPU page its window + 1 and how many mappings use it; the free windows
+        # as a stack (popped in ascending order) with its top in a one-slot array
+        self.win_of_page = U64Array(gpu.nr_pages)
+        self.page_refs = U64Array(gpu.nr_pages)
+        self.free_stack = U64Array(gpu.bar1_windows, zero=False)
+        self.free_stack.view[:] = array("Q", range(gpu.bar1_windows - 1, -1, -1))
+        self.free_top = U64Array(1)
+        self.free_top.view[0] = gpu.bar1_windows
+        self.ops = gpu.machine.ops
         self.clients: list[NvClient] = []
         self.p2p_infos: dict[int, Any] = {}   # id(page table) -> nv_p2p_mem_info (RM's list)
         self.next_buffer_id = 1
@@ -80,7 +90,18 @@ class NvDevice:
                 f"BAR1 {self.bar1_mapped_bytes() >> 20} MiB mapped")
 
     def bar1_mapped_bytes(self) -> int:
-        return len(self.bar1_refs) << GPU_PAGE_SHIFT
+        return (self.gpu.bar1_windows - self.free_top.view[0]) << GPU_PAGE_SHIFT
+
+    @property
+    def bar1_refs(self) -> dict[int, list[int]]:
+        """{GPU page: [window, mappings using it]} (a copy, for tools and tests)."""
+        refs = self.page_refs.view
+        return {p: [w - 1, refs[p]] for p, w in enumerate(self.win_of_page.view.tolist()) if w}
+
+    @property
+    def bar1_free(self) -> list[int]:
+        """The free windows, the next to be taken last (a copy)."""
+        return self.free_stack.view[:self.free_top.view[0]].tolist()
 
 
 class NvClient:
@@ -146,6 +167,8 @@ def rm_alloc_memory(client: NvClient, size: int) -> NvMemory:
         pages = [dev.free_pages.pop() for _ in range(npages)]
         mem = NvMemory(client, npages << GPU_PAGE_SHIFT, pages, dev.next_buffer_id,
                        dev.next_handle)
+        mem.page_array = U64Array(npages, zero=False)
+        mem.page_array.view[:] = array("Q", pages)
         dev.next_buffer_id += 1
         dev.next_handle += 1
         client.memory[mem.handle] = mem
@@ -219,50 +242,35 @@ def find_memory(dev: NvDevice, va: int, length: int, token: int, va_space: int,
 
 
 @traced
-def rm_p2p_get_pages(mem: NvMemory, va: int, length: int) -> list[int]:
-    """Map the range's GPU pages into BAR1 windows; their bus addresses.
+def rm_p2p_get_pages(mem: NvMemory, va: int, length: int) -> U64Array:
+    """Map the range's GPU pages into BAR1 windows; each page's window.
 
-    Called with rm_lock held.  Pages already mapped reuse their window;
-    ENOMEM (NV_ERR_INSUFFICIENT_RESOURCES) when the new windows would eat
-    into the reserve, with nothing mapped.
+    Called with rm_lock held.  Pages already mapped reuse their window (a use
+    count per page, as RM reuses an overlapping extent); ENOMEM
+    (NV_ERR_INSUFFICIENT_RESOURCES) when the new windows would eat into the
+    reserve, with nothing mapped.  The per-page work is c_ext's bar1_map loop.
     """
     dev = mem.client.dev
     gpu = dev.gpu
-    first = (va - mem.va) >> GPU_PAGE_SHIFT
-    pages = mem.pages[first:first + (length >> GPU_PAGE_SHIFT)]
-    new = [p for p in dict.fromkeys(pages) if p not in dev.bar1_refs]
-    need = len(new) << GPU_PAGE_SHIFT
-    if gpu.config.bar1_size - dev.bar1_mapped_bytes() < CLI_THIRD_PARTY_P2P_BAR1_RESERVE + need:
+    first, n = (va - mem.va) >> GPU_PAGE_SHIFT, length >> GPU_PAGE_SHIFT
+    room = (gpu.config.bar1_size - dev.bar1_mapped_bytes() - CLI_THIRD_PARTY_P2P_BAR1_RESERVE
+            ) >> GPU_PAGE_SHIFT
+    windows = U64Array(n, zero=False)
+    got = dev.ops.bar1_map(mem.page_array, first, n, dev.win_of_page, dev.page_refs,
+                           dev.free_stack, dev.free_top, gpu.bar1_pte, max(room, 0), windows)
+    if got < 0:
+        need = (-got - 1) << GPU_PAGE_SHIFT
         raise KernelError(ENOMEM, f"rm_p2p_get_pages: no space for BAR1 mappings "
                           f"({need >> 10} KiB wanted, {dev.bar1_mapped_bytes() >> 20} MiB of "
                           f"{gpu.config.bar1_size >> 20} MiB mapped)")
-    refs, free, ptes = dev.bar1_refs, dev.bar1_free, gpu.bar1_ptes
-    for p in new:
-        w = free.pop()
-        ptes[w] = p                 # gpu.bar1_map(w, p), inlined: 16,384 times for 1 GiB
-        refs[p] = [w, 0]
-    base = gpu.bar1.start
-    out = []
-    for p in pages:
-        ref = refs[p]
-        ref[1] += 1
-        out.append(base + (ref[0] << GPU_PAGE_SHIFT))
-    return out
+    return windows
 
 
 @traced
-def rm_p2p_put_pages(dev: NvDevice, gpu_pages: list[int]) -> None:
+def rm_p2p_put_pages(dev: NvDevice, mem: NvMemory, first: int, n: int) -> None:
     """Drop a mapping's use of its BAR1 windows; unmap those nobody uses any more."""
-    refs, ptes = dev.bar1_refs, dev.gpu.bar1_ptes
-    freed = []
-    for p in gpu_pages:
-        ref = refs[p]
-        ref[1] -= 1
-        if ref[1] == 0:
-            del ptes[ref[0]]        # gpu.bar1_unmap(window), inlined
-            freed.append(ref[0])
-            del refs[p]
-    dev.bar1_free.extend(reversed(freed))   # the next get pops them in ascending order
+    dev.ops.bar1_unmap(mem.page_array, first, n, dev.win_of_page, dev.page_refs,
+                       dev.free_stack, dev.free_top, dev.gpu.bar1_pte)
 
 
 def rm_p2p_run_free_callback(dev: NvDevice, info: Any) -> None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from c_ext import U64Array
 from kernel_model.machine import MachineCheck
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
 
@@ -76,7 +77,9 @@ class NvGpu:
         self.pdev.model = self
         self.nr_pages = cfg.mem_size >> GPU_PAGE_SHIFT
         self.bar1_windows = cfg.bar1_size >> GPU_PAGE_SHIFT
-        self.bar1_ptes: dict[int, int] = {}   # BAR1 window -> GPU page (the BAR1 page table)
+        # the BAR1 page table: window -> GPU page + 1 (0: maps nothing); an array the
+        # driver's C loop (c_ext bar1_map) writes
+        self.bar1_pte = U64Array(self.bar1_windows)
         self.bar1_faults: list[tuple[str, int, int]] = []   # (read/write, BAR1 offset, bytes)
         # GPU UUID: stable per machine and slot, as the board's would be
         self.uuid = bytes(((machine.serial * 131 + self.pdev.bus * 7 + i) * 37) & 0xFF
@@ -93,7 +96,11 @@ class NvGpu:
 
     def __repr__(self) -> str:
         return (f"GPU {self.pdev.name} {self.config.name} {self.config.mem_size >> 30} GiB "
-                f"BAR1 {self.config.bar1_size >> 20} MiB, {len(self.bar1_ptes)} windows mapped")
+                f"BAR1 {self.config.bar1_size >> 20} MiB, {self.windows_mapped()} windows mapped")
+
+    def windows_mapped(self) -> int:
+        """How many BAR1 windows map a page now."""
+        return self.bar1_windows - self.bar1_pte.view.tolist().count(0)
 
     @property
     def name(self) -> str:
@@ -122,15 +129,22 @@ class NvGpu:
             raise ValueError(f"{self.name}: vidmem [{gpu_addr:#x}, +{n:#x}) out of range")
 
     # -- BAR1 ------------------------------------------------------------------------
+    @property
+    def bar1_ptes(self) -> dict[int, int]:
+        """The mapped windows as {window: GPU page} (a copy, for tools and tests)."""
+        return {w: p - 1 for w, p in enumerate(self.bar1_pte.view.tolist()) if p}
+
     def bar1_map(self, window: int, gpu_page: int) -> None:
         """Point a BAR1 window at a GPU page (the driver writes the BAR1 page table)."""
         if not 0 <= window < self.bar1_windows or not 0 <= gpu_page < self.nr_pages:
             raise ValueError(f"{self.name}: BAR1 map {window} -> {gpu_page} out of range")
-        self.bar1_ptes[window] = gpu_page
+        self.bar1_pte.view[window] = gpu_page + 1
 
     def bar1_unmap(self, window: int) -> None:
         """Clear a BAR1 window: later accesses through it fault."""
-        del self.bar1_ptes[window]
+        if not self.bar1_pte.view[window]:
+            raise KeyError(window)
+        self.bar1_pte.view[window] = 0
 
     def bar1_bus_address(self, window: int) -> int:
         """The physical (bus) address of a BAR1 window."""
@@ -142,8 +156,8 @@ class NvGpu:
         while n:
             w, o = off >> GPU_PAGE_SHIFT, off & (GPU_PAGE_SIZE - 1)
             k = min(n, GPU_PAGE_SIZE - o)
-            page = self.bar1_ptes.get(w)
-            if page is None:
+            page = self.bar1_pte.view[w] - 1 if w < self.bar1_windows else -1
+            if page < 0:
                 what = "write" if write else "read"
                 self.bar1_faults.append((what, off, k))
                 self.machine.report_bug(
@@ -172,5 +186,5 @@ class NvGpu:
 
 def _leak_check(machine: Machine) -> list[str]:
     """After shutdown no BAR1 window may still map a GPU page: a pin nobody put."""
-    return [f"{gpu.name}: {len(gpu.bar1_ptes)} BAR1 window(s) still mapped (a third-party "
-            "pin never put)" for gpu in machine.gpus if gpu.bar1_ptes]
+    return [f"{gpu.name}: {gpu.windows_mapped()} BAR1 window(s) still mapped (a third-party "
+            "pin never put)" for gpu in machine.gpus if gpu.windows_mapped()]

@@ -737,3 +737,76 @@ def test_dma_copy_into_a_machines_ram(backend):
         ops.dma_copy(m.mem, _arr([(1 << 20) - 2]), _arr([4]), 1, b"abcd", _arr([0]),
                      _arr([4]), 1)
     m.check_leaks()
+
+
+# -- nv-p2p's BAR1 bookkeeping (bar1_map / bar1_unmap) -------------------------------------
+def _bar1_state(npg: int, nwin: int) -> tuple[U64Array, ...]:
+    win_of_page, refs, bar1_pte = U64Array(npg), U64Array(npg), U64Array(nwin)
+    stack, top = U64Array(nwin), U64Array(1)
+    for i in range(nwin):
+        stack.view[i] = nwin - 1 - i
+    top.view[0] = nwin
+    return win_of_page, refs, stack, top, bar1_pte
+
+
+def _arr(values: list[int]) -> U64Array:
+    a = U64Array(max(len(values), 1))
+    for i, x in enumerate(values):
+        a.view[i] = x
+    return a
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.integers(1, 6)),
+                    min_size=1, max_size=30), max_new=st.integers(0, 12))
+def test_bar1_map_unmap_agree(ops, max_new):
+    """A random history of maps and unmaps of page ranges gives the same results,
+    windows and arrays on the C loop and on its twin."""
+    npg, nwin = 12, 10
+    results = {}
+    for name in BACKENDS:
+        b = c_ext.backend(name)
+        st_ = _bar1_state(npg, nwin)
+        mapped: list[list[int]] = []
+        log = []
+        for is_map, first, n in ops:
+            if is_map or not mapped:
+                pages = list(range(first, min(first + n, npg)))
+                out = U64Array(len(pages))
+                r = b.bar1_map(_arr(pages), 0, len(pages), *st_, max_new, out)
+                if r >= 0:
+                    mapped.append(pages)
+                log.append((r, out.tolist()[:len(pages)]))
+            else:
+                pages = mapped.pop(first % len(mapped))
+                log.append((b.bar1_unmap(_arr(pages), 0, len(pages), *st_), None))
+        results[name] = (log, [a.tolist() for a in st_])
+    assert results["c"] == results["python"]
+
+
+def test_bar1_known_answer_and_refusals():
+    b = c_ext.backend("c")
+    st_ = _bar1_state(8, 4)
+    win_of_page, refs, stack, top, pte = st_
+    out = U64Array(3)
+    assert b.bar1_map(_arr([5, 6, 7]), 0, 3, *st_, 10, out) == 3
+    assert out.tolist() == [0, 1, 2] and pte.tolist() == [6, 7, 8, 0] and top.view[0] == 1
+    # two already mapped, one new: only the new one takes a window
+    assert b.bar1_map(_arr([6, 7, 4]), 0, 3, *st_, 10, out) == 1
+    assert out.tolist() == [1, 2, 3] and refs.view[6] == 2 and refs.view[4] == 1
+    # no room (max_new 0 or no window left): nothing changes
+    before = [a.tolist() for a in st_]
+    assert b.bar1_map(_arr([0, 1]), 0, 2, *st_, 0, out) == -3
+    assert b.bar1_map(_arr([0, 1]), 0, 2, *st_, 10, out) == -3
+    assert [a.tolist() for a in st_] == before
+    with pytest.raises(ValueError, match="beyond"):
+        b.bar1_map(_arr([8]), 0, 1, *st_, 10, out)
+    with pytest.raises(ValueError, match="not mapped"):
+        b.bar1_unmap(_arr([5, 0]), 0, 2, *st_)
+    assert [a.tolist() for a in st_] == before
+    # unmapping: windows nobody uses any more come back, the last page's first
+    assert b.bar1_unmap(_arr([5, 6, 7]), 0, 3, *st_) == 1
+    assert pte.tolist() == [0, 7, 8, 5] and top.view[0] == 1
+    assert b.bar1_unmap(_arr([6, 7, 4]), 0, 3, *st_) == 3
+    assert pte.tolist() == [0, 0, 0, 0] and top.view[0] == 4
+    assert stack.tolist()[:4] == [0, 3, 2, 1]
