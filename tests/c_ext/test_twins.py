@@ -749,7 +749,7 @@ def _bar1_state(npg: int, nwin: int) -> tuple[U64Array, ...]:
     return win_of_page, refs, stack, top, bar1_pte
 
 
-def _arr(values: list[int]) -> U64Array:
+def _u64s(values: list[int]) -> U64Array:
     a = U64Array(max(len(values), 1))
     for i, x in enumerate(values):
         a.view[i] = x
@@ -773,13 +773,13 @@ def test_bar1_map_unmap_agree(ops, max_new):
             if is_map or not mapped:
                 pages = list(range(first, min(first + n, npg)))
                 out = U64Array(len(pages))
-                r = b.bar1_map(_arr(pages), 0, len(pages), *st_, max_new, out)
+                r = b.bar1_map(_u64s(pages), 0, len(pages), *st_, max_new, out)
                 if r >= 0:
                     mapped.append(pages)
                 log.append((r, out.tolist()[:len(pages)]))
             else:
                 pages = mapped.pop(first % len(mapped))
-                log.append((b.bar1_unmap(_arr(pages), 0, len(pages), *st_), None))
+                log.append((b.bar1_unmap(_u64s(pages), 0, len(pages), *st_), None))
         results[name] = (log, [a.tolist() for a in st_])
     assert results["c"] == results["python"]
 
@@ -789,24 +789,24 @@ def test_bar1_known_answer_and_refusals():
     st_ = _bar1_state(8, 4)
     win_of_page, refs, stack, top, pte = st_
     out = U64Array(3)
-    assert b.bar1_map(_arr([5, 6, 7]), 0, 3, *st_, 10, out) == 3
+    assert b.bar1_map(_u64s([5, 6, 7]), 0, 3, *st_, 10, out) == 3
     assert out.tolist() == [0, 1, 2] and pte.tolist() == [6, 7, 8, 0] and top.view[0] == 1
     # two already mapped, one new: only the new one takes a window
-    assert b.bar1_map(_arr([6, 7, 4]), 0, 3, *st_, 10, out) == 1
+    assert b.bar1_map(_u64s([6, 7, 4]), 0, 3, *st_, 10, out) == 1
     assert out.tolist() == [1, 2, 3] and refs.view[6] == 2 and refs.view[4] == 1
     # no room (max_new 0 or no window left): nothing changes
     before = [a.tolist() for a in st_]
-    assert b.bar1_map(_arr([0, 1]), 0, 2, *st_, 0, out) == -3
-    assert b.bar1_map(_arr([0, 1]), 0, 2, *st_, 10, out) == -3
+    assert b.bar1_map(_u64s([0, 1]), 0, 2, *st_, 0, out) == -3
+    assert b.bar1_map(_u64s([0, 1]), 0, 2, *st_, 10, out) == -3
     assert [a.tolist() for a in st_] == before
     with pytest.raises(ValueError, match="beyond"):
-        b.bar1_map(_arr([8]), 0, 1, *st_, 10, out)
+        b.bar1_map(_u64s([8]), 0, 1, *st_, 10, out)
     with pytest.raises(ValueError, match="not mapped"):
-        b.bar1_unmap(_arr([5, 0]), 0, 2, *st_)
+        b.bar1_unmap(_u64s([5, 0]), 0, 2, *st_)
     assert [a.tolist() for a in st_] == before
     # unmapping: windows nobody uses any more come back, the last page's first
-    assert b.bar1_unmap(_arr([5, 6, 7]), 0, 3, *st_) == 1
+    assert b.bar1_unmap(_u64s([5, 6, 7]), 0, 3, *st_) == 1
     assert pte.tolist() == [0, 7, 8, 5] and top.view[0] == 1
-    assert b.bar1_unmap(_arr([6, 7, 4]), 0, 3, *st_) == 3
+    assert b.bar1_unmap(_u64s([6, 7, 4]), 0, 3, *st_) == 3
     assert pte.tolist() == [0, 0, 0, 0] and top.view[0] == 4
     assert stack.tolist()[:4] == [0, 3, 2, 1]
