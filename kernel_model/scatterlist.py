@@ -48,10 +48,10 @@ class sg_table:
         self.orig_nents = 0
         self._alloc(capacity)
 
-    def _alloc(self, capacity: int) -> None:
+    def _alloc(self, capacity: int, zero: bool = False) -> None:
         self.capacity = capacity
         for name in _COLUMNS:
-            setattr(self, name, U64Array(capacity, zero=False))  # filled before read
+            setattr(self, name, U64Array(capacity, zero=zero))  # filled before read, or 0
 
     def ensure_capacity(self, needed: int) -> None:
         """Grow every column to hold `needed` entries, keeping the first orig_nents.
@@ -257,9 +257,7 @@ def sg_alloc_table(sgt: sg_table, nents: int) -> None:
     them).  EINVAL for 0 entries."""
     if nents <= 0:
         raise KernelError(EINVAL, f"sg_alloc_table: {nents} entries")
-    sgt._alloc(nents)
-    for name in _COLUMNS:
-        getattr(sgt, name).view[:nents] = memoryview(bytes(8 * nents)).cast("Q")
+    sgt._alloc(nents, zero=True)
     sgt.nents = sgt.orig_nents = nents
 
 
