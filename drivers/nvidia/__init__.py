@@ -10,6 +10,12 @@ Module parameters:
             free-callback race of seed 002 chapter 10 and accept a NULL
             free callback as "persistent"; later ones refuse it and export
             nvidia_p2p_get_pages_persistent.  See nv_p2p.py.
+  p2p_latency_us
+            the fixed latency of one nv-p2p call into RM on a real system (0 by
+            default).  It is a parameter, not work: each get_pages, put_pages,
+            dma_map_pages and dma_unmap_pages that reaches RM adds it to the
+            device's `p2p_latency_us` account, which a
+            benchmark adds to the time it measured; nothing waits or spins.
 
 Lock order: see rm.py.
 """
@@ -33,9 +39,10 @@ DEFAULT_RELEASE = "580.65.06"
 class NvidiaState:
     """The module's globals: its devices, nv_queue, the release it behaves as."""
 
-    def __init__(self, mod: Any, release: tuple[int, int]):
+    def __init__(self, mod: Any, release: tuple[int, int], p2p_latency_us: int = 0):
         self.mod = mod
         self.release = release
+        self.p2p_latency_us = p2p_latency_us
         self.devices: list = []
         self.nv_queue = alloc_workqueue("nv_queue")
         self.driver = pci_driver("nvidia", [(PCI_VENDOR_ID_NVIDIA, PCI_ANY_ID)], self.probe,
@@ -51,6 +58,7 @@ class NvidiaState:
             raise KernelError(EINVAL, f"nv_pci_probe: {pdev.name} is not a GPU this driver "
                               "knows")
         dev = NvDevice(gpu, len(self.devices), self.release, self.nv_queue)
+        dev.latency_per_call_us = self.p2p_latency_us
         dev.cdev = cdev(nvidia_fops(self.mod), private=dev)
         cdev_add(dev.cdev, NV_DEVICE_PATH.format(minor=dev.minor))
         pdev.dev.driver_data = dev
@@ -79,9 +87,12 @@ def parse_release(release: str) -> tuple[int, int]:
     return branch, build
 
 
-def module_init(mod: Any, release: str = DEFAULT_RELEASE) -> NvidiaState:
+def module_init(mod: Any, release: str = DEFAULT_RELEASE,
+                p2p_latency_us: int = 0) -> NvidiaState:
     """nvidia_init_module(): the workqueue, then the PCI driver (probing every GPU)."""
-    state = NvidiaState(mod, parse_release(release))
+    if p2p_latency_us < 0:
+        raise KernelError(EINVAL, f"nvidia: p2p_latency_us {p2p_latency_us} < 0")
+    state = NvidiaState(mod, parse_release(release), p2p_latency_us)
     pci_register_driver(current().machine, state.driver)
     return state
 

@@ -48,6 +48,7 @@ from drivers.nvidia.rm import (
     NvDevice,
     find_memory,
     rm_p2p_get_pages,
+    rm_p2p_latency,
     rm_p2p_put_pages,
     rm_release_pages,
 )
@@ -228,6 +229,7 @@ def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_ad
         mutex_lock(dev.rm_lock)
         try:
             mem = find_memory(dev, virtual_address, length, p2p_token, va_space, task.mm)
+            rm_p2p_latency(dev)
             windows = rm_p2p_get_pages(mem, virtual_address, length)
             first = (virtual_address - mem.va) >> GPU_PAGE_SHIFT
             info = kmalloc_obj(nv_p2p_mem_info(dev, mem, first, length >> GPU_PAGE_SHIFT,
@@ -300,6 +302,7 @@ def nvidia_p2p_put_pages(p2p_token: int, va_space: int, virtual_address: int,
         wait_for_completion(done)       # the callback finishes, RM frees it: nothing to do
         return 0
     _unlink(dev, info)
+    rm_p2p_latency(dev)
     mutex_unlock(dev.rm_lock)
     mem = info.memory
     nv_p2p_free_platform_data(info)
@@ -360,7 +363,8 @@ def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
     found = _lookup(page_table)
     if found is None or found[1].state != "live":
         raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not live")
-    _dev, info = found
+    dev, info = found
+    rm_p2p_latency(dev)
     # EMU: one dma_map_resource per run of consecutive BAR1 windows (the driver maps
     # page by page); the peer gets the same address for every page either way.  The
     # runs come from c_ext's coalescing loop, the per-page addresses from its block loop.
@@ -408,6 +412,7 @@ def nvidia_p2p_dma_unmap_pages(peer: pci_dev, page_table: nvidia_p2p_page_table,
     found = _lookup(page_table)
     if found is None or not any(m is dma_mapping for m in found[1].dma_mappings):
         return 0
+    rm_p2p_latency(found[0])
     if dma_mapping.pci_dev is not peer:
         current().machine.report_bug("nvidia_p2p_dma_unmap_pages",
                                      f"peer {peer.name} is not the mapping's "

@@ -65,6 +65,8 @@ class NvDevice:
         self.pdev = gpu.pdev
         self.minor = minor
         self.release = release                # (branch, build): the driver's version
+        self.latency_per_call_us = 0          # the p2p_latency_us module parameter
+        self.p2p_latency_us = 0               # modelled RM latency so far (see __init__.py)
         self.nv_queue: workqueue_struct = nv_queue
         self.rm_lock = mutex_init("rm_lock")
         # protected by rm_lock:
@@ -271,6 +273,11 @@ def rm_p2p_put_pages(dev: NvDevice, mem: NvMemory, first: int, n: int) -> None:
     """Drop a mapping's use of its BAR1 windows; unmap those nobody uses any more."""
     dev.ops.bar1_unmap(mem.page_array, first, n, dev.win_of_page, dev.page_refs,
                        dev.free_stack, dev.free_top, dev.gpu.bar1_pte)
+
+
+def rm_p2p_latency(dev: NvDevice) -> None:
+    """One nv-p2p call reached RM: account its modelled latency (not spent)."""
+    dev.p2p_latency_us += dev.latency_per_call_us
 
 
 def rm_p2p_run_free_callback(dev: NvDevice, info: Any) -> None:

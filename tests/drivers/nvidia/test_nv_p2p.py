@@ -1020,3 +1020,27 @@ def test_page_table_version_follows_the_release():
     assert env.put(va, pt) == 0
     env.p.exit(0)
     assert version == 0x00010002
+
+
+# -- the modelled RM latency (module parameter p2p_latency_us) -----------------------------------
+def test_p2p_latency_is_accounted_per_rm_call_not_spent():
+    m = rdma_host(ram_size=64 << 20, nr_gpus=1, modules=())
+    m.load_module("nvidia", p2p_latency_us=7)
+    env = Env(m)
+    va = env.cuda.cudaMalloc(2 * P)
+    pt = env.get(va, 2 * P)
+    peer = env.peer()
+    with env.p.kernel():
+        mapping = nvidia_p2p_dma_map_pages(peer, pt)
+        assert nvidia_p2p_dma_unmap_pages(peer, pt, mapping) == 0
+    assert env.put(va, pt) == 0
+    assert env.dev.p2p_latency_us == 4 * 7          # get, dma_map, dma_unmap, put
+    assert m.sched.jiffies == 0                      # nothing slept or spun
+    assert env.put(va, None) == 0 and env.dev.p2p_latency_us == 28   # NULL: no RM call
+
+
+def test_a_negative_p2p_latency_is_einval():
+    m = rdma_host(ram_size=64 << 20, nr_gpus=1, modules=())
+    with pytest.raises(KernelError) as e:
+        m.load_module("nvidia", p2p_latency_us=-1)
+    assert e.value.errno == errno.EINVAL and "nvidia" not in m.modules
