@@ -5,13 +5,14 @@
     peermem write-bw --two-machines  # perftest's ib_write_bw across a fabric
     peermem clients                  # the peer-memory clients, and what they register
     peermem scenarios                # what `trace` can run
-    peermem trace pin                # ftrace function_graph text of a scenario
+    peermem trace gpudirect          # ftrace function_graph text of a scenario (main job)
+    peermem trace gpudirect --stats  # ... and the peer-memory statistics after it
     peermem trace pin --format perfetto -o pin.json
     peermem devinfo -v               # ibv_devinfo -v on an emulated ConnectX
 
 Each subcommand boots a Machine, loads the modules it needs by name (as
 modprobe would) and runs a user program on it through system calls only.
-Later issues add subcommands (write-bw, explore).
+A later issue adds `explore` (the race explorer).
 """
 
 from __future__ import annotations
