@@ -203,11 +203,17 @@ def _has_persistent_api(dev: NvDevice) -> bool:
 
 
 def _lookup(pt: Any) -> tuple[NvDevice, nv_p2p_mem_info] | None:
-    """RM's lookup of a page table it handed out (by identity: never dereferences it)."""
+    """RM's lookup of a page table it handed out (by identity: never dereferences it).
+
+    Returns with the device's rm_lock HELD when it found one: the mem_info
+    stays valid only while the lock keeps its teardown out.
+    """
     for dev in _devices():
+        mutex_lock(dev.rm_lock)
         info = dev.p2p_infos.get(id(pt))
         if info is not None and info.page_table is pt:
             return dev, info
+        mutex_unlock(dev.rm_lock)
     return None
 
 
@@ -291,11 +297,10 @@ def nvidia_p2p_put_pages(p2p_token: int, va_space: int, virtual_address: int,
     """
     if page_table is None:
         return 0
-    found = _lookup(page_table)
+    found = _lookup(page_table)          # rm_lock held if found
     if found is None:
         return 0                         # NV_ERR_OBJECT_NOT_FOUND: torn down already
     dev, info = found
-    mutex_lock(dev.rm_lock)
     if info.state == "teardown" and not _legacy(dev):
         done = info.teardown_done
         mutex_unlock(dev.rm_lock)
@@ -333,12 +338,13 @@ def nv_p2p_free_platform_data(info: nv_p2p_mem_info) -> None:
     """Mirrors nv_p2p_free_platform_data(): unmap what DMA mappings remain, release the
     BAR1 windows, free the page table and the mem_info; wake put_pages waiters."""
     dev, done = info.dev, info.teardown_done
-    for mapping in list(info.dma_mappings):
-        _dma_unmap(info, mapping)
     mutex_lock(dev.rm_lock)
-    dev.p2p_infos.pop(id(info.page_table), None)
+    dev.p2p_infos.pop(id(info.page_table), None)   # from here nobody can look it up
+    mappings, info.dma_mappings = info.dma_mappings, []
     rm_p2p_put_pages(dev, info.memory, info.first, info.n)
     mutex_unlock(dev.rm_lock)
+    for mapping in mappings:
+        _dma_unmap(mapping)
     kfree(info.page_table)
     kfree(info)
     complete_all(done)
@@ -360,10 +366,22 @@ def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
     page table the driver no longer has; EIO when a mapping fails (all undone)."""
     if peer is None or page_table is None:
         raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: NULL peer or page table")
-    found = _lookup(page_table)
-    if found is None or found[1].state != "live":
+    found = _lookup(page_table)          # rm_lock held if found
+    if found is not None and found[1].state != "live":
+        mutex_unlock(found[0].rm_lock)
+        found = None
+    if found is None:
         raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not live")
     dev, info = found
+    try:
+        return _dma_map(peer, page_table, dev, info)
+    finally:
+        mutex_unlock(dev.rm_lock)
+
+
+def _dma_map(peer: pci_dev, page_table: nvidia_p2p_page_table, dev: NvDevice,
+             info: nv_p2p_mem_info) -> nvidia_p2p_dma_mapping:
+    """nvidia_p2p_dma_map_pages() with rm_lock held: the mappings, added to the mem_info."""
     rm_p2p_latency(dev)
     # EMU: one dma_map_resource per run of consecutive BAR1 windows (the driver maps
     # page by page); the peer gets the same address for every page either way.  The
@@ -409,20 +427,26 @@ def nvidia_p2p_dma_unmap_pages(peer: pci_dev, page_table: nvidia_p2p_page_table,
     unmapped it (the mapping is looked up, not trusted)."""
     if peer is None or page_table is None or dma_mapping is None:
         raise KernelError(EINVAL, "nvidia_p2p_dma_unmap_pages: NULL argument")
-    found = _lookup(page_table)
-    if found is None or not any(m is dma_mapping for m in found[1].dma_mappings):
+    found = _lookup(page_table)          # rm_lock held if found
+    if found is None:
         return 0
-    rm_p2p_latency(found[0])
+    dev, info = found
+    if not any(m is dma_mapping for m in info.dma_mappings):
+        mutex_unlock(dev.rm_lock)
+        return 0
+    info.dma_mappings.remove(dma_mapping)    # ours now: the teardown cannot take it
+    rm_p2p_latency(dev)
+    mutex_unlock(dev.rm_lock)
     if dma_mapping.pci_dev is not peer:
         current().machine.report_bug("nvidia_p2p_dma_unmap_pages",
                                      f"peer {peer.name} is not the mapping's "
                                      f"{dma_mapping.pci_dev.name}")
-    _dma_unmap(found[1], dma_mapping)
+    _dma_unmap(dma_mapping)
     return 0
 
 
-def _dma_unmap(info: nv_p2p_mem_info, mapping: nvidia_p2p_dma_mapping) -> None:
-    info.dma_mappings.remove(mapping)
+def _dma_unmap(mapping: nvidia_p2p_dma_mapping) -> None:
+    """Unmap a DMA mapping nobody else can reach any more, and free it."""
     for a, size in mapping.runs:
         dma_unmap_resource(mapping.pci_dev.dev, a, size, DMA_BIDIRECTIONAL)
     kfree(mapping)
