@@ -9,10 +9,11 @@
     peermem trace gpudirect --stats  # ... and the peer-memory statistics after it
     peermem trace pin --format perfetto -o pin.json
     peermem devinfo -v               # ibv_devinfo -v on an emulated ConnectX
+    peermem explore free-callback-vs-put-pages --legacy   # the race explorer
 
 Each subcommand boots a Machine, loads the modules it needs by name (as
 modprobe would) and runs a user program on it through system calls only.
-A later issue adds `explore` (the race explorer).
+`peermem explore SCENARIO [--legacy]` runs a race scenario under the explorer.
 """
 
 from __future__ import annotations
@@ -106,6 +107,51 @@ def _clients(args: argparse.Namespace) -> int:
             print(f"peermem clients: --param {spec!r} is not MODULE:NAME=INT", file=sys.stderr)
             return 2
     return clients.main(params)
+
+
+def _explore(args: argparse.Namespace) -> int:
+    import time
+
+    from kernel_model.explore import explore, replay
+    from scenarios.races import RACES
+    race = RACES.get(args.scenario)
+    if race is None:
+        print(f"peermem explore: no race scenario {args.scenario!r}; known: "
+              f"{', '.join(sorted(RACES))}", file=sys.stderr)
+        return 2
+    config = "legacy" if args.legacy else "fixed"
+    print(f"{race.name} ({config}): {race.legacy if args.legacy else race.fixed}")
+
+    def program() -> None:
+        race.run(args.legacy)
+    replay_cmd = (f"peermem explore {race.name}{' --legacy' if args.legacy else ''} "
+                  "--replay '{}'")
+    if args.replay is not None:
+        run = replay(program, args.replay)
+        if run.failure is None:
+            print(f"replayed {args.replay!r}: no failure")
+            return 0
+        print(f"FAILED: {run.failure}")
+        return 1
+    t0 = time.perf_counter()
+    last = [t0]
+
+    def progress(ex) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= 2.0:
+            last[0] = now
+            print(f"  ... {ex.runs} schedules, {len(ex.schedules)} distinct", file=sys.stderr)
+    ex = explore(program, args.strategy, bound=args.bound, max_schedules=args.max_schedules,
+                 seed=args.seed, progress=progress)
+    took = time.perf_counter() - t0
+    print(f"{args.strategy}: {ex.runs} schedules ({len(ex.schedules)} distinct) in "
+          f"{took:.1f} s, {ex.runs / max(took, 1e-9):.0f}/s")
+    if ex.failure is None:
+        print("no failure found")
+        return 0
+    print(f"FAILED: {ex.failure}")
+    print(f"replay: {replay_cmd.format(ex.failure.schedule)}")
+    return 1
 
 
 def _add_machine_options(sp: argparse.ArgumentParser) -> None:
@@ -231,6 +277,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--param", action="append", metavar="MODULE:NAME=INT",
                    help="a module parameter for one client (repeatable)")
     c.set_defaults(func=_clients)
+    x = sub.add_parser("explore", help="run a race scenario under many schedules",
+                       description="The race explorer: run SCENARIO (see scenarios/races.py) "
+                       "under bounded exhaustive search by preemptions (dfs), PCT or random "
+                       "schedules, judging each run by the kernel's debug checks and the leak "
+                       "check.  Exit 0 when no failure was found, 1 when one was (its report "
+                       "and the command that replays it are printed).")
+    x.add_argument("scenario")
+    x.add_argument("--legacy", action="store_true",
+                   help="the configuration with the real bug (an older release or design)")
+    x.add_argument("--strategy", choices=["dfs", "pct", "random"], default="dfs")
+    x.add_argument("--bound", type=int, default=2, help="preemption bound for dfs (2)")
+    x.add_argument("--max-schedules", type=int, default=None,
+                   help="stop after N schedules (pct/random: 100 by default)")
+    x.add_argument("--seed", type=int, default=0, help="first seed for pct/random (0)")
+    x.add_argument("--replay", metavar="SCHEDULE", help="run exactly this schedule")
+    x.set_defaults(func=_explore)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")
     s.set_defaults(func=_scenarios)

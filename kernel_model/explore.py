@@ -1,0 +1,288 @@
+"""The race explorer: run one program under many schedules and judge every run.
+
+Emulator-level.  A *program* is an ordinary function that builds its own
+machine(s), starts the competing tasks, waits for them and asserts; the
+explorer runs it again and again, each time with the scheduler's decisions
+(`sched.Strategy`) made differently, and judges each run:
+
+  * the program's own assertions and any exception it ends in;
+  * the scheduler's deadlock report (DeadlockError, with who holds what);
+  * the kernel's debug checks - lockdep, sleeping in atomic context,
+    use-after-free and double free of kernel objects (KASAN-style), refcount
+    underflow, WARNs (a device DMA into memory revoked or freed WARNs) - and,
+    after the run, the machine's leak check.
+
+Strategies (a seed makes each repeatable):
+
+  dfs     bounded exhaustive search by preemption count (CHESS): the runs
+          branch at every decision point, and a branch that switches away from
+          a task that could have gone on costs one preemption; branches over
+          the bound (default 2) are not taken
+  pct     PCT: every task gets a random priority, the highest runnable one
+          runs, and at d - 1 random steps the running task drops to the
+          lowest priority; a depth-d bug is found with probability at least
+          1 / (n * k^(d-1)) per run (n tasks, k steps)
+  random  every decision uniformly random
+
+A failure comes back as a Failure: which check, its details, the schedule
+as a string (sched.format_schedule) that ReplayStrategy replays exactly,
+and - after shrinking (`shrink`: each preemption in turn is dropped while
+the same check still fails) - the fewest preemptions found.
+
+The exploration owns the one scheduler while it runs (it must be called
+from main, with no task alive).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from kernel_model.errno import KernelBug
+from kernel_model.machine import Machine, live_machines
+from kernel_model.sched import (
+    SCHED,
+    DeadlockError,
+    DefaultStrategy,
+    RandomStrategy,
+    ReplayDivergence,
+    Strategy,
+    Task,
+    format_schedule,
+    parse_schedule,
+)
+
+Program = Callable[[], Any]
+
+
+@attrs.define
+class Point:
+    """One decision: the runnable task ids, the one that could go on running
+    (None at a block), and the one chosen."""
+
+    cands: list[int]
+    cur: int | None
+    chosen: int
+
+    @property
+    def preempts(self) -> bool:
+        return self.cur is not None and self.chosen != self.cur
+
+
+class Recording(Strategy):
+    """Make the decisions of `prefix` (task ids), then those of `base`; record them all."""
+
+    def __init__(self, prefix: list[int], base: Strategy | None = None,
+                 lenient: bool = False):
+        self.prefix = prefix
+        self.base = base or DefaultStrategy()
+        self.lenient = lenient        # a prefix step that cannot be taken: the base's
+        self.points: list[Point] = []
+
+    def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
+        i = len(self.points)
+        cur = candidates[0].tid if candidates[0] is sched.current else None
+        pick = None
+        if i < len(self.prefix):
+            pick = next((t for t in candidates if t.tid == self.prefix[i]), None)
+            if pick is None and not self.lenient:
+                raise ReplayDivergence(f"explore: decision {i} wants task {self.prefix[i]}, "
+                                       f"runnable: {[t.tid for t in candidates]}")
+        if pick is None:
+            pick = self.base.choose(sched, candidates, reason)
+        self.points.append(Point([t.tid for t in candidates], cur, pick.tid))
+        return pick
+
+
+class PCT(Strategy):
+    """PCT (Burckhardt et al.): random priorities, d - 1 priority-change points."""
+
+    def __init__(self, seed: int, depth: int = 3, steps: int = 200):
+        self.rng = random.Random(seed)
+        self.prio: dict[int, float] = {}
+        self.changes = set(self.rng.sample(range(1, max(steps, depth) + 1), depth - 1))
+        self.step = 0
+        self.low = 0.0
+
+    def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
+        self.step += 1
+        for t in candidates:
+            if t.tid not in self.prio:
+                self.prio[t.tid] = 1.0 + self.rng.random()
+        best = max(candidates, key=lambda t: self.prio[t.tid])
+        if self.step in self.changes:            # the running task drops to the bottom
+            self.low -= 1.0
+            self.prio[best.tid] = self.low
+            best = max(candidates, key=lambda t: self.prio[t.tid])
+        return best
+
+
+@attrs.define
+class Failure:
+    """A run that failed: the check, its details, and how to replay it."""
+
+    check: str
+    detail: str
+    schedule: str
+    preemptions: int
+
+    def __str__(self) -> str:
+        return (f"{self.check}: {self.detail}\n  schedule {self.schedule!r} "
+                f"({self.preemptions} preemption(s))")
+
+
+@attrs.define
+class Run:
+    schedule: str
+    points: list[Point]
+    failure: Failure | None
+
+
+def _preemptions(points: list[Point]) -> int:
+    return sum(p.preempts for p in points)
+
+
+def _judge(program: Program) -> tuple[str, str] | None:
+    """Run the program once under the installed strategy; (check, detail) or None."""
+    first = Machine.next_serial
+    verdict: tuple[str, str] | None = None
+    try:
+        program()
+    except DeadlockError as e:
+        verdict = ("deadlock", str(e).splitlines()[0])
+    except KernelBug as e:
+        verdict = (type(e).__name__, str(e).splitlines()[0])
+    except ReplayDivergence:
+        raise
+    except AssertionError as e:
+        verdict = ("assertion", str(e) or "assert")
+    except Exception as e:  # noqa: BLE001 - any crash of the program is a verdict
+        verdict = ("exception", f"{type(e).__name__}: {e}")
+    for m in sorted(live_machines, key=lambda m: m.serial):
+        if m.serial < first or not getattr(m, "leak_check_expected", True):
+            continue
+        m.leak_check_expected = False
+        try:
+            m.check_leaks()
+        except Exception as e:  # noqa: BLE001 - the leak check's report (bugs, leaks)
+            if verdict is None:
+                text = str(e)
+                check = "warn" if "WARNING" in text else "leak"
+                verdict = (check, text.splitlines()[0] if text else type(e).__name__)
+    SCHED.abandon()
+    SCHED.failed.clear()
+    return verdict
+
+
+def run_once(program: Program, strategy: Strategy) -> Run:
+    """One judged run of `program` with `strategy` making the decisions."""
+    rec = strategy if isinstance(strategy, Recording) else Recording([], strategy)
+    SCHED.use(rec)
+    try:
+        verdict = _judge(program)
+    finally:
+        SCHED.use(None)
+    sched = format_schedule([p.chosen for p in rec.points])
+    failure = None if verdict is None else Failure(*verdict, sched, _preemptions(rec.points))
+    return Run(sched, rec.points, failure)
+
+
+def replay(program: Program, schedule: str) -> Run:
+    """Run `program` with exactly the decisions of `schedule` (then the default's)."""
+    return run_once(program, Recording(parse_schedule(schedule)))
+
+
+# -- strategies over many runs ------------------------------------------------------------
+def explore_dfs(program: Program, bound: int = 2,
+                max_schedules: int | None = None) -> Iterator[Run]:
+    """Every schedule with at most `bound` preemptions (CHESS), depth first."""
+    stack: list[list[int]] = [[]]
+    done = 0
+    while stack and (max_schedules is None or done < max_schedules):
+        prefix = stack.pop()
+        run = run_once(program, Recording(prefix))
+        done += 1
+        yield run
+        pts = run.points
+        npre = _preemptions(pts[:len(prefix)])
+        for i in range(len(prefix), len(pts)):
+            p = pts[i]
+            for alt in reversed(p.cands):
+                if alt == p.chosen:
+                    continue
+                cost = 1 if p.cur is not None and alt != p.cur else 0
+                if npre + cost <= bound:
+                    stack.append([q.chosen for q in pts[:i]] + [alt])
+            npre += p.preempts
+
+
+def explore_random(program: Program, seed: int = 0, max_schedules: int = 100) -> Iterator[Run]:
+    """`max_schedules` runs with uniformly random decisions, seeds seed, seed + 1, ..."""
+    for i in range(max_schedules):
+        yield run_once(program, RandomStrategy(seed + i))
+
+
+def explore_pct(program: Program, seed: int = 0, max_schedules: int = 100, depth: int = 3,
+                steps: int = 200) -> Iterator[Run]:
+    """`max_schedules` PCT runs (depth d), seeds seed, seed + 1, ..."""
+    for i in range(max_schedules):
+        yield run_once(program, PCT(seed + i, depth, steps))
+
+
+def shrink(program: Program, failure: Failure) -> Failure:
+    """Drop preemptions from a failing schedule while the same check still fails: each
+    preemption in turn is replaced by letting the task go on, the later decisions
+    kept where they still can be taken."""
+    best = failure
+    improved = True
+    while improved and best.preemptions:
+        improved = False
+        pts = replay(program, best.schedule).points
+        for i, p in enumerate(pts):
+            if not p.preempts:
+                continue
+            prefix = [q.chosen for q in pts[:i]] + [p.cur] + [q.chosen for q in pts[i + 1:]]
+            run = run_once(program, Recording(prefix, lenient=True))
+            if run.failure is not None and run.failure.check == best.check and \
+                    run.failure.preemptions < best.preemptions:
+                best, improved = run.failure, True
+                break
+    return best
+
+
+@attrs.define
+class Exploration:
+    """What an exploration saw: runs, distinct schedules, the first failure (shrunk)."""
+
+    runs: int = 0
+    schedules: set[str] = attrs.Factory(set)
+    failure: Failure | None = None
+
+
+def explore(program: Program, strategy: str = "dfs", *, bound: int = 2,
+            max_schedules: int | None = None, seed: int = 0, depth: int = 3,
+            stop_at_failure: bool = True,
+            progress: Callable[[Exploration], None] | None = None) -> Exploration:
+    """Run an exploration; stop at the first failure (shrunk) unless told otherwise."""
+    if strategy == "dfs":
+        runs = explore_dfs(program, bound, max_schedules)
+    elif strategy == "pct":
+        runs = explore_pct(program, seed, max_schedules or 100, depth)
+    elif strategy == "random":
+        runs = explore_random(program, seed, max_schedules or 100)
+    else:
+        raise ValueError(f"explore: no strategy {strategy!r} (dfs, pct, random)")
+    out = Exploration()
+    for run in runs:
+        out.runs += 1
+        out.schedules.add(run.schedule)
+        if progress is not None:
+            progress(out)
+        if run.failure is not None and out.failure is None:
+            out.failure = shrink(program, run.failure)
+            if stop_at_failure:
+                break
+    return out

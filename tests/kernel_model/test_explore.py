@@ -1,0 +1,132 @@
+"""The race explorer (kernel_model/explore.py) on a toy race and on a real one.
+
+The toy: two kernel threads increment a shared counter with a scheduling
+point between the read and the write (a lost update).  The default
+schedule runs them one after the other and passes; one preemption at the
+point loses an update.  The real one: scenarios/races.py's
+free-callback-vs-put-pages, legacy (the R515-R535 driver) and fixed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_model.explore import (
+    PCT,
+    Recording,
+    explore,
+    explore_dfs,
+    replay,
+    run_once,
+    shrink,
+)
+from kernel_model.kthread import kthread_run
+from kernel_model.locking import cond_resched
+from kernel_model.machine import Machine
+from kernel_model.sched import RandomStrategy, ReplayDivergence
+from scenarios.races import RACES
+from userspace.tools.cli import main
+
+
+def lost_update() -> None:
+    m = Machine(ram_size=16 << 20, name="toy")
+    counter = [0]
+
+    def inc() -> None:
+        v = counter[0]
+        cond_resched()             # the window: read done, write not yet
+        counter[0] = v + 1
+
+    with m.kernel():
+        a, b = kthread_run(inc, name="inc_a"), kthread_run(inc, name="inc_b")
+    a.join()
+    b.join()
+    assert counter[0] == 2, f"lost update: counter is {counter[0]}"
+
+
+def test_the_default_schedule_passes_and_one_preemption_finds_the_lost_update():
+    assert run_once(lost_update, Recording([])).failure is None
+    ex = explore(lost_update, "dfs", bound=0)
+    assert ex.failure is None and ex.runs >= 1        # no preemption: no bug
+    ex = explore(lost_update, "dfs", bound=1)
+    assert ex.failure is not None
+    assert ex.failure.check == "assertion" and "lost update" in ex.failure.detail
+    assert ex.failure.preemptions == 1
+
+
+def test_a_failure_replays_exactly():
+    ex = explore(lost_update, "dfs", bound=1)
+    again = replay(lost_update, ex.failure.schedule)
+    assert again.failure is not None
+    assert (again.failure.check, again.schedule) == ("assertion", ex.failure.schedule)
+
+
+def test_dfs_respects_the_bound_and_never_repeats_a_schedule():
+    runs = list(explore_dfs(lost_update, bound=2))
+    schedules = [r.schedule for r in runs]
+    assert len(schedules) == len(set(schedules))
+    assert all(sum(p.preempts for p in r.points) <= 2 for r in runs)
+    assert any(r.failure for r in runs) and not runs[0].failure
+
+
+def test_shrink_drops_preemptions_the_failure_does_not_need():
+    for seed in range(40):                  # a random failure with extra preemptions
+        run = run_once(lost_update, RandomStrategy(seed))
+        if run.failure is not None and run.failure.preemptions > 1:
+            break
+    else:
+        pytest.skip("no random run with more than one preemption failed")
+    small = shrink(lost_update, run.failure)
+    assert small.check == run.failure.check and small.preemptions == 1
+    assert replay(lost_update, small.schedule).failure is not None
+
+
+def test_pct_and_random_are_repeatable_by_seed():
+    a = [run_once(lost_update, PCT(seed, depth=2, steps=10)).schedule for seed in range(8)]
+    b = [run_once(lost_update, PCT(seed, depth=2, steps=10)).schedule for seed in range(8)]
+    assert a == b and len(set(a)) > 1
+    r1 = [run_once(lost_update, RandomStrategy(s)).schedule for s in range(5)]
+    assert r1 == [run_once(lost_update, RandomStrategy(s)).schedule for s in range(5)]
+
+
+def test_a_prefix_naming_a_task_that_cannot_run_diverges():
+    with pytest.raises(ReplayDivergence, match="wants task 9"):
+        run_once(lost_update, Recording([9]))
+
+
+def test_an_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match="no strategy"):
+        explore(lost_update, "bfs")
+
+
+# -- the real race ---------------------------------------------------------------------------
+RACE = RACES["free-callback-vs-put-pages"]
+
+
+def test_the_legacy_driver_race_is_found_and_replays():
+    ex = explore(lambda: RACE.run(True), "dfs", bound=2)
+    f = ex.failure
+    assert f is not None and f.check in ("UseAfterFree", "DoubleFree")
+    assert "nv_p2p_free_platform_data" in f.detail
+    assert replay(lambda: RACE.run(True), f.schedule).failure.check == f.check
+
+
+def test_the_fixed_driver_survives_the_schedules_tried():
+    ex = explore(lambda: RACE.run(False), "dfs", bound=2, max_schedules=60)
+    assert ex.failure is None and ex.runs == 60 and len(ex.schedules) == 60
+
+
+def test_pct_finds_the_legacy_race_too():
+    ex = explore(lambda: RACE.run(True), "pct", seed=1, max_schedules=50)
+    assert ex.failure is not None
+
+
+def test_cli_exit_codes(capsys):
+    assert main(["explore", RACE.name, "--legacy"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: " in out and f"replay: peermem explore {RACE.name} --legacy --replay" in out
+    schedule = out.split("--replay '")[1].split("'")[0]
+    assert main(["explore", RACE.name, "--legacy", "--replay", schedule]) == 1
+    assert main(["explore", RACE.name, "--max-schedules", "5"]) == 0
+    assert "no failure found" in capsys.readouterr().out
+    assert main(["explore", "nosuch"]) == 2
