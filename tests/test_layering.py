@@ -25,9 +25,10 @@ ALLOWED = {
 # userspace reaches the kernel through a Process (system calls) and shares only
 # the uapi headers; the harness modules that boot a machine are listed here, and
 # the tracer's reading side (like trace-cmd reading /sys/kernel/tracing), with the
-# scheduler's exceptions a traced run may end in.
+# scheduler's exceptions a traced run may end in, and the race explorer that runs
+# programs under many schedules (a harness, like the platform).
 USERSPACE_KERNEL_OK = ("kernel_model.uapi", "kernel_model.machine", "kernel_model.process",
-                       "kernel_model.platform",
+                       "kernel_model.platform", "kernel_model.explore",
                        "kernel_model.errno", "kernel_model.trace", "kernel_model.sched")
 
 
