@@ -65,3 +65,37 @@ def free_callback_vs_put_pages(legacy: bool) -> None:
     assert unpin.join() == 0
     assert calls in ([], ["callback"])
     p.exit(0)
+
+
+@race("dereg-vs-invalidate",
+      fixed="nv_peer_mem registered with PEER_MEM_INVALIDATE_UNMAPS (peerdirect_support=0): "
+            "deregistration calls dma_unmap/put_pages after dropping mapping_lock",
+      legacy="nv_peer_mem as an old-style client (peerdirect_support=1, the MLNX_OFED 5.1-5.3 "
+             "era): deregistration calls put_pages under mapping_lock, put_pages waits for "
+             "the free callback, the callback waits for mapping_lock - the deadlock of "
+             "MLNX bug 2696789")
+def dereg_vs_invalidate(legacy: bool) -> None:
+    """A GPU MR is deregistered by one thread while another cudaFrees its memory."""
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.pyverbs import MR, PD, Context
+
+    m = rdma_host(ram_size=64 * MiB, nr_gpus=1)
+    m.load_module("mlx5_ib")
+    m.load_module("nvidia")
+    m.load_module("nv_peer_mem", persistent_api_support=0, peerdirect_support=int(legacy))
+    p = m.spawn("app")
+    cu = cudart(p)
+
+    def setup() -> tuple:
+        ctx = Context(p)
+        pd = PD(ctx)
+        d = cu.cudaMalloc(MiB)
+        mr = MR(pd, MiB, v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE, addr=d)
+        return ctx, d, mr
+    ctx, d, mr = p.run(setup)
+    dereg = p.start(mr.close)
+    free = p.thread(cu.cudaFree, d, name="free")
+    dereg.join()
+    free.join()
+    p.run(ctx.close)
+    p.exit(0)

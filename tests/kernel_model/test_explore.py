@@ -130,3 +130,12 @@ def test_cli_exit_codes(capsys):
     assert main(["explore", RACE.name, "--max-schedules", "5"]) == 0
     assert "no failure found" in capsys.readouterr().out
     assert main(["explore", "nosuch"]) == 2
+
+
+def test_the_pre_unmaps_dereg_vs_invalidate_deadlock_is_found_and_not_in_the_fixed_design():
+    r = RACES["dereg-vs-invalidate"]
+    ex = explore(lambda: r.run(True), "dfs", bound=1)
+    assert ex.failure is not None and ex.failure.check == "deadlock"
+    assert ex.failure.preemptions == 1
+    ex = explore(lambda: r.run(False), "dfs", bound=1, max_schedules=40)
+    assert ex.failure is None
