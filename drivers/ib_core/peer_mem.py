@@ -125,9 +125,8 @@ class peer_memory_client:
     def __attrs_post_init__(self) -> None:
         if len(self.name) >= IB_PEER_MEMORY_NAME_MAX:
             raise ValueError(f"peer_memory_client: name {self.name!r} too long")
-        if len(self.version) > IB_PEER_MEMORY_VER_MAX - 2:
-            raise ValueError(f"peer_memory_client: version {self.version!r} too long "
-                             "(BUG_ON(strlen > IB_PEER_MEMORY_VER_MAX - 2))")
+        if len(self.version) > IB_PEER_MEMORY_VER_MAX - 1:
+            raise ValueError(f"peer_memory_client: version {self.version!r} too long")
 
 
 @attrs.define(eq=False)
@@ -139,6 +138,11 @@ class peer_memory_client_ex:
     flags: int = 0
 
     def __attrs_post_init__(self) -> None:
+        # the client's own BUG_ON(strlen(version) > IB_PEER_MEMORY_VER_MAX - 2): the last
+        # byte of version[] carries the ex marker
+        if len(self.client.version) > IB_PEER_MEMORY_VER_MAX - 2:
+            raise ValueError(f"peer_memory_client_ex: version {self.client.version!r} leaves "
+                             "no byte for the ex marker")
         self.client.version_ex = 1
         self.client.container = self
 
@@ -206,7 +210,9 @@ def ib_register_peer_memory_client(peer_client: peer_memory_client,
     if invalidate_callback is not None:
         invalidate_callback[0] = ib_invalidate_peer_memory
     mutex_lock(state.peer_memory_mutex)
-    if any(c.peer_mem.name == peer_client.name for c in state.peer_memory_list):
+    if any(c.peer_mem.name == peer_client.name for c in state.peer_memory_list) or \
+            f"{_sysfs_dir(client)}/version" in current().machine.chrdevs:
+        # the name's kobject is still there (another one, or one still unregistering)
         # kobject_add() of memory_peers/<name> fails: the registration with it
         mutex_unlock(state.peer_memory_mutex)
         current().machine.dmesg.append(f"ib_core: peer memory client {peer_client.name}: "
@@ -348,6 +354,8 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
         ret = pm.get_pages(old_umem.address, old_umem.length, 1, int(not umem_p.writable),
                            None, ctx, umem_p.xa_id)
         if ret:
+            # EMU: a positive return is a client bug the kernel passes on as ERR_PTR(ret),
+            # not an error pointer; the model makes it EINVAL
             raise KernelError(-ret if ret < 0 else EINVAL, f"ib_peer_umem_get: {pm.name} "
                               f"get_pages returned {ret}")
         nmap: list = [0]
@@ -360,10 +368,12 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
     except BaseException:
         _erase_id(umem_p)                                 # err_xa:
         mutex_unlock(umem_p.mapping_lock)
-        umem_p.ib_peer_client = None
         ib_put_peer_client(client, ctx)                   # err_umem:
+        kref_put(umem_p.kref, _free_umem_p)
         raise
-    peer_page_size = pm.get_page_size(ctx) if pm.get_page_size is not None else 0
+    # called whether or not the client has one: the core does not check it at
+    # registration, so a client without it "registers fine and crashes on first use"
+    peer_page_size = pm.get_page_size(ctx)
     page_size = sgt.machine.page_size
     if peer_page_size != page_size:
         fix_peer_sgls(umem_p, peer_page_size)
@@ -478,12 +488,16 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
         return 0
     mutex_lock(umem_p.mapping_lock)
     try:
-        if umem_p.mapped_state == UMEM_PEER_MAPPED and umem_p.invalidation_func is not None:
+        cur = umem_p.mapped_state
+        if cur == UMEM_PEER_MAPPED and umem_p.invalidation_func is not None:
             umem_p.invalidation_func(umem_p, umem_p.invalidation_private)
-            if ib_peer_unmap_on_invalidate(umem_p.ib_peer_client):
-                ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED)
-            else:
-                ib_unmap_peer_client(umem_p, UMEM_PEER_MAPPED, UMEM_PEER_UNMAPPED)
+        # unconditional, as in peer_mem.c: from any state it records INVALIDATED (UNMAPS)
+        # or UNMAPPED - an invalidation after stop leaves INVALIDATED for release to count
+        # again, and one after release dereferences the cleared ib_peer_client (B15)
+        if ib_peer_unmap_on_invalidate(umem_p.ib_peer_client):
+            ib_unmap_peer_client(umem_p, cur, UMEM_PEER_INVALIDATED)
+        else:
+            ib_unmap_peer_client(umem_p, cur, UMEM_PEER_UNMAPPED)
     finally:
         mutex_unlock(umem_p.mapping_lock)
         kref_put(umem_p.kref, _free_umem_p)

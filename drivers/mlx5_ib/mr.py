@@ -173,7 +173,7 @@ def create_real_mr(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int) 
 def mlx5_invalidate_umem(umem: ib_umem, priv: mlx5_ib_mr) -> None:
     """Mirrors mlx5_invalidate_umem() (MLNX_OFED mr.c): the peer's memory is going -
     revoke the mkey, so the HCA cannot reach the pages once this returns.  It returns
-    void: a failed revoke is only warned about, as the kernel does."""
+    void and the kernel drops the revoke's result; # EMU: the model also warns."""
     try:
         mlx5r_umr_revoke_mr(priv)
     except KernelError as e:

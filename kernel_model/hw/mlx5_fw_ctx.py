@@ -342,6 +342,7 @@ def emu_umr_revoke_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
     MLX5_SET("mkc", mkey.mkc, "free", 1)
     MLX5_SET("mkc", mkey.mkc, "pd", 0)      # the UMR PD: no user PD has number 0 here
+    MLX5_SET("mkc", mkey.mkc, "qpn", 0xFFFFFF)
     mkey.hw_cache = None
     fw.hca.engine.mkey_revoked(index)
 

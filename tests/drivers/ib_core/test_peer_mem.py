@@ -136,17 +136,36 @@ def test_registration_fills_the_invalidate_slot_and_publishes_sysfs(env):
 
 
 def test_version_string_limit():
-    # BUG_ON(strlen(version) > IB_PEER_MEMORY_VER_MAX - 2): the last byte is the ex marker
-    from drivers.ib_core.peer_mem import peer_memory_client
-    peer_memory_client("x", "12345678901234")
+    # char version[16]: 15 characters and the NUL; an _ex client keeps the last byte for
+    # its marker (the clients' BUG_ON(strlen(version) > IB_PEER_MEMORY_VER_MAX - 2))
+    from drivers.ib_core.peer_mem import peer_memory_client, peer_memory_client_ex
+    peer_memory_client("x", "123456789012345")
     with pytest.raises(ValueError):
-        peer_memory_client("x", "123456789012345")
+        peer_memory_client("x", "1234567890123456")
+    peer_memory_client_ex(peer_memory_client("x", "12345678901234"))
+    with pytest.raises(ValueError):
+        peer_memory_client_ex(peer_memory_client("x", "123456789012345"))
     with pytest.raises(ValueError):
         peer_memory_client("n" * 64, "1")
 
 
-@pytest.mark.parametrize("omit", [("get_page_size",), ("release",),
-                                  ("get_page_size", "release")])
+def test_a_client_without_get_page_size_registers_and_crashes_on_first_use(env):
+    """The core checks five callbacks, not get_page_size, but calls it after dma_map
+    (peermem_facts 1.3): registering works, the first MR oopses."""
+    fp = env.peer(omit=("get_page_size",))
+    assert fp.reg is not None
+    va = env.gpu(2 * K64, fp)
+    with pytest.raises(TypeError):
+        env.reg_mr(va, 2 * K64)
+    assert fp.names() == ["acquire", "get_pages", "dma_map"]
+    # an oopsed kernel: mapping_lock stays held and the client busy for ever, so no
+    # teardown can finish; the machine is abandoned, not checked
+    env.m.leak_check_expected = False
+    env.close = lambda: None
+    SCHED.abandon()                        # its workers are unwound, as after a panic
+
+
+@pytest.mark.parametrize("omit", [("release",)])
 def test_get_page_size_and_release_are_optional(env, omit):
     fp = env.peer(omit=omit)
     assert fp.reg is not None
@@ -568,8 +587,10 @@ def test_invalidation_before_activate_waits_for_it(env):
 
 @pytest.mark.parametrize("kind", ["plain", "unmaps"])
 def test_invalidation_pending_when_owner_stops_without_activate(env, kind):
-    # a registration error path: stop without activate; the waiting invalidation then
-    # finds the umem unmapped and calls nothing
+    # a registration error path: stop without activate, then release; the invalidation
+    # that took its kref and waited on mapping_lock runs after release cleared
+    # ib_peer_client and dereferences it - peermem_facts B15 (code-derived, unreported),
+    # which the model reproduces as the NULL dereference it is
     fp = env.peer(**KINDS[kind][0])
     va = env.gpu(K64, fp)
     events: list = []
@@ -587,9 +608,10 @@ def test_invalidation_pending_when_owner_stops_without_activate(env, kind):
         events.append("stopped")
         ib_umem_release(u)
         events.append("released")
-        t.join()
+        with pytest.raises(AttributeError, match="peer_mem"):    # the oops of B15
+            t.join()
     env.p.run(owner)
-    assert events == ["stopped", "released", "inval-done"]
+    assert events == ["stopped", "released"]
     assert fp.names() == ["acquire", "get_pages", "dma_map", "get_page_size", "dma_unmap",
                           "put_pages", "release"]
     st = fp.reg.stats
