@@ -44,7 +44,7 @@ from kernel_model.dma import (
     dma_mapping_error,
     dma_unmap_resource,
 )
-from kernel_model.errno import EIO, KernelError
+from kernel_model.errno import EINVAL, EIO, KernelError
 from kernel_model.fs import fput, get_file
 from kernel_model.memory import follow_pfn
 from kernel_model.mm import VM_WRITE
@@ -202,7 +202,7 @@ def module_init(mod: Any) -> IoPeerMem:
     state = IoPeerMem(mod)
     state.reg_handle = ib_register_peer_memory_client(state.client(), None)
     if state.reg_handle is None:
-        raise KernelError(EIO, "io_mem_init: registration failed")
+        raise KernelError(EINVAL, "io_mem_init: registration failed")
     return state
 
 

@@ -23,7 +23,7 @@ range nvidia_p2p_get_pages accepts.
                    free_dma_mapping + free_page_table (no-ops that RM honours)
 
 Module parameters (nvidia-peermem's):
-  persistent_api_support (default 1): 1 registers only "nv_mem", persistent
+  persistent_api_support (default 1, from 560): 1 registers only "nv_mem", persistent
       (nvidia_p2p_get_pages_persistent, no invalidate callback: MRs are never
       invalidated); 0 registers "nv_mem" (invalidating) then "nv_mem_nc"
       (persistent), in that order.
@@ -49,6 +49,7 @@ from drivers.ib_core.peer_mem import (
     peer_memory_client_ex,
 )
 from drivers.nvidia.nv_p2p import (
+    NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API,
     NVIDIA_P2P_DMA_MAPPING_VERSION,
     NVIDIA_P2P_PAGE_SIZE_64KB,
     NVIDIA_P2P_VERSION_COMPATIBLE,
@@ -124,7 +125,12 @@ class NvPeerMem:
         ctx.page_virt_end = (addr + size + GPU_PAGE_SIZE - 1) & GPU_PAGE_MASK
         ctx.mapped_size = ctx.page_virt_end - ctx.page_virt_start
         try:
-            if persistent:
+            if persistent and not NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API():
+                # before 535.14 a NULL callback is how a persistent pin is asked for
+                pt = nvidia_p2p_get_pages(0, 0, ctx.page_virt_start, ctx.mapped_size, None,
+                                          None)
+                nvidia_p2p_put_pages(0, 0, ctx.page_virt_start, pt)
+            elif persistent:
                 pt = nvidia_p2p_get_pages_persistent(ctx.page_virt_start, ctx.mapped_size, 0)
                 nvidia_p2p_put_pages_persistent(ctx.page_virt_start, pt, 0)
             else:
@@ -183,8 +189,12 @@ class NvPeerMem:
         context.core_context = core_context
         context.page_size = GPU_PAGE_SIZE
         try:
-            context.page_table = nvidia_p2p_get_pages_persistent(context.page_virt_start,
-                                                                 context.mapped_size, 0)
+            if NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API():
+                context.page_table = nvidia_p2p_get_pages_persistent(context.page_virt_start,
+                                                                     context.mapped_size, 0)
+            else:                  # the pre-535.14 way: a NULL callback
+                context.page_table = nvidia_p2p_get_pages(0, 0, context.page_virt_start,
+                                                          context.mapped_size, None, None)
         except KernelError as e:
             return -e.errno
         return 0
@@ -211,7 +221,10 @@ class NvPeerMem:
         """Mirrors nv_mem_put_pages_persistent()."""
         if not self._sane(sg_head, context):
             return
-        nvidia_p2p_put_pages_persistent(context.page_virt_start, context.page_table, 0)
+        if NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API():
+            nvidia_p2p_put_pages_persistent(context.page_virt_start, context.page_table, 0)
+        else:
+            nvidia_p2p_put_pages(0, 0, context.page_virt_start, context.page_table)
 
     # -- DMA -------------------------------------------------------------------------------
     @traced
@@ -332,6 +345,11 @@ def module_init(mod: Any, persistent_api_support: int = 1,
     if persistent_api_support not in (0, 1):
         raise KernelError(EINVAL, "nv_mem_client_init: invalid value for "
                           f"persistent_api_support {persistent_api_support}")
+    release = current().machine.modules["nvidia"].state.release
+    if tuple(release) < (560, 0):
+        # the parameter arrived in 560: earlier builds always register nv_mem, then
+        # nv_mem_nc (# EMU: the model takes the parameter and ignores it)
+        persistent_api_support = 0
     state = NvPeerMem(mod, persistent_api_support, peerdirect_support)
     if persistent_api_support:
         # only the persistent client, under the plain name, without invalidation

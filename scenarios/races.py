@@ -69,7 +69,9 @@ def free_callback_vs_put_pages(legacy: bool) -> None:
 
 @race("dereg-vs-invalidate",
       fixed="nv_peer_mem registered with PEER_MEM_INVALIDATE_UNMAPS (peerdirect_support=0): "
-            "deregistration calls dma_unmap/put_pages after dropping mapping_lock",
+            "deregistration calls dma_unmap/put_pages after dropping mapping_lock - no "
+            "deadlock; the explorer still finds nv_peer_memory issue 53 (dma_unmap through a "
+            "page table the driver freed after the callback), which no release fixes",
       legacy="nv_peer_mem as an old-style client (peerdirect_support=1, the MLNX_OFED 5.1-5.3 "
              "era): deregistration calls put_pages under mapping_lock, put_pages waits for "
              "the free callback, the callback waits for mapping_lock - the deadlock of "

@@ -5,11 +5,12 @@ probe gives each GPU an NvDevice (rm.py) and a /dev/nvidiaN (nv.py).  The
 third-party P2P API other modules import lives in nv_p2p.py.
 
 Module parameters:
-  release   the driver release, "580.65.06" by default.  Releases from R515
-            up to 535.14 (and R525 before 525.105.17) have the put_pages /
-            free-callback race of seed 002 chapter 10 and accept a NULL
-            free callback as "persistent"; later ones refuse it and export
-            nvidia_p2p_get_pages_persistent.  See nv_p2p.py.
+  release   the driver release, "580.65.06" by default.  Before 535.14 (and
+            R525 before 525.105.17) a NULL free callback means "persistent"
+            and there is no nvidia_p2p_get_pages_persistent; from R515 up to
+            those fixes put_pages also has the free-callback race of seed 002
+            chapter 10.  Later releases refuse a NULL callback and export the
+            persistent calls.  See nv_p2p.py.
   p2p_latency_us
             the fixed latency of one nv-p2p call into RM on a real system (0 by
             default).  It is a parameter, not work: each get_pages, put_pages,
@@ -39,7 +40,7 @@ DEFAULT_RELEASE = "580.65.06"
 class NvidiaState:
     """The module's globals: its devices, nv_queue, the release it behaves as."""
 
-    def __init__(self, mod: Any, release: tuple[int, int], p2p_latency_us: int = 0):
+    def __init__(self, mod: Any, release: tuple[int, ...], p2p_latency_us: int = 0):
         self.mod = mod
         self.release = release
         self.p2p_latency_us = p2p_latency_us
@@ -77,14 +78,16 @@ class NvidiaState:
                 f"not freed, {len(dev.p2p_infos)} P2P mappings left")
 
 
-def parse_release(release: str) -> tuple[int, int]:
-    """"535.104.05" -> (535, 104): the branch and the build within it."""
+def parse_release(release: str) -> tuple[int, int, int]:
+    """"525.105.17" -> (525, 105, 17): branch, build, patch (0 when absent)."""
+    parts = release.split(".")
     try:
-        branch, build = (int(x) for x in release.split(".")[:2])
+        nums = [int(x) for x in parts[:3]]
     except ValueError:
-        raise KernelError(EINVAL, f"nvidia: release {release!r} is not BRANCH.BUILD[.x]") \
-            from None
-    return branch, build
+        nums = []
+    if len(nums) < 2:
+        raise KernelError(EINVAL, f"nvidia: release {release!r} is not BRANCH.BUILD[.x]")
+    return tuple((nums + [0])[:3])  # type: ignore[return-value]
 
 
 def module_init(mod: Any, release: str = DEFAULT_RELEASE,

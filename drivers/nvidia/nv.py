@@ -175,6 +175,8 @@ def _get_attr(client: NvClient, fields: list[int]) -> list[int]:
     }
     if attr not in values:
         raise KernelError(EINVAL, f"nvidia_ioctl: pointer attribute {attr} not modelled")
+    if attr == uapi.CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+        mem.sync_memops = True          # retrieving the tokens enables sync memops (11.7)
     fields[3], fields[4] = values[attr]
     return fields
 

@@ -79,7 +79,7 @@ NVIDIA_P2P_PAGE_TABLE_VERSION_575 = 0x00010002  # up to 575
 NVIDIA_P2P_DMA_MAPPING_VERSION = 0x00020003
 NVIDIA_P2P_PAGE_SIZE_4KB, NVIDIA_P2P_PAGE_SIZE_64KB, NVIDIA_P2P_PAGE_SIZE_128KB = 0, 1, 2
 NVIDIA_P2P_FLAGS_DEFAULT, NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING = 0, 1
-FIXED_RELEASES = ((535, 14), (525, 105))       # first fixed build per branch
+FIXED_RELEASES = {535: (14, 0), 525: (105, 17)}  # first fixed (build, patch) per branch
 
 
 def NVIDIA_P2P_VERSION_COMPATIBLE(p: Any, v: int) -> bool:
@@ -122,7 +122,7 @@ class nvidia_p2p_page_table:
     0x00020000 with `flags` from 580 on, 0x00010002 without it before."""
 
     def __init__(self, pages: Sequence[nvidia_p2p_page], gpu_uuid: bytes,
-                 release: tuple[int, int] = (580, 0)):
+                 release: tuple[int, ...] = (580, 0)):
         self.version = NVIDIA_P2P_PAGE_TABLE_VERSION if release >= (580, 0) else \
             NVIDIA_P2P_PAGE_TABLE_VERSION_575
         self.page_size = NVIDIA_P2P_PAGE_SIZE_64KB
@@ -166,6 +166,7 @@ class nv_p2p_mem_info:
         self.dev = dev
         self.memory = memory
         self.first, self.n = first, n      # the allocation's GPU pages it maps
+        self.va = memory.va + (first << GPU_PAGE_SHIFT)   # the address it was pinned at
         self.free_callback = free_callback
         self.data = data
         self.persistent = persistent
@@ -188,18 +189,31 @@ def _devices() -> list[NvDevice]:
     return mod.state.devices if mod is not None else []
 
 
+def _api_fixed(dev: NvDevice) -> bool:
+    """A release with the fix of seed 002 chapter 10: 535.14 on, 525.105.17 on R525
+    (NULL callbacks refused, the persistent calls exported, put_pages waits)."""
+    branch, build, patch = (tuple(dev.release) + (0,))[:3]
+    if branch == 525:
+        return (build, patch) >= FIXED_RELEASES[525]
+    return (branch, build, patch) >= (535,) + FIXED_RELEASES[535]
+
+
 def _legacy(dev: NvDevice) -> bool:
-    """A release with the put_pages/free-callback race: R515 up to 535.14, except
-    R525 from 525.105.17 (seed 002 chapter 10)."""
-    branch, build = dev.release
-    if not 515 <= branch <= 535:
-        return False
-    fixed = dict(FIXED_RELEASES).get(branch)
-    return fixed is None or build < fixed
+    """A release with the put_pages/free-callback race: R515 up to the fix.  (Earlier
+    drivers serialise put_pages with the callback through RM's locks: no race.)"""
+    return dev.release[0] >= 515 and not _api_fixed(dev)
 
 
 def _has_persistent_api(dev: NvDevice) -> bool:
-    return not _legacy(dev)
+    return _api_fixed(dev)
+
+
+def NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API() -> bool:
+    """Mirrors the NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API macro (nv-p2p.h, 535.14+):
+    does the loaded driver export the persistent calls?  (A build-time macro in C;
+    here a question to the loaded module.)"""
+    devs = _devices()
+    return bool(devs) and _has_persistent_api(devs[0])
 
 
 def _lookup(pt: Any) -> tuple[NvDevice, nv_p2p_mem_info] | None:
@@ -265,10 +279,12 @@ def nvidia_p2p_get_pages(p2p_token: int, va_space: int, virtual_address: int, le
     may pin; ENOMEM when BAR1 is exhausted.
     """
     devs = _devices()
-    legacy = bool(devs) and _legacy(devs[0])
-    if free_callback is None and not legacy:
+    fixed = not devs or _api_fixed(devs[0])
+    if free_callback is None and fixed:
         raise KernelError(EINVAL, "nvidia_p2p_get_pages: NULL free_callback (use "
                           "nvidia_p2p_get_pages_persistent)")
+    if free_callback is not None and data is None:   # RmP2PGetPages: INVALID_ARGUMENT
+        raise KernelError(EINVAL, "nvidia_p2p_get_pages: NULL data")
     return nv_p2p_get_pages(free_callback is None, p2p_token, va_space, virtual_address,
                             length, free_callback, data, "nvidia_p2p_get_pages")
 
@@ -280,10 +296,11 @@ def nvidia_p2p_get_pages_persistent(virtual_address: int, length: int,
     devs = _devices()
     if devs and not _has_persistent_api(devs[0]):
         raise KernelError(EOPNOTSUPP, "nvidia_p2p_get_pages_persistent: not in this release")
-    if flags not in (NVIDIA_P2P_FLAGS_DEFAULT, NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING):
-        raise KernelError(EINVAL, f"nvidia_p2p_get_pages_persistent: flags {flags:#x}")
-    return nv_p2p_get_pages(True, 0, 0, virtual_address, length, None, None,
-                            "nvidia_p2p_get_pages_persistent")
+    pt = nv_p2p_get_pages(True, 0, 0, virtual_address, length, None, None,
+                          "nvidia_p2p_get_pages_persistent")
+    if flags & NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING:   # only this bit is looked at
+        pt.force_bar1 = True
+    return pt
 
 
 @traced
@@ -301,6 +318,17 @@ def nvidia_p2p_put_pages(p2p_token: int, va_space: int, virtual_address: int,
     if found is None:
         return 0                         # NV_ERR_OBJECT_NOT_FOUND: torn down already
     dev, info = found
+    mem = info.memory
+    owner = mem.client
+    va = info.va
+    if virtual_address != va or ((p2p_token or va_space) and
+                                 (owner.p2p_token, owner.va_space) != (p2p_token, va_space)):
+        # RmP2PPutPages looks the mapping up by (tokens, address): another address or
+        # tokens find nothing - NV_ERR_OBJECT_NOT_FOUND, 0 - and the pin stays until the
+        # owner frees the memory.  # EMU: without tokens RM also matches the calling
+        # process; the model does not (a process's exit path has no mm to compare)
+        mutex_unlock(dev.rm_lock)
+        return 0
     if info.state == "teardown" and not _legacy(dev):
         done = info.teardown_done
         mutex_unlock(dev.rm_lock)
@@ -366,12 +394,14 @@ def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
     page table the driver no longer has; EIO when a mapping fails (all undone)."""
     if peer is None or page_table is None:
         raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: NULL peer or page table")
+    # container_of(page_table, mem_info): a table the driver already freed is a
+    # use-after-free here, as in nv-p2p.c (KASAN reports it)
+    if getattr(page_table, "force_bar1", False):
+        raise KernelError(EOPNOTSUPP, "nvidia_p2p_dma_map_pages: a FORCE_BAR1 persistent "
+                          "mapping is for the CPU only")
     found = _lookup(page_table)          # rm_lock held if found
-    if found is not None and found[1].state != "live":
-        mutex_unlock(found[0].rm_lock)
-        found = None
     if found is None:
-        raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not live")
+        raise KernelError(EINVAL, "nvidia_p2p_dma_map_pages: page table not found")
     dev, info = found
     try:
         return _dma_map(peer, page_table, dev, info)
@@ -427,6 +457,7 @@ def nvidia_p2p_dma_unmap_pages(peer: pci_dev, page_table: nvidia_p2p_page_table,
     unmapped it (the mapping is looked up, not trusted)."""
     if peer is None or page_table is None or dma_mapping is None:
         raise KernelError(EINVAL, "nvidia_p2p_dma_unmap_pages: NULL argument")
+    _ = page_table.page_size             # container_of(): use-after-free once RM freed it
     found = _lookup(page_table)          # rm_lock held if found
     if found is None:
         return 0

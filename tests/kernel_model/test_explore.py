@@ -137,5 +137,10 @@ def test_the_pre_unmaps_dereg_vs_invalidate_deadlock_is_found_and_not_in_the_fix
     ex = explore(lambda: r.run(True), "dfs", bound=1)
     assert ex.failure is not None and ex.failure.check == "deadlock"
     assert ex.failure.preemptions == 1
-    ex = explore(lambda: r.run(False), "dfs", bound=1, max_schedules=40)
-    assert ex.failure is None
+    # with UNMAPS there is no deadlock in any schedule at bound 1 - but the explorer does
+    # find nv_peer_memory issue 53: deregistration's dma_unmap, outside mapping_lock,
+    # after the free callback returned and the driver freed the page table
+    checks = {run.failure.check
+              for run in explore_dfs(lambda: r.run(False), bound=1, max_schedules=80)
+              if run.failure is not None}
+    assert "deadlock" not in checks and "UseAfterFree" in checks

@@ -124,10 +124,10 @@ def test_load_without_gpus_registers_no_device():
 
 def test_default_release_and_the_release_parameter():
     assert DEFAULT_RELEASE == "580.65.06"
-    assert nvdev(gpu_host()).release == (580, 65)
-    assert nvdev(gpu_host(release="525.60.13")).release == (525, 60)
-    assert parse_release("535.104.05") == (535, 104)
-    assert parse_release("550.54") == (550, 54)
+    assert nvdev(gpu_host()).release == (580, 65, 6)
+    assert nvdev(gpu_host(release="525.60.13")).release == (525, 60, 13)
+    assert parse_release("535.104.05") == (535, 104, 5)
+    assert parse_release("550.54") == (550, 54, 0)
 
 
 @pytest.mark.parametrize("release", ["580", "abc.def", "", "r535.104"])
