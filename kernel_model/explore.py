@@ -145,20 +145,46 @@ def _preemptions(points: list[Point]) -> int:
     return sum(p.preempts for p in points)
 
 
-def _judge(program: Program) -> tuple[str, str] | None:
-    """Run the program once under the installed strategy; (check, detail) or None."""
+def _where(e: BaseException) -> str:
+    """`in fn() at file:line` of the innermost frame of e's traceback."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    co = tb.tb_frame.f_code
+    path = "/".join(co.co_filename.replace("\\", "/").split("/")[-2:])
+    return f"in {co.co_name}() at {path}:{tb.tb_lineno}"
+
+
+def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
+    """Run the program once under the installed strategy; (check, detail) or None.
+    A tracer, if given, records the program itself - not the leak check's teardown."""
     first = Machine.next_serial
     verdict: tuple[str, str] | None = None
+    if tracer is not None:
+        tracer.start()
     try:
-        program()
+        try:
+            program()
+        finally:
+            if tracer is not None:
+                tracer.stop()
     except DeadlockError as e:
-        verdict = ("deadlock", str(e).splitlines()[0])
+        verdict = ("deadlock", str(e))              # the wait-for report: who holds what
     except KernelBug as e:
-        verdict = (type(e).__name__, str(e).splitlines()[0])
+        verdict = (type(e).__name__, str(e))
     except ReplayDivergence:
         raise
     except AssertionError as e:
         verdict = ("assertion", str(e) or "assert")
+    except AttributeError as e:
+        # EMU: Python's None.attr is the kernel's NULL-pointer dereference (an oops)
+        if "'NoneType'" in str(e):
+            verdict = ("null-deref", f"BUG: kernel NULL pointer dereference: {e} "
+                       f"{_where(e)}")
+        else:
+            verdict = ("exception", f"AttributeError: {e}")
     except Exception as e:  # noqa: BLE001 - any crash of the program is a verdict
         verdict = ("exception", f"{type(e).__name__}: {e}")
     for m in sorted(live_machines, key=lambda m: m.serial):
@@ -177,12 +203,13 @@ def _judge(program: Program) -> tuple[str, str] | None:
     return verdict
 
 
-def run_once(program: Program, strategy: Strategy) -> Run:
-    """One judged run of `program` with `strategy` making the decisions."""
+def run_once(program: Program, strategy: Strategy, tracer: Any = None) -> Run:
+    """One judged run of `program` with `strategy` making the decisions (traced by
+    `tracer`, a kernel_model.trace.Tracer not yet started, if given)."""
     rec = strategy if isinstance(strategy, Recording) else Recording([], strategy)
     SCHED.use(rec)
     try:
-        verdict = _judge(program)
+        verdict = _judge(program, tracer)
     finally:
         SCHED.use(None)
     sched = format_schedule([p.chosen for p in rec.points])
@@ -190,24 +217,53 @@ def run_once(program: Program, strategy: Strategy) -> Run:
     return Run(sched, rec.points, failure)
 
 
-def replay(program: Program, schedule: str) -> Run:
+def replay(program: Program, schedule: str, tracer: Any = None) -> Run:
     """Run `program` with exactly the decisions of `schedule` (then the default's)."""
-    return run_once(program, Recording(parse_schedule(schedule)))
+    return run_once(program, Recording(parse_schedule(schedule)), tracer)
+
+
+def interleaving(program: Program, schedule: str, *, depth: int | None = 4,
+                 lines: int | None = 60) -> str:
+    """The interleaved trace of one schedule, in the tracer's ftrace format: every task's
+    calls (to `depth`) with a marker at each context switch, so the report shows which
+    task ran what, in which order, up to the failure.  `lines` keeps the last that many
+    (the program's trace ends where the failure unwound it)."""
+    from kernel_model.trace import Tracer
+    from kernel_model.tracefilter import filter_trace
+    from kernel_model.traceout import format_ftrace
+
+    tracer = Tracer()
+    replay(program, schedule, tracer)
+    text = format_ftrace(filter_trace(tracer.trace, depth=depth)).splitlines()
+    head = [ln for ln in text[:5] if ln.startswith("#")]
+    body = text[len(head):]
+    if lines is not None and len(body) > lines:
+        head.append(f"# ... {len(body) - lines} earlier lines left out")
+        body = body[-lines:]
+    return "\n".join(head + body)
 
 
 # -- strategies over many runs ------------------------------------------------------------
-def explore_dfs(program: Program, bound: int = 2,
-                max_schedules: int | None = None) -> Iterator[Run]:
-    """Every schedule with at most `bound` preemptions (CHESS), depth first."""
+def explore_dfs(program: Program, bound: int = 2, max_schedules: int | None = None,
+                shard: tuple[int, int] = (0, 1)) -> Iterator[Run]:
+    """Every schedule with at most `bound` preemptions (CHESS), depth first.
+
+    `shard` (i, n) splits the search into n disjoint parts whose union is the whole:
+    the default schedule's alternatives - the roots of the subtrees - are numbered in
+    order and shard i takes those numbered i mod n (every shard runs the default
+    schedule to find them; shard 0 reports it)."""
+    index, count = shard
     stack: list[list[int]] = [[]]
     done = 0
     while stack and (max_schedules is None or done < max_schedules):
         prefix = stack.pop()
         run = run_once(program, Recording(prefix))
-        done += 1
-        yield run
+        if prefix or index == 0:
+            done += 1
+            yield run
         pts = run.points
         npre = _preemptions(pts[:len(prefix)])
+        children: list[list[int]] = []
         for i in range(len(prefix), len(pts)):
             p = pts[i]
             for alt in reversed(p.cands):
@@ -215,20 +271,25 @@ def explore_dfs(program: Program, bound: int = 2,
                     continue
                 cost = 1 if p.cur is not None and alt != p.cur else 0
                 if npre + cost <= bound:
-                    stack.append([q.chosen for q in pts[:i]] + [alt])
+                    children.append([q.chosen for q in pts[:i]] + [alt])
             npre += p.preempts
+        if not prefix:
+            children = children[index::count]
+        stack.extend(children)
 
 
-def explore_random(program: Program, seed: int = 0, max_schedules: int = 100) -> Iterator[Run]:
-    """`max_schedules` runs with uniformly random decisions, seeds seed, seed + 1, ..."""
-    for i in range(max_schedules):
+def explore_random(program: Program, seed: int = 0, max_schedules: int = 100,
+                   shard: tuple[int, int] = (0, 1)) -> Iterator[Run]:
+    """Runs with uniformly random decisions, seeds seed .. seed + max_schedules - 1
+    (shard (i, n): those whose offset is i mod n)."""
+    for i in range(shard[0], max_schedules, shard[1]):
         yield run_once(program, RandomStrategy(seed + i))
 
 
 def explore_pct(program: Program, seed: int = 0, max_schedules: int = 100, depth: int = 3,
-                steps: int = 200) -> Iterator[Run]:
-    """`max_schedules` PCT runs (depth d), seeds seed, seed + 1, ..."""
-    for i in range(max_schedules):
+                steps: int = 200, shard: tuple[int, int] = (0, 1)) -> Iterator[Run]:
+    """PCT runs (depth d), seeds seed .. seed + max_schedules - 1 (shard as random's)."""
+    for i in range(shard[0], max_schedules, shard[1]):
         yield run_once(program, PCT(seed + i, depth, steps))
 
 
@@ -260,25 +321,30 @@ class Exploration:
     runs: int = 0
     schedules: set[str] = attrs.Factory(set)
     failure: Failure | None = None
+    decisions: int = 0             # the most decision points one run went through
 
 
 def explore(program: Program, strategy: str = "dfs", *, bound: int = 2,
             max_schedules: int | None = None, seed: int = 0, depth: int = 3,
-            stop_at_failure: bool = True,
+            stop_at_failure: bool = True, shard: tuple[int, int] = (0, 1),
             progress: Callable[[Exploration], None] | None = None) -> Exploration:
-    """Run an exploration; stop at the first failure (shrunk) unless told otherwise."""
+    """Run an exploration; stop at the first failure (shrunk) unless told otherwise.
+    `shard` (i, n) runs part i of n disjoint parts (see explore_dfs)."""
+    if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise ValueError(f"explore: shard {shard[0]}/{shard[1]} is not i/n with 0 <= i < n")
     if strategy == "dfs":
-        runs = explore_dfs(program, bound, max_schedules)
+        runs = explore_dfs(program, bound, max_schedules, shard)
     elif strategy == "pct":
-        runs = explore_pct(program, seed, max_schedules or 100, depth)
+        runs = explore_pct(program, seed, max_schedules or 100, depth, shard=shard)
     elif strategy == "random":
-        runs = explore_random(program, seed, max_schedules or 100)
+        runs = explore_random(program, seed, max_schedules or 100, shard)
     else:
         raise ValueError(f"explore: no strategy {strategy!r} (dfs, pct, random)")
     out = Exploration()
     for run in runs:
         out.runs += 1
         out.schedules.add(run.schedule)
+        out.decisions = max(out.decisions, len(run.points))
         if progress is not None:
             progress(out)
         if run.failure is not None and out.failure is None:

@@ -202,7 +202,9 @@ class Recorder:
 
 
 # -- the host and the checks ----------------------------------------------------------------
-def _host(cut: ClientUnderTest) -> Any:
+def build_host(cut: ClientUnderTest) -> Any:
+    """A fresh machine with the client's host (rdma_host arguments), the modules it
+    needs and the client itself loaded."""
     m = rdma_host(**cut.host)
     for mod in cut.host_modules:
         m.load_module(mod)
@@ -465,7 +467,7 @@ def run_conformance(cut: ClientUnderTest) -> ConformanceReport:
     report = ConformanceReport(cut.module)
     for name, fn in CHECKS:
         try:
-            m = _host(cut)
+            m = build_host(cut)
         except KernelError as e:
             report.results.append(CheckResult(name, False, f"the client does not load: {e}"))
             continue

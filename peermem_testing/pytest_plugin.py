@@ -1,17 +1,93 @@
-"""The pytest plugin (entry point `pytest11: peermem`): fixtures for testing peer clients.
+"""The pytest plugin (entry point `pytest11: peermem`): peer-client conformance and race tests.
+
+Conformance:
 
     def test_my_client(peer_client_conformance):
         cut = ClientUnderTest.uio_mapping("my_client")
         report = peer_client_conformance(cut)     # fails the test, naming each violation
+
+Races - an ordinary test, marked; the plugin runs its body under the race
+explorer (kernel_model/explore.py), once per schedule, and fails it with the
+explorer's report (the check, the schedule, its interleaved trace and the
+command that replays it):
+
+    @pytest.mark.race(strategy="dfs", bound=2)
+    def test_dereg_vs_free(peermem_ladder):
+        lad = peermem_ladder()                    # a fresh machine on every run
+        dereg = lad.proc.start(lad.dereg)
+        free = lad.proc.thread(lad.revoke, name="free")
+        dereg.join(); free.join()
+        lad.teardown()
+
+`race(...)` takes explore()'s keywords (strategy, bound, max_schedules, seed,
+depth, shard) and `replay="SCHEDULE"`; `pytest --peermem-replay SCHEDULE`
+reruns one schedule of the selected race tests instead of exploring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from peermem_testing.conformance import ClientUnderTest, ConformanceReport, run_conformance
+from peermem_testing.ladder import Ladder, build_ladder
+
+RACE_KEYWORDS = ("strategy", "bound", "max_schedules", "seed", "depth", "shard", "replay")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("peermem", "peermem-model race tests")
+    group.addoption("--peermem-replay", metavar="SCHEDULE", default=None,
+                    help="run the selected @pytest.mark.race tests with exactly this "
+                         "schedule instead of exploring")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "race(strategy='dfs', bound=2, max_schedules=None, seed=0, depth=3, "
+        "shard=(0, 1), replay=None): run the test body under the peermem race explorer, "
+        "once per schedule; it fails with the first failing schedule's report")
+
+
+def race_report(failure: Any, program: Callable[[], Any], nodeid: str, depth: int = 4) -> str:
+    """The report of a failing race test: the check and its details, the schedule, the
+    interleaved trace of the schedule, and the pytest command that replays it."""
+    from kernel_model.explore import interleaving
+
+    return (f"race: {failure}\n"
+            f"interleaving of the failing schedule (depth {depth}, its last lines):\n"
+            f"{interleaving(program, failure.schedule, depth=depth)}\n"
+            f"replay: pytest '{nodeid}' --peermem-replay '{failure.schedule}'")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run a `race`-marked test's body under the explorer instead of once."""
+    marker = pyfuncitem.get_closest_marker("race")
+    if marker is None:
+        return None
+    from kernel_model.explore import explore, replay
+
+    opts = dict(marker.kwargs)
+    bad = set(opts) - set(RACE_KEYWORDS)
+    if marker.args or bad:
+        raise pytest.UsageError(f"{pyfuncitem.nodeid}: race() takes keywords "
+                                f"{', '.join(RACE_KEYWORDS)}; got {marker.args or sorted(bad)}")
+    args = {a: pyfuncitem.funcargs[a] for a in pyfuncitem._fixtureinfo.argnames}
+
+    def program() -> None:
+        pyfuncitem.obj(**args)
+    schedule = pyfuncitem.config.getoption("peermem_replay") or opts.pop("replay", None)
+    opts.pop("replay", None)
+    if schedule is not None:
+        failure = replay(program, schedule).failure
+    else:
+        failure = explore(program, **opts).failure
+    if failure is not None:
+        pytest.fail(race_report(failure, program, pyfuncitem.nodeid), pytrace=False)
+    return True
 
 
 @pytest.fixture
@@ -25,3 +101,10 @@ def peer_client_conformance() -> Callable[[ClientUnderTest], ConformanceReport]:
         return report
 
     return run
+
+
+@pytest.fixture
+def peermem_ladder() -> Callable[..., Ladder]:
+    """build_ladder: machine, process, context, PD, the client's buffer and its MR.
+    Call it in the test body (a race test's body runs once per schedule)."""
+    return build_ladder

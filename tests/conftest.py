@@ -14,6 +14,8 @@ import pytest
 from kernel_model.machine import Machine, live_machines
 from kernel_model.sched import SCHED
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(autouse=True)
 def _leak_check_every_machine():

@@ -33,7 +33,14 @@ from kernel_model.dma import (
     dma_unmap_resource,
 )
 from kernel_model.errno import EINVAL, EIO, KernelError
-from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
+from kernel_model.locking import (
+    init_waitqueue_head,
+    mutex_init,
+    mutex_lock,
+    mutex_unlock,
+    wait_event,
+    wake_up,
+)
 from kernel_model.memory import follow_pfn
 from kernel_model.refcount import kref, kref_get, kref_init, kref_put
 from kernel_model.scatterlist import sg_alloc_table, sg_free_table
@@ -52,6 +59,7 @@ class cmb_ctx:
         self.device: Any = None
         self.core_context = 0
         self.revoked = False                # invalidated: our mappings are gone
+        self.revoking = False               # revoke_all is invalidating it right now
         self.kref = kref()                  # the core's reference, and revoke_all's
         kref_init(self.kref)
 
@@ -62,6 +70,7 @@ class CmbPeer:
     def __init__(self) -> None:
         self.lock = mutex_init("cmb_peer.lock")
         self.live: list[cmb_ctx] = []       # protected by lock
+        self.revoke_wq = init_waitqueue_head("cmb_peer.revoke_wq")
         self.invalidate: list = [None]      # filled by ib_register_peer_memory_client
         self.reg: Any = None
 
@@ -127,12 +136,22 @@ class CmbPeer:
         mutex_unlock(self.lock)
         return 0
 
-    # put_pages: the range is no longer used by the device
+    # put_pages: the range is no longer used by the device.  If revoke_all is
+    # invalidating this very registration, wait until it is done: right after
+    # put_pages the core clears the umem's client, and an invalidation still
+    # on its way would find it NULL (the core's bug B15; nvidia's put_pages
+    # waits for its free callback the same way).  No lock of the core is held
+    # here, so the invalidation can finish.  The test of `revoking` must be
+    # under our lock, with the removal from `live`: revoke_all either takes the
+    # context before (and we wait) or never sees it.
     def put_pages(self, sg_head, ctx) -> None:
         mutex_lock(self.lock)
         if ctx in self.live:
             self.live.remove(ctx)
+        revoking = ctx.revoking
         mutex_unlock(self.lock)
+        if revoking:
+            wait_event(self.revoke_wq, lambda: not ctx.revoking)
         sg_free_table(sg_head)
 
     def get_page_size(self, ctx) -> int:
@@ -148,6 +167,7 @@ class CmbPeer:
         victims, self.live = self.live, []
         for ctx in victims:
             kref_get(ctx.kref)              # a deregistration may release it meanwhile
+            ctx.revoking = True             # ... and its put_pages waits for us
         mutex_unlock(self.lock)
         for ctx in victims:
             # no lock held across the callback: it takes the umem's mapping_lock,
@@ -156,7 +176,9 @@ class CmbPeer:
             mutex_lock(self.lock)
             self._unmap(ctx, ctx.device)
             ctx.revoked = True
+            ctx.revoking = False
             mutex_unlock(self.lock)
+            wake_up(self.revoke_wq)
             kref_put(ctx.kref, _free)
         return len(victims)
 

@@ -16,6 +16,7 @@ from kernel_model.explore import (
     Recording,
     explore,
     explore_dfs,
+    interleaving,
     replay,
     run_once,
     shrink,
@@ -144,3 +145,69 @@ def test_the_pre_unmaps_dereg_vs_invalidate_deadlock_is_found_and_not_in_the_fix
               for run in explore_dfs(lambda: r.run(False), bound=1, max_schedules=80)
               if run.failure is not None}
     assert "deadlock" not in checks and "UseAfterFree" in checks
+
+
+# -- sharding, the interleaved trace, the NULL-dereference verdict --------------------------
+def test_dfs_shards_split_the_search_into_disjoint_parts_that_cover_it():
+    whole = {r.schedule for r in explore_dfs(lost_update, bound=2)}
+    parts = [[r.schedule for r in explore_dfs(lost_update, bound=2, shard=(i, 3))]
+             for i in range(3)]
+    flat = [s for p in parts for s in p]
+    assert len(flat) == len(set(flat))                  # disjoint
+    assert set(flat) == whole                           # and together the whole search
+    assert all(parts)                                   # each shard got some
+
+
+def test_seeded_strategies_shard_by_seed():
+    for strategy in ("pct", "random"):
+        whole = explore(lost_update, strategy, max_schedules=12, stop_at_failure=False)
+        a = explore(lost_update, strategy, max_schedules=12, shard=(0, 2),
+                    stop_at_failure=False)
+        b = explore(lost_update, strategy, max_schedules=12, shard=(1, 2),
+                    stop_at_failure=False)
+        assert (a.runs, b.runs, whole.runs) == (6, 6, 12)
+        assert a.schedules | b.schedules == whole.schedules
+
+
+@pytest.mark.parametrize("shard", [(2, 2), (-1, 2), (0, 0)])
+def test_a_shard_outside_its_range_is_refused(shard):
+    with pytest.raises(ValueError, match="shard"):
+        explore(lost_update, shard=shard)
+
+
+def test_the_interleaving_shows_each_task_and_every_switch_up_to_the_failure():
+    f = explore(lambda: RACE.run(True), "dfs", bound=2).failure
+    text = interleaving(lambda: RACE.run(True), f.schedule, depth=3, lines=None)
+    assert text.startswith("# tracer: function_graph")
+    for task in ("app-2", "unpin-3", "kworker/nv_queue-1"):
+        assert task in text
+    assert "=>  unpin-3" in text and "nvidia_p2p_put_pages" in text
+    assert "= !UseAfterFree" in text                    # where it went wrong
+    assert "delete_module" not in text                   # not the leak check's teardown
+    short = interleaving(lambda: RACE.run(True), f.schedule, depth=3, lines=10)
+    assert "earlier lines left out" in short and len(short.splitlines()) <= 10 + 6
+
+
+def test_a_none_dereference_is_reported_as_a_null_pointer_oops():
+    def oops() -> None:
+        Machine(ram_size=16 << 20, name="toy")
+        client = None
+        client.peer_mem                 # noqa: B018 - the NULL dereference under test
+    f = run_once(oops, Recording([])).failure
+    assert f.check == "null-deref" and "NULL pointer dereference" in f.detail
+    assert "in oops() at kernel_model/test_explore.py" in f.detail
+
+
+def test_cli_shard_and_trace(capsys):
+    assert main(["explore", RACE.name, "--shard", "1/4", "--max-schedules", "3"]) == 0
+    assert "dfs shard 1/4: 3 schedules" in capsys.readouterr().out
+    assert main(["explore", RACE.name, "--legacy"]) == 1
+    out = capsys.readouterr().out
+    assert "interleaving of the failing schedule" in out and "=>  " in out
+    schedule = out.split("--replay '")[1].split("'")[0]
+    assert main(["explore", RACE.name, "--legacy", "--replay", schedule, "--trace"]) == 1
+    out = capsys.readouterr().out
+    assert "# tracer: function_graph" in out and "earlier lines" not in out
+    assert "cudaMalloc" in out and "FAILED: UseAfterFree" in out
+    with pytest.raises(SystemExit):
+        main(["explore", RACE.name, "--shard", "4/4"])

@@ -109,10 +109,21 @@ def _clients(args: argparse.Namespace) -> int:
     return clients.main(params)
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """argparse type for --shard I/N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= I < N")
+    return i, n
+
+
 def _explore(args: argparse.Namespace) -> int:
     import time
 
-    from kernel_model.explore import explore, replay
+    from kernel_model.explore import explore, interleaving, replay
     from scenarios.races import RACES
     race = RACES.get(args.scenario)
     if race is None:
@@ -127,6 +138,8 @@ def _explore(args: argparse.Namespace) -> int:
     replay_cmd = (f"peermem explore {race.name}{' --legacy' if args.legacy else ''} "
                   "--replay '{}'")
     if args.replay is not None:
+        if args.trace:
+            print(interleaving(program, args.replay, depth=args.depth, lines=None))
         run = replay(program, args.replay)
         if run.failure is None:
             print(f"replayed {args.replay!r}: no failure")
@@ -140,17 +153,22 @@ def _explore(args: argparse.Namespace) -> int:
         now = time.perf_counter()
         if now - last[0] >= 2.0:
             last[0] = now
-            print(f"  ... {ex.runs} schedules, {len(ex.schedules)} distinct", file=sys.stderr)
+            print(f"  ... {ex.runs} schedules ({len(ex.schedules)} distinct, up to "
+                  f"{ex.decisions} decision points), {ex.runs / (now - t0):.0f}/s, "
+                  f"failures: {int(ex.failure is not None)}", file=sys.stderr)
     ex = explore(program, args.strategy, bound=args.bound, max_schedules=args.max_schedules,
-                 seed=args.seed, progress=progress)
+                 seed=args.seed, shard=args.shard, progress=progress)
     took = time.perf_counter() - t0
-    print(f"{args.strategy}: {ex.runs} schedules ({len(ex.schedules)} distinct) in "
-          f"{took:.1f} s, {ex.runs / max(took, 1e-9):.0f}/s")
+    part = f" shard {args.shard[0]}/{args.shard[1]}" if args.shard[1] > 1 else ""
+    print(f"{args.strategy}{part}: {ex.runs} schedules ({len(ex.schedules)} distinct, up to "
+          f"{ex.decisions} decision points) in {took:.1f} s, {ex.runs / max(took, 1e-9):.0f}/s")
     if ex.failure is None:
         print("no failure found")
         return 0
     print(f"FAILED: {ex.failure}")
-    print(f"replay: {replay_cmd.format(ex.failure.schedule)}")
+    print(f"interleaving of the failing schedule (depth {args.depth}, its last lines):")
+    print(interleaving(program, ex.failure.schedule, depth=args.depth))
+    print(f"replay: {replay_cmd.format(ex.failure.schedule)}  (add --trace for the whole trace)")
     return 1
 
 
@@ -291,7 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--max-schedules", type=int, default=None,
                    help="stop after N schedules (pct/random: 100 by default)")
     x.add_argument("--seed", type=int, default=0, help="first seed for pct/random (0)")
+    x.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                   help="run part I of N disjoint parts of the search (0/1)")
     x.add_argument("--replay", metavar="SCHEDULE", help="run exactly this schedule")
+    x.add_argument("--trace", action="store_true",
+                   help="with --replay: print the schedule's whole interleaved trace")
+    x.add_argument("--depth", type=int, default=4,
+                   help="call depth of the interleaved trace in reports (4)")
     x.set_defaults(func=_explore)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")

@@ -1,0 +1,88 @@
+"""The pytest plugin's `race` marker and `--peermem-replay`, run on a test file of its own.
+
+The file holds the lost update of tests/kernel_model/test_explore.py as an
+ordinary test: marked, the plugin explores it and the test fails with the
+report; `--peermem-replay` reruns exactly the reported schedule.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+RACY = '''
+import pytest
+from kernel_model.kthread import kthread_run
+from kernel_model.locking import cond_resched
+from kernel_model.machine import Machine
+
+
+def lost_update():
+    m = Machine(ram_size=16 << 20, name="toy")
+    counter = [0]
+
+    def inc():
+        v = counter[0]
+        cond_resched()
+        counter[0] = v + 1
+    with m.kernel():
+        a, b = kthread_run(inc, name="inc_a"), kthread_run(inc, name="inc_b")
+    a.join()
+    b.join()
+    assert counter[0] == 2, f"lost update: counter is {counter[0]}"
+
+
+@pytest.mark.race(bound=1)
+def test_racy():
+    lost_update()
+
+
+@pytest.mark.race(bound=0)
+def test_no_preemption_no_bug():
+    lost_update()
+
+
+@pytest.mark.race(strategy="pct", max_schedules=50, seed=1)
+def test_racy_pct():
+    lost_update()
+'''
+
+
+@pytest.fixture
+def racy(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_racy=RACY)
+    return pytester
+
+
+def test_a_failing_race_test_prints_the_report_and_its_replay_command(racy):
+    res = racy.runpytest_inprocess("-p", "no:randomly", "-q")
+    res.assert_outcomes(passed=1, failed=2)
+    out = res.stdout.str()
+    assert "race: assertion: lost update: counter is 1" in out
+    assert "1 preemption(s)" in out                     # shrunk to the one that matters
+    assert "# tracer: function_graph" in out and "kthread_create" in out   # its trace
+    m = re.search(r"replay: pytest 'test_racy.py::test_racy' --peermem-replay '([^']+)'", out)
+    assert m, out
+    again = racy.runpytest_inprocess("-q", "test_racy.py::test_racy",
+                                     "--peermem-replay", m.group(1))
+    again.assert_outcomes(failed=1)
+    assert f"schedule {m.group(1)!r}" in again.stdout.str()
+
+
+def test_a_replay_of_a_harmless_schedule_passes(racy):
+    res = racy.runpytest_inprocess("-q", "test_racy.py::test_racy", "--peermem-replay", "0")
+    res.assert_outcomes(passed=1)
+
+
+def test_race_takes_only_the_explorers_keywords(pytester):
+    pytester.makepyfile(test_bad='''
+import pytest
+
+@pytest.mark.race(bound=1, tries=3)
+def test_bad():
+    pass
+''')
+    res = pytester.runpytest_inprocess("-q")
+    assert res.ret != 0
+    assert "race() takes keywords" in res.stdout.str() + res.stderr.str()
