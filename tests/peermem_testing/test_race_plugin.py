@@ -1,7 +1,7 @@
 """The pytest plugin's `race` marker and `--peermem-replay`, run on a test file of its own.
 
-The file holds the lost update of tests/kernel_model/test_explore.py as an
-ordinary test: marked, the plugin explores it and the test fails with the
+The file runs the lost update of tests/kernel_model/test_explore.py as
+ordinary tests: marked, the plugin explores it and the test fails with the
 report; `--peermem-replay` reruns exactly the reported schedule.
 """
 
@@ -13,24 +13,7 @@ import pytest
 
 RACY = '''
 import pytest
-from kernel_model.kthread import kthread_run
-from kernel_model.locking import cond_resched
-from kernel_model.machine import Machine
-
-
-def lost_update():
-    m = Machine(ram_size=16 << 20, name="toy")
-    counter = [0]
-
-    def inc():
-        v = counter[0]
-        cond_resched()
-        counter[0] = v + 1
-    with m.kernel():
-        a, b = kthread_run(inc, name="inc_a"), kthread_run(inc, name="inc_b")
-    a.join()
-    b.join()
-    assert counter[0] == 2, f"lost update: counter is {counter[0]}"
+from tests.kernel_model.test_explore import lost_update
 
 
 @pytest.mark.race(bound=1)
