@@ -211,3 +211,11 @@ def test_cli_shard_and_trace(capsys):
     assert "cudaMalloc" in out and "FAILED: UseAfterFree" in out
     with pytest.raises(SystemExit):
         main(["explore", RACE.name, "--shard", "4/4"])
+
+
+def test_cli_lists_the_race_scenarios(capsys):
+    assert main(["explore", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name, race in RACES.items():
+        assert name in out and race.legacy in out and race.fixed in out
+    assert main(["explore"]) == 2                   # no scenario: the list, and usage's 2

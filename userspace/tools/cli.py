@@ -125,6 +125,10 @@ def _explore(args: argparse.Namespace) -> int:
 
     from kernel_model.explore import explore, interleaving, replay
     from scenarios.races import RACES
+    if args.list or args.scenario is None:
+        for r in RACES.values():
+            print(f"{r.name}\n  fixed:  {r.fixed}\n  legacy: {r.legacy}")
+        return 0 if args.list else 2
     race = RACES.get(args.scenario)
     if race is None:
         print(f"peermem explore: no race scenario {args.scenario!r}; known: "
@@ -301,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "schedules, judging each run by the kernel's debug checks and the leak "
                        "check.  Exit 0 when no failure was found, 1 when one was (its report "
                        "and the command that replays it are printed).")
-    x.add_argument("scenario")
+    x.add_argument("scenario", nargs="?", help="a race scenario (--list shows them)")
+    x.add_argument("--list", action="store_true",
+                   help="list the race scenarios with their two configurations")
     x.add_argument("--legacy", action="store_true",
                    help="the configuration with the real bug (an older release or design)")
     x.add_argument("--strategy", choices=["dfs", "pct", "random"], default="dfs")
