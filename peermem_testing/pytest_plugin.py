@@ -22,6 +22,8 @@ command that replays it):
 `race(...)` takes explore()'s keywords (strategy, bound, max_schedules, seed,
 depth, shard) and `replay="SCHEDULE"`; `pytest --peermem-replay SCHEDULE`
 reruns one schedule of the selected race tests instead of exploring.
+`race(shards=N)` makes N tests of one, each exploring one of N disjoint parts
+of the search (`[shard0of4]` ...), so pytest-xdist runs them in parallel.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ import pytest
 from peermem_testing.conformance import ClientUnderTest, ConformanceReport, run_conformance
 from peermem_testing.ladder import Ladder, build_ladder
 
-RACE_KEYWORDS = ("strategy", "bound", "max_schedules", "seed", "depth", "shard", "replay")
+RACE_KEYWORDS = ("strategy", "bound", "max_schedules", "seed", "depth", "shard", "shards",
+                 "replay")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,6 +52,20 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "race(strategy='dfs', bound=2, max_schedules=None, seed=0, depth=3, "
         "shard=(0, 1), replay=None): run the test body under the peermem race explorer, "
         "once per schedule; it fails with the first failing schedule's report")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """race(shards=N): one test per part of the search, for pytest-xdist to spread."""
+    marker = metafunc.definition.get_closest_marker("race")
+    if marker is None or "shards" not in marker.kwargs:
+        return
+    n = marker.kwargs["shards"]
+    if not isinstance(n, int) or n < 1:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: race(shards=) wants an int >= 1")
+    if "peermem_shard" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("peermem_shard")
+    metafunc.parametrize("peermem_shard", [(i, n) for i in range(n)],
+                         ids=[f"shard{i}of{n}" for i in range(n)])
 
 
 def race_report(failure: Any, program: Callable[[], Any], nodeid: str, depth: int = 4) -> str:
@@ -72,6 +89,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
     opts = dict(marker.kwargs)
     bad = set(opts) - set(RACE_KEYWORDS)
+    if opts.pop("shards", None) is not None:
+        opts["shard"] = pyfuncitem.callspec.params["peermem_shard"]
     if marker.args or bad:
         raise pytest.UsageError(f"{pyfuncitem.nodeid}: race() takes keywords "
                                 f"{', '.join(RACE_KEYWORDS)}; got {marker.args or sorted(bad)}")

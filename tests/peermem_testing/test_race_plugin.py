@@ -69,3 +69,29 @@ def test_bad():
     res = pytester.runpytest_inprocess("-q")
     assert res.ret != 0
     assert "race() takes keywords" in res.stdout.str() + res.stderr.str()
+
+
+def test_shards_make_one_test_per_part_of_the_search(pytester):
+    pytester.makepyfile(test_sharded='''
+import pytest
+from tests.kernel_model.test_explore import lost_update
+
+@pytest.mark.race(bound=1, shards=3)
+def test_racy():
+    lost_update()
+
+@pytest.mark.race(bound=0, shards=2)
+def test_calm():
+    lost_update()
+''')
+    res = pytester.runpytest_inprocess("-q", "-rA", "-p", "no:randomly")
+    out = res.stdout.str()
+    for i in range(3):
+        assert f"test_racy[shard{i}of3]" in out
+    # the lost update is in two of the three parts of the bound-1 search
+    assert "FAILED test_sharded.py::test_racy[shard0of3]" in out
+    assert "FAILED test_sharded.py::test_racy[shard1of3]" in out
+    assert "PASSED test_sharded.py::test_racy[shard2of3]" in out
+    # bound 0 is one schedule: shard 0 runs it, shard 1 has nothing left - both pass
+    assert "PASSED test_sharded.py::test_calm[shard0of2]" in out
+    assert "PASSED test_sharded.py::test_calm[shard1of2]" in out
