@@ -222,19 +222,27 @@ def replay(program: Program, schedule: str, tracer: Any = None) -> Run:
     return run_once(program, Recording(parse_schedule(schedule)), tracer)
 
 
+def schedule_trace(program: Program, schedule: str) -> Any:
+    """The kernel_model.tracedata.Trace of one replayed schedule (the program's part):
+    every task's calls on its own track, for any of the tracer's output formats."""
+    from kernel_model.trace import Tracer
+
+    tracer = Tracer()
+    replay(program, schedule, tracer)
+    return tracer.trace
+
+
 def interleaving(program: Program, schedule: str, *, depth: int | None = 4,
                  lines: int | None = 60) -> str:
     """The interleaved trace of one schedule, in the tracer's ftrace format: every task's
     calls (to `depth`) with a marker at each context switch, so the report shows which
     task ran what, in which order, up to the failure.  `lines` keeps the last that many
     (the program's trace ends where the failure unwound it)."""
-    from kernel_model.trace import Tracer
     from kernel_model.tracefilter import filter_trace
     from kernel_model.traceout import format_ftrace
 
-    tracer = Tracer()
-    replay(program, schedule, tracer)
-    text = format_ftrace(filter_trace(tracer.trace, depth=depth)).splitlines()
+    trace = filter_trace(schedule_trace(program, schedule), depth=depth)
+    text = format_ftrace(trace).splitlines()
     head = [ln for ln in text[:5] if ln.startswith("#")]
     body = text[len(head):]
     if lines is not None and len(body) > lines:

@@ -219,3 +219,20 @@ def test_cli_lists_the_race_scenarios(capsys):
     for name, race in RACES.items():
         assert name in out and race.legacy in out and race.fixed in out
     assert main(["explore"]) == 2                   # no scenario: the list, and usage's 2
+
+
+def test_cli_replay_trace_in_the_tracers_other_formats(capsys, tmp_path):
+    import json
+    assert main(["explore", RACE.name, "--legacy"]) == 1
+    schedule = capsys.readouterr().out.split("--replay '")[1].split("'")[0]
+    out = tmp_path / "race.json"
+    assert main(["explore", RACE.name, "--legacy", "--replay", schedule, "--trace",
+                 "--format", "perfetto", "-o", str(out)]) == 1
+    events = json.loads(out.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and
+              e.get("name") == "thread_name"}
+    assert {"app-2", "unpin-3", "kworker/nv_queue-1"} <= tracks       # a track per task
+    capsys.readouterr()
+    assert main(["explore", RACE.name, "--legacy", "--replay", schedule, "--trace",
+                 "--format", "mermaid"]) == 1
+    assert "sequenceDiagram" in capsys.readouterr().out

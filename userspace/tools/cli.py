@@ -120,10 +120,21 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _emit(text: str, path: str | None) -> None:
+    """Write a trace's text to `path`, or to stdout."""
+    if not text.endswith("\n"):
+        text += "\n"
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
 def _explore(args: argparse.Namespace) -> int:
     import time
 
-    from kernel_model.explore import explore, interleaving, replay
+    from kernel_model.explore import explore, interleaving, replay, schedule_trace
     from scenarios.races import RACES
     if args.list or args.scenario is None:
         for r in RACES.values():
@@ -143,7 +154,12 @@ def _explore(args: argparse.Namespace) -> int:
                   "--replay '{}'")
     if args.replay is not None:
         if args.trace:
-            print(interleaving(program, args.replay, depth=args.depth, lines=None))
+            from kernel_model.tracefilter import filter_trace
+            from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto
+            fmt = {"ftrace": format_ftrace, "perfetto": format_perfetto,
+                   "mermaid": format_mermaid}[args.format]
+            _emit(fmt(filter_trace(schedule_trace(program, args.replay), depth=args.depth)),
+                  args.o)
         run = replay(program, args.replay)
         if run.failure is None:
             print(f"replayed {args.replay!r}: no failure")
@@ -219,14 +235,7 @@ def _trace(args: argparse.Namespace) -> int:
         return 2
     fmt = {"ftrace": format_ftrace, "perfetto": format_perfetto,
            "mermaid": format_mermaid}[args.format]
-    text = fmt(trace)
-    if not text.endswith("\n"):
-        text += "\n"
-    if args.o:
-        with open(args.o, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    _emit(fmt(trace), args.o)
     if args.stats:
         if not report:
             print(f"peermem trace: {args.scenario} keeps no statistics", file=sys.stderr)
@@ -322,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --replay: print the schedule's whole interleaved trace")
     x.add_argument("--depth", type=int, default=4,
                    help="call depth of the interleaved trace in reports (4)")
+    x.add_argument("--format", choices=["ftrace", "perfetto", "mermaid"], default="ftrace",
+                   help="with --replay --trace: the trace's format (perfetto: a track per task)")
+    x.add_argument("-o", metavar="FILE", help="with --replay --trace: write it to FILE")
     x.set_defaults(func=_explore)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")
