@@ -55,7 +55,8 @@ from kernel_model.current import current_or_none
 from kernel_model.errno import KernelError
 from kernel_model.platform import rdma_host
 from kernel_model.sched import SCHED
-from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudart
+from peermem_testing.gpu import gpu_load
+from userspace.cuda.runtime import cudart
 from userspace.libc import MAP_SHARED, O_RDWR, PROT_READ, PROT_WRITE, check
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError
@@ -97,18 +98,8 @@ class ClientUnderTest:
         def revoke(m: Any, proc: Any, addr: int, size: int) -> None:
             cudart(proc).cudaFree(addr)
 
-        def read(proc: Any, addr: int, n: int) -> bytes:
-            from userspace.libc import free as hfree
-            from userspace.libc import posix_memalign
-            host = posix_memalign(proc, 0, n)
-            try:
-                cudart(proc).cudaMemcpy(host, addr, n, cudaMemcpyDeviceToHost)
-                return proc.load(host, n)
-            finally:
-                hfree(proc, host, n)
-
         return cls("nv_peer_mem", alloc, free,
-                   revoke if p["persistent_api_support"] == 0 else None, read, p,
+                   revoke if p["persistent_api_support"] == 0 else None, gpu_load, p,
                    {"nr_gpus": 1}, ("mlx5_ib", "nvidia"))
 
     @classmethod

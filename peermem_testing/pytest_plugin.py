@@ -98,8 +98,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
     def program() -> None:
         pyfuncitem.obj(**args)
-    schedule = pyfuncitem.config.getoption("peermem_replay") or opts.pop("replay", None)
-    opts.pop("replay", None)
+    marker_replay = opts.pop("replay", None)
+    schedule = pyfuncitem.config.getoption("peermem_replay") or marker_replay
     if schedule is not None:
         failure = replay(program, schedule).failure
     else:

@@ -251,49 +251,20 @@ def _modify_qp(fw: Firmware, t: QpTransition, in_: IfcStruct) -> None:
     fw.hca.qp_state_changed(qp, old, t.target)
 
 
-@fw_command(MLX5_CMD_OP_RST2INIT_QP, "rst2init_qp")
-def rst2init_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, RST2INIT, in_)
+def _modify_command(opcode: int, t: QpTransition) -> None:
+    """Register the firmware handler of one modify command: the table's row for it."""
+    def handler(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+        _modify_qp(fw, t, in_)
+    handler.__name__ = handler.__qualname__ = t.name
+    fw_command(opcode, t.name)(handler)
 
 
-@fw_command(MLX5_CMD_OP_INIT2INIT_QP, "init2init_qp")
-def init2init_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, INIT2INIT, in_)
-
-
-@fw_command(MLX5_CMD_OP_INIT2RTR_QP, "init2rtr_qp")
-def init2rtr_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, INIT2RTR, in_)
-
-
-@fw_command(MLX5_CMD_OP_RTR2RTS_QP, "rtr2rts_qp")
-def rtr2rts_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, RTR2RTS, in_)
-
-
-@fw_command(MLX5_CMD_OP_RTS2RTS_QP, "rts2rts_qp")
-def rts2rts_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, RTS2RTS, in_)
-
-
-@fw_command(MLX5_CMD_OP_SQERR2RTS_QP, "sqerr2rts_qp")
-def sqerr2rts_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, SQERR2RTS, in_)
-
-
-@fw_command(MLX5_CMD_OP_SQD_RTS_QP, "sqd2rts_qp")
-def sqd2rts_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, SQD2RTS, in_)
-
-
-@fw_command(MLX5_CMD_OP_2ERR_QP, "qp_2err")
-def qp_2err(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, QP_2ERR, in_)
-
-
-@fw_command(MLX5_CMD_OP_2RST_QP, "qp_2rst")
-def qp_2rst(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    _modify_qp(fw, QP_2RST, in_)
+for _opcode, _t in ((MLX5_CMD_OP_RST2INIT_QP, RST2INIT), (MLX5_CMD_OP_INIT2INIT_QP, INIT2INIT),
+                    (MLX5_CMD_OP_INIT2RTR_QP, INIT2RTR), (MLX5_CMD_OP_RTR2RTS_QP, RTR2RTS),
+                    (MLX5_CMD_OP_RTS2RTS_QP, RTS2RTS), (MLX5_CMD_OP_SQERR2RTS_QP, SQERR2RTS),
+                    (MLX5_CMD_OP_SQD_RTS_QP, SQD2RTS), (MLX5_CMD_OP_2ERR_QP, QP_2ERR),
+                    (MLX5_CMD_OP_2RST_QP, QP_2RST)):
+    _modify_command(_opcode, _t)
 
 
 # -- the RoCE address table --------------------------------------------------------------

@@ -31,8 +31,9 @@ from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
 from kernel_model.tracedata import Call
 from kernel_model.tracefilter import assert_call_flow
-from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudart
-from userspace.libc import free, posix_memalign, read_sysfs
+from peermem_testing.gpu import gpu_load, gpu_store
+from userspace.cuda.runtime import cudart
+from userspace.libc import read_sysfs
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr, SendWR
 from userspace.tools import write_bw
@@ -159,25 +160,6 @@ def status(wcs) -> list[tuple[int, str]]:
 
 def pattern(n: int, seed: int = 1) -> bytes:
     return bytes((i * 13 + seed * 7) & 0xFF for i in range(n))
-
-
-def gpu_load(p, d: int, n: int) -> bytes:
-    """cudaMemcpy n bytes of device memory at d back to the host."""
-    host = posix_memalign(p, 0, n)
-    try:
-        cudart(p).cudaMemcpy(host, d, n, cudaMemcpyDeviceToHost)
-        return p.load(host, n)
-    finally:
-        free(p, host, n)
-
-
-def gpu_store(p, d: int, data: bytes) -> None:
-    host = posix_memalign(p, 0, len(data))
-    try:
-        p.store(host, data)
-        cudart(p).cudaMemcpy(d, host, len(data), cudaMemcpyHostToDevice)
-    finally:
-        free(p, host, len(data))
 
 
 def peer_stats(p, client: str = "nv_mem") -> dict[str, int]:

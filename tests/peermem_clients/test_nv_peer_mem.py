@@ -44,7 +44,8 @@ from kernel_model.trace import Tracer
 from kernel_model.tracedata import Call
 from kernel_model.tracefilter import assert_call_flow, filter_trace
 from peermem_clients.nv_peer_mem import DRV_VERSION, GPU_PAGE_SIZE, nv_mem_context
-from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudart
+from peermem_testing.gpu import gpu_load, gpu_store
+from userspace.cuda.runtime import cudart
 from userspace.libc import free, posix_memalign, read_sysfs
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError
@@ -116,24 +117,6 @@ def args_of(call: Call) -> dict[str, str]:
 
 def pattern(n: int, seed: int = 1) -> bytes:
     return bytes((i * 7 + seed * 31) & 0xFF for i in range(n))
-
-
-def gpu_load(p, d: int, n: int) -> bytes:
-    host = posix_memalign(p, 0, n)
-    try:
-        cudart(p).cudaMemcpy(host, d, n, cudaMemcpyDeviceToHost)
-        return p.load(host, n)
-    finally:
-        free(p, host, n)
-
-
-def gpu_store(p, d: int, data: bytes) -> None:
-    host = posix_memalign(p, 0, len(data))
-    try:
-        p.store(host, data)
-        cudart(p).cudaMemcpy(d, host, len(data), cudaMemcpyHostToDevice)
-    finally:
-        free(p, host, len(data))
 
 
 def rc_endpoint(p, psn: int, host_buf: int = 4 * K64) -> Endpoint:

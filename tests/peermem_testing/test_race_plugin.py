@@ -95,3 +95,26 @@ def test_calm():
     # bound 0 is one schedule: shard 0 runs it, shard 1 has nothing left - both pass
     assert "PASSED test_sharded.py::test_calm[shard0of2]" in out
     assert "PASSED test_sharded.py::test_calm[shard1of2]" in out
+
+
+def test_race_shards_must_be_a_positive_int(pytester):
+    pytester.makepyfile(test_bad_shards='''
+import pytest
+
+@pytest.mark.race(shards=0)
+def test_bad():
+    pass
+''')
+    res = pytester.runpytest_inprocess("-q")
+    assert res.ret != 0
+    assert "race(shards=) wants an int >= 1" in res.stdout.str() + res.stderr.str()
+
+
+def test_a_ladder_cannot_revoke_memory_its_client_never_takes_away(peermem_ladder):
+    from peermem_testing.conformance import ClientUnderTest
+    lad = peermem_ladder(ClientUnderTest.uio_mapping("io_peer_mem"), size=64 << 10)
+    with pytest.raises(ValueError, match="io_peer_mem has no way to revoke"):
+        lad.revoke()
+    assert not lad.mr.closed                       # nothing was undone by the refusal
+    lad.teardown()
+    assert lad.mr.closed and not lad.proc.alive    # and the leak check runs after

@@ -19,8 +19,8 @@ from kernel_model.errno import KernelError
 from kernel_model.gup import FOLL_WRITE, pin_user_pages_fast
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
 from kernel_model.mm import VM_IO, VM_PFNMAP
-from kernel_model.platform import rdma_host
 from kernel_model.process import SegmentationFault
+from tests.nvidia_host import gpu_host, nvdev
 from userspace.cuda.runtime import (
     CU_MEMORYTYPE_DEVICE,
     CU_POINTER_ATTRIBUTE_BUFFER_ID,
@@ -38,18 +38,6 @@ from userspace.libc import SysError
 
 MiB = 1 << 20
 P = GPU_PAGE_SIZE
-
-
-def gpu_host(**kw):
-    """An RDMA host with one GPU and the nvidia module loaded."""
-    gpu = kw.pop("gpu", None)
-    m = rdma_host(ram_size=64 << 20, nr_gpus=1, modules=(), gpu=gpu)
-    m.load_module("nvidia", **kw)
-    return m
-
-
-def nvdev(m):
-    return m.modules["nvidia"].state.devices[0]
 
 
 @pytest.fixture

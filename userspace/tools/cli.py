@@ -120,8 +120,11 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _emit(text: str, path: str | None) -> None:
-    """Write a trace's text to `path`, or to stdout."""
+def _emit(trace: object, fmt: str, path: str | None) -> None:
+    """Write a Trace in format `fmt` (ftrace, perfetto, mermaid) to `path`, or stdout."""
+    from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto
+    text = {"ftrace": format_ftrace, "perfetto": format_perfetto,
+            "mermaid": format_mermaid}[fmt](trace)
     if not text.endswith("\n"):
         text += "\n"
     if path:
@@ -155,11 +158,8 @@ def _explore(args: argparse.Namespace) -> int:
     if args.replay is not None:
         if args.trace:
             from kernel_model.tracefilter import filter_trace
-            from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto
-            fmt = {"ftrace": format_ftrace, "perfetto": format_perfetto,
-                   "mermaid": format_mermaid}[args.format]
-            _emit(fmt(filter_trace(schedule_trace(program, args.replay), depth=args.depth)),
-                  args.o)
+            _emit(filter_trace(schedule_trace(program, args.replay), depth=args.depth),
+                  args.format, args.o)
         run = replay(program, args.replay)
         if run.failure is None:
             print(f"replayed {args.replay!r}: no failure")
@@ -210,7 +210,6 @@ def _scenarios(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace) -> int:
     from kernel_model.sched import DeadlockError, ReplayDivergence
     from kernel_model.tracefilter import filter_trace
-    from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto
     from scenarios import get, run_traced
     try:
         get(args.scenario)
@@ -233,9 +232,7 @@ def _trace(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"peermem trace: {e}", file=sys.stderr)
         return 2
-    fmt = {"ftrace": format_ftrace, "perfetto": format_perfetto,
-           "mermaid": format_mermaid}[args.format]
-    _emit(fmt(trace), args.o)
+    _emit(trace, args.format, args.o)
     if args.stats:
         if not report:
             print(f"peermem trace: {args.scenario} keeps no statistics", file=sys.stderr)

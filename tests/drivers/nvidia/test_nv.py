@@ -23,6 +23,7 @@ from kernel_model.mm import MAP_FIXED, MAP_SHARED, PROT_NONE, PROT_READ, PROT_WR
 from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
 from kernel_model.uapi import nvidia as uapi
+from tests.nvidia_host import gpu_host, nvdev
 from userspace.cuda.runtime import (
     CU_POINTER_ATTRIBUTE_BUFFER_ID,
     CudaError,
@@ -35,17 +36,6 @@ from userspace.libc import O_RDWR
 MiB = 1 << 20
 P = GPU_PAGE_SIZE
 RW = PROT_READ | PROT_WRITE
-
-
-def gpu_host(nr_gpus: int = 1, gpu: GpuConfig | None = None, **params):
-    """An RDMA host with `nr_gpus` GPUs and the nvidia module loaded with `params`."""
-    m = rdma_host(ram_size=64 << 20, nr_gpus=nr_gpus, modules=(), gpu=gpu)
-    m.load_module("nvidia", **params)
-    return m
-
-
-def nvdev(m, i: int = 0):
-    return m.modules["nvidia"].state.devices[i]
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ from kernel_model.platform import rdma_host
 from kernel_model.sched import BLOCKED, DONE, SCHED
 from kernel_model.slab import DoubleFree, UseAfterFree, kmem_is_freed
 from kernel_model.trace import Tracer
+from tests.nvidia_host import gpu_host, nvdev
 from userspace.cuda.runtime import (
     CU_POINTER_ATTRIBUTE_P2P_TOKENS,
     cudaMemcpyDeviceToHost,
@@ -61,18 +62,6 @@ KWORKER = "kworker/nv_queue"
 
 
 # -- building blocks ------------------------------------------------------------------------------
-def gpu_host(release: str | None = None, nr_gpus: int = 1, gpu: GpuConfig | None = None,
-             iommu: str = "identity"):
-    """An RDMA host (one ConnectX, no driver on it) with GPUs and the nvidia module."""
-    m = rdma_host(ram_size=64 << 20, nr_gpus=nr_gpus, modules=(), gpu=gpu, iommu=iommu)
-    m.load_module("nvidia", **({"release": release} if release else {}))
-    return m
-
-
-def nvdev(m, i: int = 0):
-    return m.modules["nvidia"].state.devices[i]
-
-
 class Env:
     """A machine, a process with a CUDA context, and the GPU's NvDevice."""
 
