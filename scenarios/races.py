@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from drivers.nvidia.nv_p2p import nvidia_p2p_get_pages, nvidia_p2p_put_pages
+from kernel_model.errno import EINVAL, KernelError
 from kernel_model.locking import cond_resched
 from kernel_model.platform import rdma_host
 from userspace.cuda.runtime import cudart
@@ -25,16 +26,18 @@ class Race:
     name: str
     fixed: str
     legacy: str
+    finds: tuple[str, ...]          # the checks the legacy configuration fails
     run: Callable[[bool], None]
 
 
 RACES: dict[str, Race] = {}
 
 
-def race(name: str, fixed: str, legacy: str) -> Callable:
-    """Register fn(legacy) as the race scenario `name` with what each configuration is."""
+def race(name: str, fixed: str, legacy: str, finds: tuple[str, ...]) -> Callable:
+    """Register fn(legacy) as the race scenario `name`: what each configuration is, and
+    which explorer checks (explore.Failure.check) the legacy one's bug shows as."""
     def reg(fn: Callable[[bool], None]) -> Callable[[bool], None]:
-        RACES[name] = Race(name, fixed, legacy, fn)
+        RACES[name] = Race(name, fixed, legacy, finds, fn)
         return fn
     return reg
 
@@ -43,7 +46,8 @@ def race(name: str, fixed: str, legacy: str) -> Callable:
       fixed="nvidia 580.65.06: put_pages on a mapping whose free callback is running "
             "waits for it, then does nothing",
       legacy="nvidia 525.60.13 (R515 up to 535.14): put_pages frees the page table while "
-             "the free callback runs, and the driver frees it again after (seed 002 ch. 10)")
+             "the free callback runs, and the driver frees it again after (seed 002 ch. 10)",
+      finds=("UseAfterFree", "DoubleFree"))
 def free_callback_vs_put_pages(legacy: bool) -> None:
     """A third-party driver pinned GPU memory; the owner cudaFrees it (the free callback
     runs on nv_queue, waiting for the driver's transfers) while the driver unpins it."""
@@ -67,24 +71,16 @@ def free_callback_vs_put_pages(legacy: bool) -> None:
     p.exit(0)
 
 
-@race("dereg-vs-invalidate",
-      fixed="nv_peer_mem registered with PEER_MEM_INVALIDATE_UNMAPS (peerdirect_support=0): "
-            "deregistration calls dma_unmap/put_pages after dropping mapping_lock - no "
-            "deadlock; the explorer still finds nv_peer_memory issue 53 (dma_unmap through a "
-            "page table the driver freed after the callback), which no release fixes",
-      legacy="nv_peer_mem as an old-style client (peerdirect_support=1, the MLNX_OFED 5.1-5.3 "
-             "era): deregistration calls put_pages under mapping_lock, put_pages waits for "
-             "the free callback, the callback waits for mapping_lock - the deadlock of "
-             "MLNX bug 2696789")
-def dereg_vs_invalidate(legacy: bool) -> None:
-    """A GPU MR is deregistered by one thread while another cudaFrees its memory."""
+def _gpu_mr(client: dict[str, int]) -> tuple:
+    """A host with mlx5, nvidia and nv_peer_mem loaded with `client`'s parameters,
+    and a process with a 1 MiB GPU MR: (proc, cudart, ctx, va, mr)."""
     from userspace.libibverbs import verbs as v
     from userspace.libibverbs.pyverbs import MR, PD, Context
 
     m = rdma_host(ram_size=64 * MiB, nr_gpus=1)
     m.load_module("mlx5_ib")
     m.load_module("nvidia")
-    m.load_module("nv_peer_mem", persistent_api_support=0, peerdirect_support=int(legacy))
+    m.load_module("nv_peer_mem", **client)
     p = m.spawn("app")
     cu = cudart(p)
 
@@ -94,10 +90,95 @@ def dereg_vs_invalidate(legacy: bool) -> None:
         d = cu.cudaMalloc(MiB)
         mr = MR(pd, MiB, v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE, addr=d)
         return ctx, d, mr
-    ctx, d, mr = p.run(setup)
+    return (p, cu, *p.run(setup))
+
+
+# nvidia-peermem's configurations (module parameters), by name
+PERSISTENT = {"persistent_api_support": 1}                      # 560+ default
+UNMAPS = {"persistent_api_support": 0, "peerdirect_support": 0}  # invalidating, _ex client
+OLD_STYLE = {"persistent_api_support": 0, "peerdirect_support": 1}  # pre-UNMAPS layout
+
+
+@race("dereg-vs-invalidate",
+      fixed="nvidia-peermem 560+ defaults (persistent_api_support=1): the MR is pinned "
+            "persistently and cudaFree does not revoke it - no free callback, no "
+            "mapping_lock to invert with.  (UNMAPS alone, peerdirect_support=0 with "
+            "persistent_api_support=0, removes this deadlock but leaves nv_peer_memory "
+            "issue 53: see invalidate-vs-teardown)",
+      legacy="nv_peer_mem as an old-style client (peerdirect_support=1, the MLNX_OFED 5.1-5.3 "
+             "era): deregistration calls put_pages under mapping_lock, put_pages waits for "
+             "the free callback, the callback waits for mapping_lock - the deadlock of "
+             "MLNX bug 2696789",
+      finds=("deadlock",))
+def dereg_vs_invalidate(legacy: bool) -> None:
+    """A GPU MR is deregistered by one thread while another cudaFrees its memory."""
+    dereg_vs_invalidate_with(OLD_STYLE if legacy else PERSISTENT)
+
+
+def dereg_vs_invalidate_with(client: dict[str, int]) -> None:
+    """dereg-vs-invalidate with nv_peer_mem loaded with `client`'s parameters."""
+    p, cu, ctx, d, mr = _gpu_mr(client)
     dereg = p.start(mr.close)
     free = p.thread(cu.cudaFree, d, name="free")
     dereg.join()
     free.join()
     p.run(ctx.close)
+    p.exit(0)
+
+
+@race("invalidate-vs-teardown",
+      fixed="nvidia-peermem 560+ defaults (persistent_api_support=1): persistent MRs are "
+            "never invalidated, so teardown has no callback to race",
+      legacy="nvidia-peermem 580 as the invalidating client (persistent_api_support=0, "
+             "UNMAPS): the teardown's ib_umem_stop_invalidation_notifier marks the umem "
+             "UNMAPPED and unmaps outside mapping_lock; a free callback in between finds "
+             "nothing to do, returns, and the driver frees the page table - the teardown's "
+             "dma_unmap then uses it (nv_peer_memory issue 53, open)",
+      finds=("UseAfterFree",))
+def invalidate_vs_teardown(legacy: bool) -> None:
+    """The uverbs file is closed with a GPU MR still registered (the kernel tears the MR
+    down) while another thread cudaFrees the memory (the driver invalidates it)."""
+    from userspace.libibverbs import verbs as v
+
+    p, cu, ctx, d, mr = _gpu_mr(UNMAPS if legacy else PERSISTENT)
+    close = p.start(v.ibv_close_device, ctx.ctx)
+    free = p.thread(cu.cudaFree, d, name="free")
+    close.join()
+    free.join()
+    p.exit(0)
+
+
+@race("get-pages-vs-free",
+      fixed="nvidia 580.65.06: when rm_p2p_register_callback fails because the range was "
+            "freed after rm_p2p_get_pages, the error path skips the arrays it already freed "
+            "(the separate label open-gpu-kernel-modules HEAD has)",
+      legacy="nvidia 535.104.05: the register-callback error path of nv_p2p_get_pages frees "
+             "its scratch arrays a second time when another CPU frees the same GPU range "
+             "between the two RM calls - the double free of open-gpu-kernel-modules PR #557",
+      finds=("DoubleFree",))
+def get_pages_vs_free(legacy: bool) -> None:
+    """A third-party driver pins a GPU range while the owner cudaFrees it."""
+    m = rdma_host(ram_size=64 * MiB, nr_gpus=1, modules=())
+    m.load_module("nvidia", release="535.104.05" if legacy else "580.65.06")
+    p = m.spawn("app")
+    cu = cudart(p)
+    va = p.run(cu.cudaMalloc, MiB)
+    calls: list[str] = []
+
+    def pin() -> object:
+        try:
+            return nvidia_p2p_get_pages(0, 0, va, MiB, lambda data: calls.append("callback"),
+                                        "dev")
+        except KernelError as e:
+            assert e.errno == EINVAL, e
+            return None
+
+    pinner = p.start(pin)
+    p.thread(cu.cudaFree, va, name="free").join()
+    pt = pinner.join()
+    if pt is not None:                  # pinned first: the free called back, then took it
+        assert calls == ["callback"]
+        assert p.run(nvidia_p2p_put_pages, 0, 0, va, pt) == 0
+    else:
+        assert calls == []
     p.exit(0)

@@ -80,6 +80,7 @@ NVIDIA_P2P_DMA_MAPPING_VERSION = 0x00020003
 NVIDIA_P2P_PAGE_SIZE_4KB, NVIDIA_P2P_PAGE_SIZE_64KB, NVIDIA_P2P_PAGE_SIZE_128KB = 0, 1, 2
 NVIDIA_P2P_FLAGS_DEFAULT, NVIDIA_P2P_FLAGS_FORCE_BAR1_MAPPING = 0, 1
 FIXED_RELEASES = {535: (14, 0), 525: (105, 17)}  # first fixed (build, patch) per branch
+FIRST_REGISTER_PATH_FIX = (550, 0, 0)   # see _nulls_scratch_on_register_failure
 
 
 def NVIDIA_P2P_VERSION_COMPATIBLE(p: Any, v: int) -> bool:
@@ -232,10 +233,40 @@ def _lookup(pt: Any) -> tuple[NvDevice, nv_p2p_mem_info] | None:
 
 
 # -- get / put -----------------------------------------------------------------------------
+class nv_p2p_scratch:
+    """The per-page arrays nv_p2p_get_pages allocates for RM to fill (physical_addresses,
+    wreqmb_h, rreqmb_h - one object here): freed before the callback is registered."""
+
+    def __init__(self, windows: U64Array):
+        self.physical_addresses = windows
+
+    def __repr__(self) -> str:
+        return f"nv_p2p_scratch {len(self.physical_addresses)} entries"
+
+
+def _nulls_scratch_on_register_failure(dev: NvDevice) -> bool:
+    """Does this release skip the already-freed arrays when rm_p2p_register_callback
+    fails (open-gpu-kernel-modules HEAD: a separate `failed_nofree` label, the fix
+    proposed in PR #557)?  # EMU: the first release with it is not on record; PR
+    #557 was filed against 535.104.05 (2023-09), and the model takes 550 as fixed."""
+    return tuple(dev.release) >= FIRST_REGISTER_PATH_FIX
+
+
 def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_address: int,
                      length: int, free_callback: Any, data: Any,
                      what: str) -> nvidia_p2p_page_table:
-    """Mirrors nv_p2p_get_pages(): the common path of both get_pages calls."""
+    """Mirrors nv_p2p_get_pages(): the common path of both get_pages calls.
+
+    Two separate calls into RM, as in the real driver: rm_p2p_get_pages pins
+    and BAR1-maps (RM now tracks the mapping, with no callback yet), then -
+    after the scratch arrays are freed - rm_p2p_register_callback attaches
+    the free callback.  A free of the same range between the two (another
+    CPU's cudaFree) makes the registration fail with OBJECT_NOT_FOUND; the
+    error path then hands the mapping back through nv_p2p_put_pages (a no-op:
+    the teardown already took it).  Releases before the fix of PR #557 take
+    the common `failed` label there and free the scratch arrays a second
+    time - KASAN's double-free (B9).
+    """
     if virtual_address % GPU_PAGE_SIZE or length % GPU_PAGE_SIZE:
         raise KernelError(EINVAL, f"{what}: Invalid argument in nv_p2p_get_pages, address "
                           f"or length are not aligned ({virtual_address:#x}, {length:#x})")
@@ -250,23 +281,53 @@ def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_ad
         try:
             mem = find_memory(dev, virtual_address, length, p2p_token, va_space, task.mm)
             rm_p2p_latency(dev)
-            windows = rm_p2p_get_pages(mem, virtual_address, length)
+            scratch = kmalloc_obj(nv_p2p_scratch(rm_p2p_get_pages(mem, virtual_address,
+                                                                  length)))
             first = (virtual_address - mem.va) >> GPU_PAGE_SHIFT
             info = kmalloc_obj(nv_p2p_mem_info(dev, mem, first, length >> GPU_PAGE_SHIFT,
-                                               free_callback, data, persistent))
-            pt = kmalloc_obj(nvidia_p2p_page_table(_p2p_pages(dev.gpu.bar1.start, windows),
-                                                   dev.gpu.uuid, dev.release))
+                                               None, None, persistent))
+            pt = kmalloc_obj(nvidia_p2p_page_table(
+                _p2p_pages(dev.gpu.bar1.start, scratch.physical_addresses), dev.gpu.uuid,
+                dev.release))
             info.page_table = pt
             mem.mem_infos.append(info)
             dev.p2p_infos[id(pt)] = info
-            return pt
         except KernelError as e:
             err = err if err is not None and e.errno == EINVAL else e
+            continue
         finally:
             mutex_unlock(dev.rm_lock)
+        kfree(scratch)                   # the pages are built: the arrays go
+        if free_callback is not None:
+            status = rm_p2p_register_callback(dev, pt, info, free_callback, data)
+            if status is not None:
+                if not _nulls_scratch_on_register_failure(dev):
+                    kfree(scratch)       # `goto failed`: these were freed above
+                page_table: nvidia_p2p_page_table | None = pt
+                nvidia_p2p_put_pages(p2p_token, va_space, virtual_address, page_table)
+                raise KernelError(EINVAL, f"{what}: rm_p2p_register_callback: {status}")
+        return pt
     if err is None:
         err = KernelError(EINVAL, f"{what}: no GPU")
     raise KernelError(err.errno, f"{what}: {err}")
+
+
+@traced
+def rm_p2p_register_callback(dev: NvDevice, page_table: nvidia_p2p_page_table,
+                             info: nv_p2p_mem_info, free_callback: Any,
+                             data: Any) -> str | None:
+    """RM attaches the free callback to the mapping rm_p2p_get_pages made; None, or
+    "NV_ERR_OBJECT_NOT_FOUND" when the memory was freed in between (the teardown
+    took the mapping, and freed it, without a callback to call).  Looked up by
+    the page table's identity in RM's tracker, never through the pointer."""
+    mutex_lock(dev.rm_lock)
+    try:
+        if dev.p2p_infos.get(id(page_table)) is not info or info.state != "live":
+            return "NV_ERR_OBJECT_NOT_FOUND"
+        info.free_callback, info.data = free_callback, data
+        return None
+    finally:
+        mutex_unlock(dev.rm_lock)
 
 
 @traced

@@ -25,7 +25,7 @@ from kernel_model.kthread import kthread_run
 from kernel_model.locking import cond_resched
 from kernel_model.machine import Machine
 from kernel_model.sched import RandomStrategy, ReplayDivergence
-from scenarios.races import RACES
+from scenarios.races import RACES, UNMAPS, dereg_vs_invalidate_with
 from userspace.tools.cli import main
 
 
@@ -142,9 +142,12 @@ def test_the_pre_unmaps_dereg_vs_invalidate_deadlock_is_found_and_not_in_the_fix
     # find nv_peer_memory issue 53: deregistration's dma_unmap, outside mapping_lock,
     # after the free callback returned and the driver freed the page table
     checks = {run.failure.check
-              for run in explore_dfs(lambda: r.run(False), bound=1, max_schedules=80)
+              for run in explore_dfs(lambda: dereg_vs_invalidate_with(UNMAPS), bound=1,
+                                     max_schedules=80)
               if run.failure is not None}
     assert "deadlock" not in checks and "UseAfterFree" in checks
+    # the fixed configuration (persistent, never invalidated) has neither
+    assert explore(lambda: r.run(False), "dfs", bound=1, max_schedules=80).failure is None
 
 
 # -- sharding, the interleaved trace, the NULL-dereference verdict --------------------------

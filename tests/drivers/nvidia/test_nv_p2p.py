@@ -37,7 +37,8 @@ from drivers.nvidia.nv_p2p import (
 from drivers.nvidia.rm import CLI_THIRD_PARTY_P2P_BAR1_RESERVE
 from kernel_model.current import current
 from kernel_model.dma import DMA_BIT_MASK, dma_set_mask
-from kernel_model.errno import EOPNOTSUPP, KernelError
+from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
+from kernel_model.explore import explore, replay
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
 from kernel_model.iommu import IommuFault, dma_to_phys
 from kernel_model.kthread import kthread_run
@@ -1047,3 +1048,45 @@ def test_a_negative_p2p_latency_is_einval():
     with pytest.raises(KernelError) as e:
         m.load_module("nvidia", p2p_latency_us=-1)
     assert e.value.errno == errno.EINVAL and "nvidia" not in m.modules
+
+
+# -- get_pages racing a free: the register-callback error path (PR #557) --------------------
+def _pin_while_freed(release: str, outcome: list) -> None:
+    """Pin a range on one task while another cudaFrees it; the pin must succeed (so
+    that the explorer reports - and hands back - a schedule where it does not)."""
+    m = gpu_host(release)
+    p = m.spawn("app")
+    cu = cudart(p)
+    va = p.run(cu.cudaMalloc, 1 << 20)
+
+    def pin() -> object:
+        try:
+            return nvidia_p2p_get_pages(0, 0, va, 1 << 20, lambda d: None, "dev")
+        except KernelError as e:
+            outcome.append((e.errno, str(e)))
+            return None
+
+    t = p.start(pin)
+    p.thread(cu.cudaFree, va, name="free").join()
+    pt = t.join()
+    if pt is not None:
+        p.run(nvidia_p2p_put_pages, 0, 0, va, pt)
+    p.exit(0)
+    assert pt is not None, "get_pages failed"
+
+
+def test_get_pages_racing_a_free_fails_einval_after_register_and_leaks_nothing():
+    outcome: list = []
+    ex = explore(lambda: _pin_while_freed("580.65.06", outcome), "dfs", bound=1)
+    f = ex.failure
+    # the only way the pin fails: the free got in between rm_p2p_get_pages and
+    # rm_p2p_register_callback; the machine's leak check passed (check is the assertion)
+    assert f is not None and f.check == "assertion" and "get_pages failed" in f.detail
+    outcome.clear()
+    assert replay(lambda: _pin_while_freed("580.65.06", outcome), f.schedule).failure.check \
+        == "assertion"
+    assert outcome[0][0] == EINVAL and "rm_p2p_register_callback" in outcome[0][1]
+    assert "NV_ERR_OBJECT_NOT_FOUND" in outcome[0][1]
+    # the same interleaving on the release PR #557 was filed against: a double free
+    legacy = replay(lambda: _pin_while_freed("535.104.05", []), f.schedule).failure
+    assert legacy.check == "DoubleFree" and "nv_p2p_scratch" in legacy.detail
