@@ -157,6 +157,22 @@ def _where(e: BaseException) -> str:
     return f"in {co.co_name}() at {path}:{tb.tb_lineno}"
 
 
+#: verdicts that may be only the aftermath of a task that oopsed (a worker that died
+#: of a use-after-free leaves a waiter stuck, or a result missing): not worth a mention
+CONSEQUENCES = ("deadlock", "assertion", "exception", "null-deref")
+
+
+def _oops(first: int) -> tuple[str, str] | None:
+    """The first kernel bug (KASAN report, BUG) a task of this run's machines died of
+    while nobody was joining it - a kworker running a free callback, say.  In the
+    kernel that oops is the report, so it is the verdict, whatever the program saw."""
+    for t in SCHED.failed:
+        m = getattr(t, "machine", None)
+        if isinstance(t.exc, KernelBug) and (m is None or m.serial >= first):
+            return (type(t.exc).__name__, f"{t.exc} (task {t.label} died of it)")
+    return None
+
+
 def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
     """Run the program once under the installed strategy; (check, detail) or None.
     A tracer, if given, records the program itself - not the leak check's teardown."""
@@ -187,6 +203,11 @@ def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
             verdict = ("exception", f"AttributeError: {e}")
     except Exception as e:  # noqa: BLE001 - any crash of the program is a verdict
         verdict = ("exception", f"{type(e).__name__}: {e}")
+    oops = _oops(first)
+    if oops is not None:
+        if verdict is not None and verdict[0] not in CONSEQUENCES:
+            oops = (oops[0], f"{oops[1]}; the program then failed too: {verdict[0]}")
+        verdict = oops
     for m in sorted(live_machines, key=lambda m: m.serial):
         if m.serial < first or not getattr(m, "leak_check_expected", True):
             continue

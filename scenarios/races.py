@@ -9,13 +9,16 @@ fixed one must survive every schedule the explorer tries.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from drivers.nvidia.nv_p2p import nvidia_p2p_get_pages, nvidia_p2p_put_pages
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.locking import cond_resched
 from kernel_model.platform import rdma_host
+from kernel_model.syscalls import sys_exit
 from userspace.cuda.runtime import cudart
 
 MiB = 1 << 20
@@ -71,17 +74,23 @@ def free_callback_vs_put_pages(legacy: bool) -> None:
     p.exit(0)
 
 
-def _gpu_mr(client: dict[str, int]) -> tuple:
-    """A host with mlx5, nvidia and nv_peer_mem loaded with `client`'s parameters,
-    and a process with a 1 MiB GPU MR: (proc, cudart, ctx, va, mr)."""
-    from userspace.libibverbs import verbs as v
-    from userspace.libibverbs.pyverbs import MR, PD, Context
-
-    m = rdma_host(ram_size=64 * MiB, nr_gpus=1)
+def _gpu_host(client: dict[str, int], ofed: str = "25.04") -> Any:
+    """A host whose ib_core is MLNX_OFED `ofed`'s, with mlx5, nvidia and nv_peer_mem
+    loaded - the latter with `client`'s parameters."""
+    m = rdma_host(ram_size=64 * MiB, nr_gpus=1, modules=())
+    m.load_module("ib_core", ofed=ofed)
     m.load_module("mlx5_ib")
     m.load_module("nvidia")
     m.load_module("nv_peer_mem", **client)
-    p = m.spawn("app")
+    return m
+
+
+def _gpu_mr(client: dict[str, int], ofed: str = "25.04") -> tuple:
+    """_gpu_host, and a process with a 1 MiB GPU MR: (proc, cudart, ctx, va, mr)."""
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.pyverbs import MR, PD, Context
+
+    p = _gpu_host(client, ofed).spawn("app")
     cu = cudart(p)
 
     def setup() -> tuple:
@@ -105,19 +114,22 @@ OLD_STYLE = {"persistent_api_support": 0, "peerdirect_support": 1}  # pre-UNMAPS
             "mapping_lock to invert with.  (UNMAPS alone, peerdirect_support=0 with "
             "persistent_api_support=0, removes this deadlock but leaves nv_peer_memory "
             "issue 53: see invalidate-vs-teardown)",
-      legacy="nv_peer_mem as an old-style client (peerdirect_support=1, the MLNX_OFED 5.1-5.3 "
-             "era): deregistration calls put_pages under mapping_lock, put_pages waits for "
-             "the free callback, the callback waits for mapping_lock - the deadlock of "
-             "MLNX bug 2696789",
+      legacy="MLNX_OFED 5.3 with nv_peer_mem as an old-style client (peerdirect_support=1, "
+             "as nv_peer_mem before 1.2 registered): deregistration calls put_pages under "
+             "mapping_lock, put_pages waits for the free callback, the callback waits for "
+             "mapping_lock - the deadlock of MLNX bug 2696789",
       finds=("deadlock",))
 def dereg_vs_invalidate(legacy: bool) -> None:
     """A GPU MR is deregistered by one thread while another cudaFrees its memory."""
-    dereg_vs_invalidate_with(OLD_STYLE if legacy else PERSISTENT)
+    if legacy:
+        dereg_vs_invalidate_with(OLD_STYLE, ofed="5.3")
+    else:
+        dereg_vs_invalidate_with(PERSISTENT)
 
 
-def dereg_vs_invalidate_with(client: dict[str, int]) -> None:
-    """dereg-vs-invalidate with nv_peer_mem loaded with `client`'s parameters."""
-    p, cu, ctx, d, mr = _gpu_mr(client)
+def dereg_vs_invalidate_with(client: dict[str, int], ofed: str = "25.04") -> None:
+    """dereg-vs-invalidate with nv_peer_mem's parameters `client` on OFED `ofed`."""
+    p, cu, ctx, d, mr = _gpu_mr(client, ofed)
     dereg = p.start(mr.close)
     free = p.thread(cu.cudaFree, d, name="free")
     dereg.join()
@@ -182,3 +194,85 @@ def get_pages_vs_free(legacy: bool) -> None:
     else:
         assert calls == []
     p.exit(0)
+
+
+@race("invalidate-during-reg",
+      fixed="MLNX_OFED 25.04 with nvidia-peermem 580 (persistent_api_support=0, UNMAPS): "
+            "ib_peer_umem_get keeps mapping_lock from get_pages until mlx5 activates the "
+            "notifier, so an invalidation waits for the mkey and then revokes it",
+      legacy="MLNX_OFED 4.9 (the ticket core) with nvidia-peermem's peerdirect_support=1, "
+             "the setting NVIDIA documents for 4.9 LTS: an invalidation before activation "
+             "only marks the ticket, activate fails, and peer_umem_release still calls "
+             "dma_unmap on the page table the driver freed after the callback (NVPM #15, "
+             "B3: callback_task guards only the callback's own task); one after activation "
+             "tears the MR down inside the callback, release() frees the client context, "
+             "and the callback then writes callback_task into it (B17)",
+      finds=("UseAfterFree",))
+def invalidate_during_reg(legacy: bool) -> None:
+    """ibv_reg_mr of GPU memory on one thread while another cudaFrees it; then, if the
+    registration won, ibv_dereg_mr."""
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.cmd import VerbsError
+    from userspace.libibverbs.pyverbs import MR, PD, Context
+
+    m = _gpu_host(OLD_STYLE if legacy else UNMAPS, ofed="4.9" if legacy else "25.04")
+    p = m.spawn("app")
+    cu = cudart(p)
+
+    def setup() -> tuple:
+        ctx = Context(p)
+        return ctx, PD(ctx), cu.cudaMalloc(MiB)
+    ctx, pd, d = p.run(setup)
+
+    def reg() -> object:
+        try:
+            return MR(pd, MiB, v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE, addr=d)
+        except VerbsError as e:            # freed first, or invalidated before activation
+            assert e.errno in (errno.EFAULT, errno.EINVAL), e
+            return None
+    registering = p.start(reg)
+    p.thread(cu.cudaFree, d, name="free").join()
+    mr = registering.join()
+    if mr is not None:
+        p.run(mr.close)
+    p.run(ctx.close)
+    p.exit(0)
+
+
+@race("exit-order",
+      fixed="MLNX_OFED 25.04 with nvidia-peermem 580 (UNMAPS): closing the GPU file first "
+            "invalidates the MR (revoke, INVALIDATED) and the uverbs file's close then "
+            "only releases it; the other order unpins before the GPU memory goes",
+      legacy="MLNX_OFED 4.9 with nvidia-peermem's peerdirect_support=1: when exit closes "
+             "the GPU file first, the free callback deregisters the MR inside "
+             "ib_invalidate_peer_memory, release() frees nv_mem_context, and the callback "
+             "writes callback_task into it after (B17); the uverbs-first order is clean",
+      finds=("UseAfterFree",))
+def exit_order(legacy: bool) -> None:
+    """Two processes each exit with a GPU MR registered: one opened its GPU file before
+    its uverbs file (exit closes the GPU file first), the other after; their exits run
+    at the same time."""
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.pyverbs import MR, PD, Context
+
+    m = _gpu_host(OLD_STYLE if legacy else UNMAPS, ofed="4.9" if legacy else "25.04")
+    procs = []
+    for gpu_first in (True, False):
+        p = m.spawn("gpu-first" if gpu_first else "uverbs-first")
+
+        def setup(p: Any = p, gpu_first: bool = gpu_first) -> tuple:
+            # the file opened first gets the lower fd, and exit_files closes in fd order
+            if gpu_first:
+                cu = cudart(p)            # opens /dev/nvidia0
+                ctx = Context(p)
+            else:
+                ctx = Context(p)
+                cu = cudart(p)
+            mr = MR(PD(ctx), MiB, v.IBV_ACCESS_LOCAL_WRITE, addr=cu.cudaMalloc(MiB))
+            return ctx, mr
+        p.run(setup)
+        procs.append(p)
+    exits = [p.start(sys_exit, 0) for p in procs]
+    for t in exits:
+        t.join()
+    assert not any(p.alive for p in procs)

@@ -6,10 +6,18 @@ first, as their MODULE_DEPENDS say.
 """
 
 
-def module_init(mod):
-    """ib_core_init(): the device and client lists."""
+def module_init(mod, ofed: str = "25.04"):
+    """ib_core_init(): the device and client lists.
+
+    `ofed` (# EMU: a module parameter standing for which MLNX_OFED release's
+    ib_core this is) picks the peer-memory core's design: "25.04" and later
+    (the default), "5.1" up to "24.10" (ib_umem_stop_invalidation_notifier's
+    lock condition inverted, B6), or "4.9" and earlier (the ticket design,
+    peer_mem.py's last section).  EINVAL for a malformed release.
+    """
     from drivers.ib_core.device import IbCoreState
-    return IbCoreState()
+    from drivers.ib_core.peer_mem import parse_ofed_release
+    return IbCoreState(parse_ofed_release(ofed))
 
 
 def module_exit(mod):

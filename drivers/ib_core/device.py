@@ -145,12 +145,13 @@ class ib_client:
 class IbCoreState:
     """ib_core's globals for one machine: the devices xarray and the clients list."""
 
-    def __init__(self) -> None:
+    def __init__(self, ofed: tuple[int, int] = (25, 4)) -> None:
         self.devices: dict[str, ib_device] = {}
         self.clients: list[ib_client] = []
         self.next_index = 0
         from drivers.ib_core.peer_mem import PeerMemState
-        self.peer = PeerMemState()   # peer_mem.c's globals (part of ib_core here, as in OFED)
+        # peer_mem.c's globals (part of ib_core here, as in OFED), for OFED release `ofed`
+        self.peer = PeerMemState(ofed)
 
     def __repr__(self) -> str:
         return f"ib_core devices={list(self.devices)} clients={[c.name for c in self.clients]}"

@@ -72,6 +72,7 @@ from kernel_model.refcount import (
     refcount_read,
 )
 from kernel_model.scatterlist import sg_append_table, sg_free_table
+from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
 from kernel_model.trace import traced, tracepoint
 from kernel_model.xarray import U32_MAX, xa_alloc_cyclic, xa_erase, xa_load, xarray
@@ -93,6 +94,23 @@ MANDATORY = ("acquire", "get_pages", "put_pages", "dma_map", "dma_unmap")
 PEER_MEMORY_CLIENT_EX_SIZE = 2   # offsetofend(struct peer_memory_client_ex, flags), in fields
 STATS = ("num_alloc_mrs", "num_dealloc_mrs", "num_reg_pages", "num_dereg_pages",
          "num_reg_bytes", "num_dereg_bytes", "num_free_callbacks")
+
+# MLNX_OFED releases where the core's design changed (ib_core's `ofed` parameter)
+OFED_NEW_DESIGN = (5, 1)        # 5.1b: mapping_lock, xarray ids, stop, _ex/UNMAPS
+OFED_FIX_PEER_SGLS = (5, 5)     # fix_peer_sgls, get_page_size read after dma_map
+OFED_STOP_LOCK_FIXED = (25, 4)  # ib_umem_stop_invalidation_notifier's `==` (B6)
+
+
+def parse_ofed_release(release: str) -> tuple[int, int]:
+    """"MAJOR.MINOR[-x.y.z]" (as MLNX_OFED names its releases, 5.8-3.0.7.0) ->
+    (major, minor); EINVAL otherwise."""
+    parts = str(release).split("-")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise KernelError(EINVAL, f"ib_core: ofed release {release!r} is not MAJOR.MINOR") \
+            from None
+
 
 trace_peer_mem_state = tracepoint("peer_umem_state", "client core_context old new",
                                   layer="ib_core")
@@ -159,6 +177,10 @@ class ib_peer_memory_client:
         self.umem_xa = xarray(f"{peer_mem.name} xa_lock")
         self.xa_cyclic_next = [0]
         self.invalidation_required = invalidation_required
+        # OFED 4.x: the ticket list under the client's lock (ib_peer_insert_context)
+        self.lock = mutex_init(f"{peer_mem.name} lock")
+        self.core_ticket_list: dict[int, invalidation_ctx] = {}
+        self.last_ticket = 1
 
     @property
     def trace_name(self) -> str:
@@ -171,11 +193,20 @@ class ib_peer_memory_client:
 
 
 class PeerMemState:
-    """peer_mem.c's globals for one machine: peer_memory_list under peer_memory_mutex."""
+    """peer_mem.c's globals for one machine: peer_memory_list under peer_memory_mutex,
+    and which OFED release's design the core follows."""
 
-    def __init__(self) -> None:
+    def __init__(self, ofed: tuple[int, int] = OFED_STOP_LOCK_FIXED) -> None:
         self.peer_memory_mutex = mutex_init("peer_memory_mutex")
         self.peer_memory_list: list[ib_peer_memory_client] = []   # registration order
+        self.ofed = ofed
+        self.ticket_design = ofed < OFED_NEW_DESIGN
+
+
+def peer_ticket_design() -> bool:
+    """Is this ib_core an OFED 4.x one (tickets; no mapping_lock, no stop)?  For the
+    MR owner (mlx5), whose peer path differed with it."""
+    return _peer_state().ticket_design
 
 
 def _peer_state() -> PeerMemState:
@@ -234,10 +265,11 @@ def ib_unregister_peer_memory_client(reg_handle: ib_peer_memory_client) -> None:
     mutex_unlock(state.peer_memory_mutex)
     ib_put_peer_client_ref(reg_handle)        # the registration's own reference
     wait_for_completion(reg_handle.usecnt_zero)
-    if reg_handle.umem_xa.entries:            # every umem erased its core_context id
+    if reg_handle.umem_xa.entries or reg_handle.core_ticket_list:   # every id is gone
         current().machine.report_bug("ib_unregister_peer_memory_client",
                                      f"{reg_handle.peer_mem.name}: core_context ids "
-                                     f"{sorted(reg_handle.umem_xa.entries)} still allocated")
+                                     f"{sorted(reg_handle.umem_xa.entries)} "
+                                     f"{sorted(reg_handle.core_ticket_list)} still allocated")
     sysfs_remove_dir(_sysfs_dir(reg_handle))
 
 
@@ -291,6 +323,7 @@ class ib_umem_peer:
         self.xa_id = PEER_NO_INVALIDATION_ID
         self.saved: tuple | None = None              # first/last sg before fix_peer_sgls
         self.reg_nents = 0
+        self.invalidation_ctx: invalidation_ctx | None = None   # OFED 4.x only
 
     @property
     def trace_name(self) -> str:
@@ -340,19 +373,28 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
     if client is None:
         raise old_err
     pm = client.peer_mem
+    state = _peer_state()
+    tickets = state.ticket_design
     umem_p = ib_umem_peer(old_umem, client, ctx)
     sgt = umem_p.sgt_append.sgt
-    mutex_lock(umem_p.mapping_lock)
+    if not tickets:
+        mutex_lock(umem_p.mapping_lock)
     try:
-        if client.invalidation_required:
-            spin_lock(client.umem_xa.xa_lock)
-            try:
-                umem_p.xa_id = xa_alloc_cyclic(client.umem_xa, umem_p, (0, U32_MAX - 1),
-                                               client.xa_cyclic_next)
-            finally:
-                spin_unlock(client.umem_xa.xa_lock)
+        if tickets:        # OFED 4.x: a ticket whenever the caller takes invalidations
+            core_context = 0
+            if peer_mem_flags & IB_PEER_MEM_INVAL_SUPP:
+                core_context = ib_peer_create_invalidation_ctx(client, umem_p)
+        else:
+            if client.invalidation_required:
+                spin_lock(client.umem_xa.xa_lock)
+                try:
+                    umem_p.xa_id = xa_alloc_cyclic(client.umem_xa, umem_p, (0, U32_MAX - 1),
+                                                   client.xa_cyclic_next)
+                finally:
+                    spin_unlock(client.umem_xa.xa_lock)
+            core_context = umem_p.xa_id
         ret = pm.get_pages(old_umem.address, old_umem.length, 1, int(not umem_p.writable),
-                           None, ctx, umem_p.xa_id)
+                           None, ctx, core_context)
         if ret:
             # EMU: a positive return is a client bug the kernel passes on as ERR_PTR(ret),
             # not an error pointer; the model makes it EINVAL
@@ -366,8 +408,11 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
                               f"dma_map returned {ret}")
         sgt.nents = nmap[0]
     except BaseException:
-        _erase_id(umem_p)                                 # err_xa:
-        mutex_unlock(umem_p.mapping_lock)
+        if tickets:
+            ib_peer_destroy_invalidation_ctx(client, umem_p)
+        else:
+            _erase_id(umem_p)                             # err_xa:
+            mutex_unlock(umem_p.mapping_lock)
         ib_put_peer_client(client, ctx)                   # err_umem:
         kref_put(umem_p.kref, _free_umem_p)
         raise
@@ -375,14 +420,15 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
     # registration, so a client without it "registers fine and crashes on first use"
     peer_page_size = pm.get_page_size(ctx)
     page_size = sgt.machine.page_size
-    if peer_page_size != page_size:
+    if peer_page_size != page_size and state.ofed >= OFED_FIX_PEER_SGLS:
         fix_peer_sgls(umem_p, peer_page_size)
     umem_p.reg_nents = sgt.nents
     _set_state(umem_p, UMEM_PEER_MAPPED)
     client.stats["num_reg_pages"] += sgt.nents
-    client.stats["num_reg_bytes"] += umem_p.length
+    # OFED 4.x counts nmap << page_shift, later releases the umem's length
+    client.stats["num_reg_bytes"] += sgt.nents * peer_page_size if tickets else umem_p.length
     client.stats["num_alloc_mrs"] += 1
-    if umem_p.xa_id == PEER_NO_INVALIDATION_ID:
+    if not tickets and umem_p.xa_id == PEER_NO_INVALIDATION_ID:
         mutex_unlock(umem_p.mapping_lock)
     return umem_p
 
@@ -475,6 +521,8 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
     go away.  Returns 0 always; an unknown or stale id is ignored.  When it returns
     the MR owner has revoked the device's access (mlx5: no DMA can still happen)."""
     client = reg_handle
+    if _peer_state().ticket_design:
+        return ib_invalidate_peer_memory_tickets(client, core_context)
     spin_lock(client.umem_xa.xa_lock)
     client.stats["num_free_callbacks"] += 1
     umem_p = xa_load(client.umem_xa, core_context)
@@ -505,17 +553,25 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
 
 
 @traced
-def ib_umem_activate_invalidation_notifier(umem: Any, func: Any, priv: Any) -> None:
+def ib_umem_activate_invalidation_notifier(umem: Any, func: Any, priv: Any) -> int | None:
     """Mirrors ib_umem_activate_invalidation_notifier(): from now on func(umem, priv)
-    may be called; drops the mapping_lock ib_peer_umem_get left held."""
+    may be called; drops the mapping_lock ib_peer_umem_get left held.
+
+    OFED 4.x returns int: under the client's lock, EINVAL (-22) when the peer
+    invalidated the pages since get_pages; else func(priv, umem, addr, size)
+    is armed and 0 returned.
+    """
     if not getattr(umem, "is_peer", False):
         current().machine.report_bug("ib_umem_activate_invalidation_notifier", "not a peer umem")
-        return
+        return None
+    if _peer_state().ticket_design:
+        return _activate_ticket(umem, func, priv)
     if umem.xa_id == PEER_NO_INVALIDATION_ID:
         return
     umem.invalidation_func = func
     umem.invalidation_private = priv
     mutex_unlock(umem.mapping_lock)
+    return None
 
 
 @traced
@@ -524,11 +580,21 @@ def ib_umem_stop_invalidation_notifier(umem: Any) -> None:
     calls; the umem is unmapped - with UNMAPS, outside mapping_lock.  The caller has
     already made sure the device does no more DMA to it."""
     umem_p = umem
+    state = _peer_state()
+    if state.ticket_design:
+        current().machine.report_bug("ib_umem_stop_invalidation_notifier",
+                                     "not in an OFED 4.x core (added in 5.1b)")
+        return
     unmap_on_inval = ib_peer_unmap_on_invalidate(umem_p.ib_peer_client)
+    no_id = umem_p.xa_id == PEER_NO_INVALIDATION_ID
+    if state.ofed < OFED_STOP_LOCK_FIXED:
+        # OFED 5.1b up to 24.10 test `!=` here (B6): a stop without activate locks the
+        # mapping_lock it already holds, and a non-invalidating umem's is never taken
+        no_id = not no_id
     if umem_p.invalidation_func is not None:
         mutex_lock(umem_p.mapping_lock)
         umem_p.invalidation_func = None
-    elif umem_p.xa_id == PEER_NO_INVALIDATION_ID:
+    elif no_id:
         mutex_lock(umem_p.mapping_lock)
     # else: activate never ran, and ib_peer_umem_get's lock is still ours
     if not unmap_on_inval:
@@ -546,15 +612,21 @@ def ib_peer_umem_release(umem: Any) -> None:
     """Mirrors ib_peer_umem_release(): unmap if still mapped, free the id, release()
     the client context, refund pinned_vm, drop the umem."""
     umem_p = umem
-    if umem_p.invalidation_func is not None:
+    client = umem_p.ib_peer_client
+    if _peer_state().ticket_design:
+        # OFED 4.x peer_umem_release: the ticket goes, then the pages are unmapped and
+        # put whatever the peer did before - nothing records an invalidation (B3)
+        ib_peer_destroy_invalidation_ctx(client, umem_p)
+    elif umem_p.invalidation_func is not None:
         current().machine.report_bug("ib_peer_umem_release", "invalidation still active "
                                      "(ib_umem_stop_invalidation_notifier not called)")
     ib_unmap_peer_client(umem_p, umem_p.mapped_state, UMEM_PEER_UNMAPPED)
     _erase_id(umem_p)
-    client = umem_p.ib_peer_client
     ib_put_peer_client(client, umem_p.peer_client_context)
     umem_p.ib_peer_client = None
     from drivers.ib_core.umem import ib_umem_num_pages
+    # EMU: OFED 4.x never charged a peer umem to pinned_vm and never mmdrop()s its mm
+    # (a leak, code-derived); the model keeps one accounting for every release
     mm = umem_p.owning_mm
     mm.pinned_vm -= ib_umem_num_pages(umem_p)
     mmdrop(mm)
@@ -563,6 +635,119 @@ def ib_peer_umem_release(umem: Any) -> None:
 
 def _free_umem_p(k: kref) -> None:
     """The last reference: kfree(umem_p) and mutex_destroy (nothing to free here)."""
+
+
+# -- the OFED 4.x ticket design (ib_core ofed="4.9") ----------------------------------------
+# Before 5.1b the core had no mapping_lock and no stop: a peer umem that can be
+# invalidated gets a ticket (core_context) on its client's list, and the
+# client's one `lock` serialises the list, activation and every invalidation.
+# An invalidation before the MR owner activated only marks the context
+# (peer_invalidated) and the registration fails in activate; one after calls
+# the owner's func(cookie, umem, 0, 0) with that lock held - mlx5 4.x tears the
+# whole MR down inside it, umem and client context included - and release()
+# always unmaps and puts, whatever the peer did (peermem_facts §2.12).
+class invalidation_ctx:
+    """Mirrors OFED 4.x struct invalidation_ctx: a peer umem's ticket and callback."""
+
+    def __init__(self, umem: ib_umem_peer):
+        self.umem = umem
+        self.context_ticket = 0
+        self.func: Any = None
+        self.cookie: Any = None
+        self.peer_callback = 0            # the teardown runs inside the invalidation
+        self.inflight_invalidation = 0    # the owner's dereg won: wait for its teardown
+        self.peer_invalidated = 0         # invalidated before activation
+        self.comp: Any = None
+
+    def __repr__(self) -> str:
+        return f"invalidation_ctx ticket {self.context_ticket}"
+
+
+@traced
+def ib_peer_create_invalidation_ctx(client: ib_peer_memory_client,
+                                    umem_p: ib_umem_peer) -> int:
+    """Mirrors ib_peer_create_invalidation_ctx() + ib_peer_insert_context() (OFED 4.x):
+    a context and a ticket (from 1) on the client's list, under its lock."""
+    ctx = kmalloc_obj(invalidation_ctx(umem_p))
+    mutex_lock(client.lock)
+    ctx.context_ticket = client.last_ticket
+    client.last_ticket += 1
+    client.core_ticket_list[ctx.context_ticket] = ctx
+    mutex_unlock(client.lock)
+    umem_p.invalidation_ctx = ctx
+    return ctx.context_ticket
+
+
+@traced
+def ib_peer_destroy_invalidation_ctx(client: ib_peer_memory_client,
+                                     umem_p: ib_umem_peer) -> None:
+    """Mirrors ib_peer_destroy_invalidation_ctx() (OFED 4.x): take the ticket off the
+    list.  Inside the invalidation (peer_callback) the lock is the invalidator's
+    already and it frees the context; an invalidation waiting on this teardown
+    (inflight_invalidation) is woken, and frees it; otherwise it is freed here."""
+    ctx = umem_p.invalidation_ctx
+    if ctx is None:
+        return
+    peer_callback = ctx.peer_callback
+    if not peer_callback:
+        mutex_lock(client.lock)
+    client.core_ticket_list.pop(ctx.context_ticket, None)
+    inflight = ctx.inflight_invalidation
+    if inflight:
+        complete(ctx.comp)
+    if not peer_callback:
+        mutex_unlock(client.lock)
+    umem_p.invalidation_ctx = None
+    if not peer_callback and not inflight:
+        kfree(ctx)
+
+
+def _activate_ticket(umem: ib_umem_peer, func: Any, cookie: Any) -> int:
+    """OFED 4.x ib_umem_activate_invalidation_notifier(): 0, or -EINVAL."""
+    client, ctx = umem.ib_peer_client, umem.invalidation_ctx
+    mutex_lock(client.lock)
+    try:
+        if ctx.peer_invalidated:
+            current().machine.dmesg.append("ib_core: ib_umem_activate_invalidation_notifier: "
+                                           "pages were invalidated by peer")
+            return -EINVAL
+        ctx.func, ctx.cookie = func, cookie
+        return 0
+    finally:
+        mutex_unlock(client.lock)
+
+
+@traced
+def ib_invalidate_peer_memory_tickets(client: ib_peer_memory_client,
+                                      core_context: int) -> int:
+    """Mirrors OFED 4.x ib_invalidate_peer_memory(): 0 always.  Under the client's lock:
+    an unknown ticket is ignored; one not activated yet is marked peer_invalidated;
+    otherwise the owner's func runs with the lock held, and if the owner's own dereg
+    won the race (inflight_invalidation) this waits for that teardown.  The context
+    is freed here in both cases."""
+    mutex_lock(client.lock)
+    client.stats["num_free_callbacks"] += 1
+    ctx = client.core_ticket_list.get(core_context)
+    from kernel_model import trace
+    if trace.enabled:
+        trace_peer_invalidate(client.peer_mem.name, core_context, ctx is not None)
+    if ctx is None:
+        mutex_unlock(client.lock)
+        return 0
+    if ctx.func is None:
+        ctx.peer_invalidated = 1
+        mutex_unlock(client.lock)
+        return 0
+    ctx.func(ctx.cookie, ctx.umem, 0, 0)
+    if ctx.inflight_invalidation:
+        ctx.comp = init_completion("invalidation_ctx comp")
+        mutex_unlock(client.lock)
+        wait_for_completion(ctx.comp)
+        kfree(ctx)
+        return 0
+    kfree(ctx)
+    mutex_unlock(client.lock)
+    return 0
 
 
 # -- queries for tools and tests (not kernel API) ----------------------------------------------

@@ -275,6 +275,9 @@ class mlx5_ib_mr(ib_mr):
         self.page_shift = 0
         self.access_flags = 0
         self.revoked = False         # a UMR revoked the mkey (peer invalidation or dereg)
+        self.peer_id: Any = None     # OFED 4.x peer MRs: their mlx5_ib_peer_id
+        self.invalidated = 0         # OFED 4.x: dereg vs invalidation (atomic_t)
+        self.invalidation_comp: Any = None
 
     def __repr__(self) -> str:
         return (f"mlx5_ib_mr mkey={self.mmkey.key:#x} iova={self.iova:#x} "

@@ -44,6 +44,7 @@ from drivers.ib_core.peer_mem import (
     IB_PEER_MEM_INVAL_SUPP,
     ib_umem_activate_invalidation_notifier,
     ib_umem_stop_invalidation_notifier,
+    peer_ticket_design,
 )
 from drivers.ib_core.umem import (
     ib_umem,
@@ -73,6 +74,7 @@ from drivers.mlx5_ib.mlx5_ib import (
 )
 from drivers.mlx5_ib.umr import mlx5r_umr_revoke_mr
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
+from kernel_model.locking import complete, init_completion, wait_for_completion
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
 
@@ -163,7 +165,7 @@ def create_real_mr(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int) 
     if not page_size:
         raise KernelError(EINVAL, "create_real_mr: no page size fits the region and iova")
     mr = reg_create(pd, umem, iova, access_flags, page_size)
-    if umem.is_peer:
+    if umem.is_peer and not peer_ticket_design():
         # the mkey exists: from here an invalidation can revoke it
         ib_umem_activate_invalidation_notifier(umem, mlx5_invalidate_umem, mr)
     return mr
@@ -195,6 +197,8 @@ def mlx5_ib_reg_user_mr(pd: mlx5_ib_pd, start: int, length: int, iova: int,
         raise KernelError(EOPNOTSUPP, "mlx5_ib_reg_user_mr: on-demand paging")
     # MLNX_OFED: a user MR may be backed by a peer-memory client that invalidates
     umem = ib_umem_get_peer(pd.device, start, length, access_flags, IB_PEER_MEM_INVAL_SUPP)
+    if getattr(umem, "invalidation_ctx", None) is not None:
+        return reg_user_mr_ticket(pd, umem, iova, access_flags)
     try:
         return create_real_mr(pd, umem, iova, access_flags)
     except BaseException:
@@ -209,6 +213,9 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
     """Mirrors mlx5_ib_dereg_mr() -> __mlx5_ib_dereg_mr(): DESTROY_MKEY (the HCA can
     no longer reach the pages), then unpin them, then free the MR."""
     dev = to_mdev(mr.device)
+    if mr.peer_id is not None:
+        dereg_mr_ticket(mr)
+        return
     if mr.umem is not None and mr.umem.is_peer:
         # mlx5r_handle_mkey_cleanup(): fence the DMA, then no more invalidations
         mlx5r_umr_revoke_mr(mr)
@@ -219,3 +226,90 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
     kfree(mr)
 
 
+
+
+# -- MLNX_OFED 4.x: the peer path with the ticket core (ib_core ofed="4.9") --------------------
+# The notifier is armed before the mkey exists (a mlx5_ib_peer_id whose
+# completion says "the MR is built, or failed"); an invalidation deregisters
+# the whole MR - mkey, umem, the client's context - inside the peer's callback,
+# and mr->invalidated decides whether that or the user's dereg does the
+# teardown; the loser waits for the winner (peermem_facts §2.8, OFED-4.9 mlx5).
+class mlx5_ib_peer_id:
+    """Mirrors OFED 4.x struct mlx5_ib_peer_id: the MR an invalidation should tear down,
+    once `comp` says registration finished (mr None: it failed)."""
+
+    def __init__(self) -> None:
+        self.comp = init_completion("mlx5_ib_peer_id comp")
+        self.mr: mlx5_ib_mr | None = None
+
+    def __repr__(self) -> str:
+        return f"mlx5_ib_peer_id mr={self.mr!r}"
+
+
+@traced
+def reg_user_mr_ticket(pd: mlx5_ib_pd, umem: ib_umem, iova: int,
+                       access_flags: int) -> mlx5_ib_mr:
+    """Mirrors OFED 4.x mlx5_ib_reg_user_mr() for a peer umem with an invalidation
+    context: activate first (EINVAL if the peer already invalidated), then the mkey;
+    on failure complete the peer_id with no MR, release the umem, free the peer_id."""
+    peer_id = kmalloc_obj(mlx5_ib_peer_id())
+    try:
+        if ib_umem_activate_invalidation_notifier(umem, mlx5_invalidate_umem_ticket,
+                                                  peer_id):
+            raise KernelError(EINVAL, "mlx5_ib_reg_user_mr: pages were invalidated by peer")
+        mr = create_real_mr(pd, umem, iova, access_flags)
+    except BaseException:
+        complete(peer_id.comp)
+        ib_umem_release(umem)
+        kfree(peer_id)
+        raise
+    mr.invalidated = 0
+    mr.invalidation_comp = init_completion("mlx5_ib_mr invalidation_comp")
+    peer_id.mr, mr.peer_id = mr, peer_id
+    complete(peer_id.comp)
+    return mr
+
+
+def _dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
+    """OFED 4.x dereg_mr() of a peer MR: clean_mr (DESTROY_MKEY, the peer_id freed),
+    then ib_umem_release - the client's dma_unmap, put_pages and release()."""
+    mlx5_core_destroy_mkey(to_mdev(mr.device).mdev, mr.mmkey.key)
+    kfree(mr.peer_id)
+    umem, mr.umem = mr.umem, None
+    ib_umem_release(umem)
+
+
+@traced
+def mlx5_invalidate_umem_ticket(cookie: mlx5_ib_peer_id, umem: ib_umem, addr: int,
+                                size: int) -> None:
+    """Mirrors OFED 4.x mlx5_invalidate_umem(): wait until registration finished; if
+    the user's dereg got to mr->invalidated first, tell the core to wait for it
+    (inflight_invalidation); else deregister the MR here (peer_callback), leaving
+    only the mlx5_ib_mr for the user's dereg to free."""
+    peer_id = cookie
+    wait_for_completion(peer_id.comp)
+    mr = peer_id.mr
+    if mr is None:
+        return
+    mr.invalidated += 1                             # atomic_inc_return
+    if mr.invalidated > 1:
+        umem.invalidation_ctx.inflight_invalidation = 1
+        return
+    umem.invalidation_ctx.peer_callback = 1
+    # EMU: 4.x dereg_mr reads umem->invalidation_ctx->peer_callback after
+    # ib_umem_release freed the umem (code-derived); the model decided it above
+    _dereg_mr_ticket(mr)
+    complete(mr.invalidation_comp)
+
+
+@traced
+def dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
+    """Mirrors OFED 4.x mlx5_ib_dereg_mr() of a peer MR: if an invalidation got to
+    mr->invalidated first, wait for its teardown; else tear down here (waking an
+    invalidation that came meanwhile, through the core's ticket); free the MR."""
+    mr.invalidated += 1                             # atomic_inc_return
+    if mr.invalidated > 1:
+        wait_for_completion(mr.invalidation_comp)
+    else:
+        _dereg_mr_ticket(mr)
+    kfree(mr)

@@ -24,7 +24,9 @@ from kernel_model.explore import (
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import cond_resched
 from kernel_model.machine import Machine
+from kernel_model.platform import rdma_host
 from kernel_model.sched import RandomStrategy, ReplayDivergence
+from kernel_model.slab import kfree, kmalloc_obj
 from scenarios.races import RACES, UNMAPS, dereg_vs_invalidate_with
 from userspace.tools.cli import main
 
@@ -239,3 +241,22 @@ def test_cli_replay_trace_in_the_tracers_other_formats(capsys, tmp_path):
     assert main(["explore", RACE.name, "--legacy", "--replay", schedule, "--trace",
                  "--format", "mermaid"]) == 1
     assert "sequenceDiagram" in capsys.readouterr().out
+
+
+def test_a_task_that_died_of_a_kernel_bug_is_the_verdict():
+    """A kworker oopses (a use-after-free) and the program only sees the aftermath: the
+    oops is what the explorer reports, naming the task."""
+    class thing:
+        x = 0
+
+    def program() -> None:
+        m = rdma_host(ram_size=16 << 20, modules=())
+        with m.kernel():
+            obj = kmalloc_obj(thing())
+            kfree(obj)
+            kthread_run(lambda: obj.x, name="oopser")
+        m.spawn("app").run(cond_resched)        # the kthread runs, and dies
+        raise AssertionError("the program's own complaint")
+    run = run_once(program, Recording([]))
+    assert run.failure.check == "UseAfterFree"
+    assert "oopser" in run.failure.detail and "died of it" in run.failure.detail

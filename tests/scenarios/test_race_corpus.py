@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.explore import explore, replay
+from kernel_model.explore import explore, explore_dfs, replay
 from scenarios.races import RACES
 
 FIXED_BUDGET = 120
@@ -39,3 +39,22 @@ def test_every_scenario_names_its_configurations_and_its_bug():
     for race in RACES.values():
         assert race.fixed and race.legacy and race.finds
         assert race.fixed != race.legacy
+
+
+def test_invalidate_during_reg_legacy_also_fails_in_the_window_before_activation():
+    """The first failure is B17 (after activation, on the default schedule); a preemption
+    between get_pages and activation gives B3: peer_umem_release's dma_unmap, on the
+    registering task, of the page table the driver freed after the callback."""
+    race = RACES["invalidate-during-reg"]
+    details = [run.failure.detail for run in
+               explore_dfs(lambda: race.run(True), bound=1, max_schedules=40)
+               if run.failure is not None]
+    assert any("nv_get_p2p_free_callback" in d and "callback_task" in d for d in details)
+    assert any("nvidia_p2p_dma_unmap_pages" in d and "by app-" in d for d in details)
+
+
+def test_exit_order_legacy_fails_only_for_the_process_that_closes_its_gpu_file_first():
+    race = RACES["exit-order"]
+    f = explore(lambda: race.run(True), "dfs", bound=0).failure
+    assert f is not None and "nv_get_p2p_free_callback" in f.detail
+    assert "nv_mem_release" in f.detail             # freed inside the invalidation

@@ -277,16 +277,18 @@ ALL_ACCESS = 0x1 | 0x2 | 0x4          # IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | 
 
 
 class PeerEnv:
-    """An RDMA host with a GPU (mlx5_ib and nvidia loaded), a process `p` with mlx5_0
+    """An RDMA host with a GPU (ib_core of MLNX_OFED `ofed`, mlx5_ib and nvidia loaded),
+    a process `p` with mlx5_0
     open and a PD, and the fake peers a test registers.  close() exits the process
     (uverbs tears down what it still holds), unregisters the peers still registered
     and frees their backing RAM - so the suite's leak check finds nothing."""
 
-    def __init__(self, ram_size: int = 128 << 20):
+    def __init__(self, ram_size: int = 128 << 20, ofed: str = "25.04"):
         from kernel_model.platform import rdma_host
         from userspace.cuda.runtime import cudart
         from userspace.libibverbs.pyverbs import PD, Context
-        m = rdma_host(ram_size=ram_size, nr_gpus=1)
+        m = rdma_host(ram_size=ram_size, nr_gpus=1, modules=())
+        m.load_module("ib_core", ofed=ofed)          # which MLNX_OFED's peer-memory core
         m.load_module("mlx5_ib")
         m.load_module("nvidia")
         self.m = m

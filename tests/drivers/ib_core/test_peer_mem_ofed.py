@@ -1,0 +1,218 @@
+"""The peer-memory core of older MLNX_OFED releases (ib_core's `ofed` parameter).
+
+OFED 4.x: the ticket design (peermem_facts §2.12) - tickets from 1 on the
+client's list under its lock, no mapping_lock, an invalidation before
+activation only marks the context and activation fails, release() always
+unmaps, and mlx5 tears the whole MR down inside an invalidation after it.
+OFED 5.1b-24.10: ib_umem_stop_invalidation_notifier's lock condition
+inverted (B6).
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from drivers.ib_core.device import ib_device_get_by_name
+from drivers.ib_core.ib_verbs import IB_ACCESS_LOCAL_WRITE
+from drivers.ib_core.peer_mem import (
+    IB_PEER_MEM_INVAL_SUPP,
+    ib_umem_activate_invalidation_notifier,
+    ib_umem_stop_invalidation_notifier,
+    parse_ofed_release,
+    peer_ticket_design,
+)
+from drivers.ib_core.umem import ib_umem_get_peer, ib_umem_release
+from kernel_model.errno import KernelBug, KernelError
+from kernel_model.locking import mutex_is_locked
+from kernel_model.platform import rdma_host
+from kernel_model.slab import kmem_is_freed
+from tests.drivers.ib_core.fake_peer import K64, PeerEnv
+from userspace.libibverbs.cmd import VerbsError
+
+
+@pytest.fixture
+def env49():
+    e = PeerEnv(ofed="4.9")
+    yield e
+    e.close()
+
+
+def _get(env, va, size, flags=IB_PEER_MEM_INVAL_SUPP, then=None):
+    def fn():
+        u = ib_umem_get_peer(ib_device_get_by_name("mlx5_0"), va, size, IB_ACCESS_LOCAL_WRITE,
+                             flags)
+        return then(u) if then is not None else u
+    return env.p.run(fn)
+
+
+def test_the_release_is_parsed_and_a_malformed_one_refused():
+    assert parse_ofed_release("4.9") == (4, 9)
+    assert parse_ofed_release("24.10-1.1.4") == (24, 10)
+    m = rdma_host(ram_size=16 << 20, modules=())
+    with pytest.raises(KernelError) as e:
+        m.load_module("ib_core", ofed="four")
+    assert e.value.errno == errno.EINVAL and "ib_core" in str(e.value)
+    assert "ib_core" not in m.modules
+    m.load_module("ib_core", ofed="4.9")
+    with m.kernel():
+        assert peer_ticket_design()
+
+
+def test_tickets_count_from_one_for_any_caller_that_takes_invalidations(env49):
+    fp = env49.peer()
+    plain = env49.peer("fake_plain", invalidating=False)
+    va = env49.gpu(K64, fp)
+    vb = env49.gpu(K64, plain)
+    ua = _get(env49, va, K64)
+    ub = _get(env49, va, K64)
+    # 4.x gives a ticket whenever the caller can take an invalidation, whatever the client
+    uc = _get(env49, vb, K64)
+    assert [c.core_context for c in fp.called("get_pages")] == [1, 2]
+    assert plain.called("get_pages")[0].core_context == 1
+    assert sorted(fp.reg.core_ticket_list) == [1, 2] and fp.reg.umem_xa.entries == {}
+    # no mapping_lock is left held between get and activate
+    assert not mutex_is_locked(ua.mapping_lock)
+    for u in (ua, ub, uc):
+        env49.p.run(ib_umem_release, u)
+    assert fp.reg.core_ticket_list == {} and plain.reg.core_ticket_list == {}
+
+
+def test_an_invalidation_before_activation_fails_it_and_release_still_unmaps(env49):
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    seen = []
+
+    def owner(u):
+        ctx = fp.live_ctx[0]
+        assert fp.invalidate(ctx) == 0                   # only marks the context
+        seen.append(ib_umem_activate_invalidation_notifier(u, lambda *a: None, None))
+        n = len(fp.calls)
+        ib_umem_release(u)
+        return fp.names()[n:]
+    after = _get(env49, va, 2 * K64, then=owner)
+    assert seen == [-errno.EINVAL]
+    assert "pages were invalidated by peer" in env49.m.dmesg[-1]
+    # B3: nothing recorded the invalidation - the pages are unmapped and put again
+    assert after == ["dma_unmap", "put_pages", "release"]
+    st = fp.reg.stats
+    assert st["num_free_callbacks"] == 1 and st["num_dealloc_mrs"] == 1
+    assert st["num_reg_bytes"] == 2 * K64 and fp.reg.core_ticket_list == {}
+
+
+def test_an_invalidation_after_activation_calls_the_owner_under_the_client_lock(env49):
+    fp = env49.peer()
+    va = env49.gpu(K64, fp)
+    calls = []
+
+    def func(cookie, umem, addr, size):
+        # as mlx5 4.x does: the whole teardown inside the invalidation
+        calls.append((cookie, umem, addr, size, fp.reg.lock.owner is not None))
+        umem.invalidation_ctx.peer_callback = 1
+        ib_umem_release(umem)
+    u = _get(env49, va, K64, then=lambda u: (
+        ib_umem_activate_invalidation_notifier(u, func, "cookie"), u)[1])
+    ctx = u.invalidation_ctx
+    n = len(fp.calls)
+    assert fp.invalidate(1) == 0
+    assert calls == [("cookie", u, 0, 0, True)]
+    assert fp.names()[n:] == ["dma_unmap", "put_pages", "release"]
+    assert kmem_is_freed(ctx)                  # the invalidation frees its context
+    assert fp.invalidate(7) == 0               # an unknown ticket is ignored, and counted
+    assert fp.reg.stats["num_free_callbacks"] == 2 and fp.reg.core_ticket_list == {}
+
+
+def test_stop_does_not_exist_in_4x(env49):
+    fp = env49.peer()
+    va = env49.gpu(K64, fp)
+    u = _get(env49, va, K64)
+    env49.p.run(ib_umem_stop_invalidation_notifier, u)
+    assert len(env49.m.bugs) == 1 and "added in 5.1b" in env49.m.bugs[0]
+    env49.m.bugs.clear()
+    env49.p.run(ib_umem_release, u)
+
+
+def test_mlx5_4x_tears_the_mr_down_inside_the_invalidation(env49):
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    mr = env49.reg_mr(va, 2 * K64)
+    assert fp.called("get_pages")[0].core_context == 1
+    key = mr.lkey
+    assert (key >> 8) in env49.hca.fw.mkeys
+    n = len(fp.calls)
+    fp.invalidate(fp.live_ctx[0])
+    # DESTROY_MKEY, then the umem's unmap, put and release - all inside the callback
+    assert fp.names()[n:] == ["dma_unmap", "put_pages", "release"]
+    assert (key >> 8) not in env49.hca.fw.mkeys and fp.reg.core_ticket_list == {}
+    n = len(fp.calls)
+    env49.dereg(mr)                            # the user's dereg only frees the MR
+    assert fp.names()[n:] == []
+
+
+def test_mlx5_4x_registration_invalidated_before_activation_fails_einval(env49):
+    fp = env49.peer()
+    va = env49.gpu(K64, fp)
+    fp.hooks["dma_map"] = lambda ctx: fp.invalidate(1)    # the peer revokes mid-registration
+    with pytest.raises(VerbsError) as e:
+        env49.reg_mr(va, K64)
+    assert e.value.errno == errno.EINVAL
+    assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
+    assert fp.reg.core_ticket_list == {} and not env49.hca.fw.mkeys
+
+
+# -- OFED 5.1b up to 24.10: stop's lock condition inverted (B6) ------------------------------
+def _abandon(env):
+    """After the kernel bug the umem is stuck half torn down: the machine leaks it (the
+    check says so), and the suite's own check skips the machine."""
+    env.m.leak_check_expected = False
+    with pytest.raises(Exception, match="leak"):
+        env.m.check_leaks()
+
+def test_b6_stop_without_activate_locks_the_mapping_lock_it_holds():
+    env = PeerEnv(ofed="24.10")
+    try:
+        fp = env.peer()
+        va = env.gpu(K64, fp)
+
+        def owner():
+            u = ib_umem_get_peer(ib_device_get_by_name("mlx5_0"), va, K64,
+                                 IB_ACCESS_LOCAL_WRITE, IB_PEER_MEM_INVAL_SUPP)
+            ib_umem_stop_invalidation_notifier(u)       # the registration's error path
+        with pytest.raises(KernelBug) as e:
+            env.p.run(owner)
+        assert "recursive locking" in str(e.value) and "mapping_lock" in str(e.value)
+    finally:
+        _abandon(env)
+
+
+def test_b6_stop_of_a_non_invalidating_umem_unlocks_a_mutex_nobody_holds():
+    env = PeerEnv(ofed="24.10")
+    try:
+        fp = env.peer(invalidating=False)
+        va = env.gpu(K64, fp)
+
+        def owner():
+            u = ib_umem_get_peer(ib_device_get_by_name("mlx5_0"), va, K64,
+                                 IB_ACCESS_LOCAL_WRITE, IB_PEER_MEM_INVAL_SUPP)
+            ib_umem_stop_invalidation_notifier(u)       # every dereg of such an MR
+        with pytest.raises(KernelBug) as e:
+            env.p.run(owner)
+        assert "held by nobody" in str(e.value) and "mapping_lock" in str(e.value)
+    finally:
+        _abandon(env)
+
+
+def test_b6_is_fixed_in_25_04():
+    env = PeerEnv(ofed="25.04")
+    fp = env.peer(invalidating=False)
+    va = env.gpu(K64, fp)
+
+    def owner():
+        u = ib_umem_get_peer(ib_device_get_by_name("mlx5_0"), va, K64, IB_ACCESS_LOCAL_WRITE,
+                             IB_PEER_MEM_INVAL_SUPP)
+        ib_umem_stop_invalidation_notifier(u)
+        ib_umem_release(u)
+    env.p.run(owner)
+    assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
+    env.close()
