@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.explore import explore, explore_dfs, replay
-from scenarios.races import RACES
+from scenarios.races import RACES, UNMAPS, invalidate_during_reg_with
 
 FIXED_BUDGET = 120
 
@@ -58,3 +58,14 @@ def test_exit_order_legacy_fails_only_for_the_process_that_closes_its_gpu_file_f
     f = explore(lambda: race.run(True), "dfs", bound=0).failure
     assert f is not None and "nv_get_p2p_free_callback" in f.detail
     assert "nv_mem_release" in f.detail             # freed inside the invalidation
+
+
+def test_the_25_04_core_alone_does_not_fix_invalidate_during_reg_for_nvidia_peermem():
+    """The core holds mapping_lock until activation, but nvidia-peermem's free callback
+    checks dma_mapping first: arriving before dma_map stored it, the callback logs
+    'invalid dma_mapping' and drops the invalidation (the print of nv_peer_memory
+    issues 53/112); the MR keeps pages the driver freed, and its dereg unmaps them."""
+    ex = explore(lambda: invalidate_during_reg_with(UNMAPS), "dfs", bound=1)
+    f = ex.failure
+    assert f is not None and f.check == "UseAfterFree" and f.preemptions == 1
+    assert "nvidia_p2p_dma_unmap_pages" in f.detail and "by app-" in f.detail
