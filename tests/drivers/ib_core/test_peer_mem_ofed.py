@@ -169,36 +169,23 @@ def _abandon(env):
     with pytest.raises(Exception, match="leak"):
         env.m.check_leaks()
 
-def test_b6_stop_without_activate_locks_the_mapping_lock_it_holds():
+@pytest.mark.parametrize("invalidating, report", [
+    (True, "recursive locking"),    # stop without activate: the registration's error path
+    (False, "held by nobody"),      # a non-invalidating umem: every dereg of such an MR
+])
+def test_b6_stop_takes_the_mapping_lock_on_the_wrong_condition(invalidating, report):
     env = PeerEnv(ofed="24.10")
     try:
-        fp = env.peer()
+        fp = env.peer(invalidating=invalidating)
         va = env.gpu(K64, fp)
 
         def owner():
             u = ib_umem_get_peer(ib_device_get_by_name("mlx5_0"), va, K64,
                                  IB_ACCESS_LOCAL_WRITE, IB_PEER_MEM_INVAL_SUPP)
-            ib_umem_stop_invalidation_notifier(u)       # the registration's error path
+            ib_umem_stop_invalidation_notifier(u)
         with pytest.raises(KernelBug) as e:
             env.p.run(owner)
-        assert "recursive locking" in str(e.value) and "mapping_lock" in str(e.value)
-    finally:
-        _abandon(env)
-
-
-def test_b6_stop_of_a_non_invalidating_umem_unlocks_a_mutex_nobody_holds():
-    env = PeerEnv(ofed="24.10")
-    try:
-        fp = env.peer(invalidating=False)
-        va = env.gpu(K64, fp)
-
-        def owner():
-            u = ib_umem_get_peer(ib_device_get_by_name("mlx5_0"), va, K64,
-                                 IB_ACCESS_LOCAL_WRITE, IB_PEER_MEM_INVAL_SUPP)
-            ib_umem_stop_invalidation_notifier(u)       # every dereg of such an MR
-        with pytest.raises(KernelBug) as e:
-            env.p.run(owner)
-        assert "held by nobody" in str(e.value) and "mapping_lock" in str(e.value)
+        assert report in str(e.value) and "mapping_lock" in str(e.value)
     finally:
         _abandon(env)
 
