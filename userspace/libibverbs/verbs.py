@@ -325,6 +325,13 @@ def ibv_reg_mr(pd: ibv_pd, addr: int, length: int, access: int) -> ibv_mr:
 
 
 @traced
+def ibv_reg_mr_iova(pd: ibv_pd, addr: int, length: int, iova: int, access: int) -> ibv_mr:
+    """rdma-core's ibv_reg_mr_iova(): the MR's remote addresses start at `iova`, not at
+    `addr` (iova 0: offsets into the region, as zero-based registrations use)."""
+    return pd.context.ops.reg_mr(pd, addr, length, iova, access)
+
+
+@traced
 def ibv_dereg_mr(mr: ibv_mr) -> int:
     return _errno_of(mr.context.ops.dereg_mr, mr)
 

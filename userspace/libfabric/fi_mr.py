@@ -1,0 +1,443 @@
+"""Mirrors fi_mr(3) (rdma/fi_domain.h): memory registration, over the emulated verbs.
+
+    ret, dom = fi_domain(proc, FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                         FI_MR_PROV_KEY, caps=FI_HMEM)
+    ret, mr = fi_mr_reg(dom, buf, length, FI_REMOTE_WRITE, 0, 0, 0)
+    desc, key = fi_mr_desc(mr), fi_mr_key(mr)      # local descriptor, remote key
+    fi_close(mr); fi_close(dom)
+
+Every call returns 0 or a negative fabric errno (fi_errno.py), as the man page
+says - a C out-parameter comes back as the second element of a tuple.
+
+The domain is a verbs one (libfabric's verbs provider: one ibv_context and
+PD).  What each mr_mode bit makes the application do, and what the layer does
+for it here:
+
+  FI_MR_ALLOCATED   required: registration pins (no on-demand paging in the
+                    model), so hints without it match no provider (-FI_ENODATA)
+  FI_MR_VIRT_ADDR   remote addresses are virtual addresses (the MR's iova is
+                    the buffer); unset, they are offsets from 0 (iova 0)
+  FI_MR_PROV_KEY    the key is the provider's (the rkey); unset, the
+                    application's requested_key is the key (a table in the
+                    domain: -FI_ENOKEY if in use, -FI_EKEYREJECTED beyond the
+                    4-byte mr_key_size)
+  FI_MR_RAW         fi_mr_key gives FI_KEY_NOTAVAIL: fi_mr_raw_attr locally,
+                    fi_mr_map_raw at the peer
+  FI_MR_ENDPOINT    MRs start disabled: fi_mr_bind to an endpoint, fi_mr_enable
+  FI_MR_HMEM        device memory must come through fi_mr_regattr with its
+                    iface; unset, the layer finds CUDA memory itself
+                    (cuPointerGetAttribute) - both need the FI_HMEM capability
+  FI_MR_LOCAL       recorded (descriptors for local buffers are the caller's job)
+  FI_MR_MMU_NOTIFY, FI_MR_RMA_EVENT   not needed by verbs: cleared from the
+                    domain's mode; FI_RMA_EVENT registrations are -FI_EBADFLAGS
+  FI_MR_BASIC       = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                    FI_MR_LOCAL
+
+CUDA memory (FI_HMEM_CUDA) reaches the kernel as any other ibv_reg_mr: gup
+refuses it and the peer-memory path (nv_peer_mem) pins it.
+
+# EMU: libfabric picks a provider in fi_getinfo and opens fabric, domain and
+# endpoint objects; here fi_domain(proc, mr_mode, caps) stands for that chain
+# (the mr_mode passed is the application's hints), and fi_endpoint makes an
+# endpoint that is only something to bind MRs to.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from kernel_model.trace import traced
+from userspace.libfabric.fi_errno import (
+    FI_EBADFLAGS,
+    FI_EBUSY,
+    FI_EINVAL,
+    FI_EKEYREJECTED,
+    FI_ENODATA,
+    FI_ENODEV,
+    FI_ENOKEY,
+    FI_ENOSYS,
+    FI_EOPBADSTATE,
+    FI_EOPNOTSUPP,
+    FI_ETOOSMALL,
+)
+from userspace.libibverbs import verbs as v
+from userspace.libibverbs.cmd import VerbsError
+
+# -- rdma/fabric.h --------------------------------------------------------------------------
+FI_READ = 1 << 8
+FI_WRITE = 1 << 9
+FI_RECV = 1 << 10
+FI_SEND = 1 << 11
+FI_REMOTE_READ = 1 << 12
+FI_REMOTE_WRITE = 1 << 13
+FI_ACCESS_ALL = FI_READ | FI_WRITE | FI_RECV | FI_SEND | FI_REMOTE_READ | FI_REMOTE_WRITE
+FI_HMEM = 1 << 47               # capability: device memory
+FI_RMA_EVENT = 1 << 56          # registration flag
+FI_KEY_NOTAVAIL = (1 << 64) - 1
+
+FI_MR_UNSPEC, FI_MR_BASIC, FI_MR_SCALABLE = 0, 1, 2
+FI_MR_LOCAL = 1 << 2
+FI_MR_RAW = 1 << 3
+FI_MR_VIRT_ADDR = 1 << 4
+FI_MR_ALLOCATED = 1 << 5
+FI_MR_PROV_KEY = 1 << 6
+FI_MR_MMU_NOTIFY = 1 << 7
+FI_MR_RMA_EVENT = 1 << 8
+FI_MR_ENDPOINT = 1 << 9
+FI_MR_HMEM = 1 << 10
+
+FI_CLASS_DOMAIN, FI_CLASS_EP, FI_CLASS_MR, FI_CLASS_CNTR = 2, 3, 12, 15
+
+# -- rdma/fi_domain.h -----------------------------------------------------------------------
+FI_MR_DMABUF = 1 << 40
+FI_HMEM_SYSTEM, FI_HMEM_CUDA, FI_HMEM_ROCR, FI_HMEM_ZE = 0, 1, 2, 3
+
+MR_KEY_SIZE = 4                 # domain_attr.mr_key_size: the rkey's 32 bits
+MR_IOV_LIMIT = 1                # domain_attr.mr_iov_limit: one ibv_mr per fid_mr
+RAW_KEY_FMT = "<I"              # the raw key: the rkey, little-endian
+
+
+@attrs.define(eq=False)
+class fid:
+    """Mirrors struct fid: the class and the user's context."""
+
+    fclass: int
+    context: Any = None
+
+
+@attrs.define(eq=False)
+class fid_domain(fid):
+    """A verbs domain: its process, ibv_context and PD, the negotiated mr_mode, and
+    the key tables (requested keys, mapped raw keys)."""
+
+    proc: Any = None
+    ctx: Any = None
+    pd: Any = None
+    mr_mode: int = 0
+    caps: int = 0
+    keys: dict = attrs.Factory(dict)          # requested key -> fid_mr (not PROV_KEY)
+    raw_keys: dict = attrs.Factory(dict)      # mapped key -> (base_addr, rkey)
+    mrs: list = attrs.Factory(list)
+    eps: list = attrs.Factory(list)
+    next_raw: int = 1
+    cuda: Any = None                          # the process's CUDA runtime, with FI_HMEM
+
+
+@attrs.define(eq=False)
+class fid_ep(fid):
+    """An endpoint: here only what FI_MR_ENDPOINT MRs are bound to."""
+
+    domain: Any = None
+    mrs: list = attrs.Factory(list)
+
+
+@attrs.define(eq=False)
+class fid_mr(fid):
+    """Mirrors struct fid_mr: mem_desc and key, over one ibv_mr."""
+
+    domain: Any = None
+    ibv_mr: Any = None
+    mem_desc: Any = None
+    key: int = FI_KEY_NOTAVAIL
+    iface: int = FI_HMEM_SYSTEM
+    device: int = 0
+    addr: int = 0
+    length: int = 0
+    access: int = 0
+    enabled: bool = True
+    eps: list = attrs.Factory(list)
+
+
+@attrs.define(eq=False)
+class fi_mr_attr:
+    """Mirrors struct fi_mr_attr (the fields this layer reads)."""
+
+    mr_iov: Sequence[tuple[int, int]] = ()
+    access: int = 0
+    offset: int = 0
+    requested_key: int = 0
+    context: Any = None
+    iface: int = FI_HMEM_SYSTEM
+    device: int = 0
+
+    @property
+    def iov_count(self) -> int:
+        return len(self.mr_iov)
+
+
+# -- the domain ----------------------------------------------------------------------------
+def _negotiate(mr_mode: int) -> int | None:
+    """The mode the verbs domain runs in for these hints, or None (no provider)."""
+    if mr_mode == FI_MR_BASIC:
+        mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_LOCAL
+    elif mr_mode == FI_MR_SCALABLE:
+        mr_mode = 0
+    if not mr_mode & FI_MR_ALLOCATED:
+        return None                   # the registration pins: no on-demand paging here
+    return mr_mode & ~(FI_MR_MMU_NOTIFY | FI_MR_RMA_EVENT | FI_MR_BASIC | FI_MR_SCALABLE)
+
+
+@traced
+def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None
+              ) -> tuple[int, fid_domain | None]:
+    """fi_getinfo with these hints + fi_fabric + fi_domain: a verbs domain on the RDMA
+    device `name` (the first by default).  -FI_ENODATA when no provider takes the
+    hints (mr_mode without FI_MR_ALLOCATED), -FI_ENODEV without a device."""
+    mode = _negotiate(mr_mode)
+    if mode is None:
+        return -FI_ENODATA, None
+    if not caps & FI_HMEM:
+        mode &= ~FI_MR_HMEM
+    devs = [d for d in v.ibv_get_device_list(proc) if name is None or d.name == name]
+    if not devs:
+        return -FI_ENODEV, None
+    try:
+        ctx = v.ibv_open_device(proc, devs[0])
+        pd = v.ibv_alloc_pd(ctx)
+    except VerbsError as e:
+        return -e.errno, None
+    dom = fid_domain(FI_CLASS_DOMAIN, None, proc, ctx, pd, mode, caps)
+    if caps & FI_HMEM:
+        dom.cuda = _cuda_runtime(proc)
+    return 0, dom
+
+
+def _cuda_runtime(proc: Any) -> Any:
+    """The process's CUDA runtime, or None when it has no GPU to open."""
+    from userspace.cuda.runtime import cudart
+    try:
+        return cudart(proc)
+    except OSError:
+        return None
+
+
+@traced
+def fi_endpoint(domain: fid_domain, context: Any = None) -> tuple[int, fid_ep]:
+    """An endpoint of the domain (for FI_MR_ENDPOINT binding)."""
+    ep = fid_ep(FI_CLASS_EP, context, domain)
+    domain.eps.append(ep)
+    return 0, ep
+
+
+# -- registration ------------------------------------------------------------------------------
+def _ibv_access(access: int) -> int:
+    """Mirrors the verbs provider's access translation: anything the HCA writes locally
+    (a receive, a READ's data) needs LOCAL_WRITE, and verbs requires LOCAL_WRITE with
+    REMOTE_WRITE."""
+    out = 0
+    if access & (FI_RECV | FI_READ):
+        out |= v.IBV_ACCESS_LOCAL_WRITE
+    if access & FI_REMOTE_READ:
+        out |= v.IBV_ACCESS_REMOTE_READ
+    if access & FI_REMOTE_WRITE:
+        out |= v.IBV_ACCESS_REMOTE_WRITE | v.IBV_ACCESS_LOCAL_WRITE
+    return out
+
+
+def _is_cuda(domain: fid_domain, addr: int) -> bool:
+    """Is addr CUDA device memory?  The provider's own discovery in an FI_HMEM domain
+    (ofi_get_hmem_iface: cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE));
+    without FI_HMEM every buffer is system memory to the layer."""
+    from userspace.cuda.runtime import CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    if domain.cuda is None:
+        return False
+    try:
+        kind = domain.cuda.cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
+    except OSError:
+        return False                      # not CUDA memory
+    return kind == CU_MEMORYTYPE_DEVICE
+
+
+@traced
+def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
+                  ) -> tuple[int, fid_mr | None]:
+    """Mirrors fi_mr_regattr(): register attr's buffer with the domain's rules.
+
+    -FI_EBADFLAGS for flags the domain does not take (FI_RMA_EVENT: verbs has no
+    RMA events; FI_MR_DMABUF: not yet); -FI_EINVAL for no or several iovs (the
+    domain's mr_iov_limit is 1), a zero length, a non-zero offset, access bits
+    that are not FI access bits, device memory through fi_mr_reg when FI_MR_HMEM
+    is set, or device memory in a domain without FI_HMEM; -FI_EOPNOTSUPP for an
+    iface other than system and CUDA; -FI_EKEYREJECTED / -FI_ENOKEY for a
+    requested key out of range / in use; the verbs errno of ibv_reg_mr.
+    """
+    if flags:                         # FI_RMA_EVENT, FI_MR_DMABUF: not in this domain
+        return -FI_EBADFLAGS, None
+    if attr.iov_count != MR_IOV_LIMIT:
+        return -FI_EINVAL, None
+    addr, length = attr.mr_iov[0]
+    if length <= 0 or attr.offset != 0:
+        return -FI_EINVAL, None
+    if not attr.access or attr.access & ~FI_ACCESS_ALL:
+        return -FI_EINVAL, None
+    iface = attr.iface
+    if iface not in (FI_HMEM_SYSTEM, FI_HMEM_CUDA):
+        return -FI_EOPNOTSUPP, None
+    if iface == FI_HMEM_SYSTEM and _is_cuda(domain, addr):
+        if domain.mr_mode & FI_MR_HMEM:
+            return -FI_EINVAL, None       # device memory must be named by its iface
+        iface = FI_HMEM_CUDA
+    if iface != FI_HMEM_SYSTEM and not domain.caps & FI_HMEM:
+        return -FI_EINVAL, None
+    prov_key = bool(domain.mr_mode & FI_MR_PROV_KEY)
+    if not prov_key:
+        if attr.requested_key >> (8 * MR_KEY_SIZE):
+            return -FI_EKEYREJECTED, None
+        if attr.requested_key in domain.keys:
+            return -FI_ENOKEY, None
+    iova = addr if domain.mr_mode & FI_MR_VIRT_ADDR else 0
+    try:
+        ibmr = v.ibv_reg_mr_iova(domain.pd, addr, length, iova, _ibv_access(attr.access))
+    except VerbsError as e:
+        return -e.errno, None
+    key = ibmr.rkey if prov_key else attr.requested_key
+    mr = fid_mr(FI_CLASS_MR, attr.context, domain, ibmr, ibmr.lkey, key, iface,
+                attr.device, addr, length, attr.access,
+                enabled=not domain.mr_mode & FI_MR_ENDPOINT)
+    if not prov_key:
+        domain.keys[key] = mr
+    domain.mrs.append(mr)
+    return 0, mr
+
+
+@traced
+def fi_mr_reg(domain: fid_domain, buf: int, length: int, access: int, offset: int,
+              requested_key: int, flags: int, context: Any = None
+              ) -> tuple[int, fid_mr | None]:
+    """Mirrors fi_mr_reg(): fi_mr_regattr of one system-memory buffer (CUDA memory is
+    found by the layer itself when FI_MR_HMEM is unset)."""
+    return fi_mr_regattr(domain, fi_mr_attr([(buf, length)], access, offset, requested_key,
+                                            context), flags)
+
+
+@traced
+def fi_mr_regv(domain: fid_domain, iov: Sequence[tuple[int, int]], count: int, access: int,
+               offset: int, requested_key: int, flags: int, context: Any = None
+               ) -> tuple[int, fid_mr | None]:
+    """Mirrors fi_mr_regv(): fi_mr_regattr of `count` iovs (the domain takes one)."""
+    return fi_mr_regattr(domain, fi_mr_attr(list(iov)[:count], access, offset, requested_key,
+                                            context), flags)
+
+
+# -- the MR's keys ---------------------------------------------------------------------------
+def fi_mr_desc(mr: fid_mr) -> Any:
+    """Mirrors fi_mr_desc(): the local descriptor (the lkey)."""
+    return mr.mem_desc
+
+
+def fi_mr_key(mr: fid_mr) -> int:
+    """Mirrors fi_mr_key(): the remote key; FI_KEY_NOTAVAIL under FI_MR_RAW."""
+    if mr.domain.mr_mode & FI_MR_RAW:
+        return FI_KEY_NOTAVAIL
+    return mr.key
+
+
+@traced
+def fi_mr_raw_attr(mr: fid_mr, key_size: int, flags: int = 0
+                   ) -> tuple[int, int, bytes, int]:
+    """Mirrors fi_mr_raw_attr(): (ret, base_addr, raw_key, key_size).  A key_size
+    smaller than the key gives -FI_ETOOSMALL, with key_size set to what is needed."""
+    if flags:
+        return -FI_EBADFLAGS, 0, b"", key_size
+    raw = struct.pack(RAW_KEY_FMT, mr.ibv_mr.rkey)
+    if key_size < len(raw):
+        return -FI_ETOOSMALL, 0, b"", len(raw)
+    base = mr.addr if mr.domain.mr_mode & FI_MR_VIRT_ADDR else 0
+    return 0, base, raw, len(raw)
+
+
+@traced
+def fi_mr_map_raw(domain: fid_domain, base_addr: int, raw_key: bytes, key_size: int,
+                  flags: int = 0) -> tuple[int, int]:
+    """Mirrors fi_mr_map_raw(): a peer's raw key as a 64-bit key usable in transfers."""
+    if flags:
+        return -FI_EBADFLAGS, 0
+    if key_size != struct.calcsize(RAW_KEY_FMT) or len(raw_key) < key_size:
+        return -FI_EINVAL, 0
+    (rkey,) = struct.unpack(RAW_KEY_FMT, bytes(raw_key[:key_size]))
+    key = domain.next_raw
+    domain.next_raw += 1
+    domain.raw_keys[key] = (base_addr, rkey)
+    return 0, key
+
+
+@traced
+def fi_mr_unmap_key(domain: fid_domain, key: int) -> int:
+    """Mirrors fi_mr_unmap_key(): forget a key fi_mr_map_raw made; -FI_EINVAL if none."""
+    if domain.raw_keys.pop(key, None) is None:
+        return -FI_EINVAL
+    return 0
+
+
+# -- binding, enabling, refresh ------------------------------------------------------------
+@traced
+def fi_mr_bind(mr: fid_mr, bfid: fid, flags: int = 0) -> int:
+    """Mirrors fi_mr_bind(): an FI_MR_ENDPOINT MR to an endpoint, before fi_mr_enable.
+    -FI_ENOSYS for a counter (verbs reports no RMA events), -FI_EINVAL for another
+    object or a domain not in FI_MR_ENDPOINT mode, -FI_EOPBADSTATE once enabled."""
+    if bfid.fclass == FI_CLASS_CNTR:
+        return -FI_ENOSYS
+    if bfid.fclass != FI_CLASS_EP or not mr.domain.mr_mode & FI_MR_ENDPOINT:
+        return -FI_EINVAL
+    if flags:
+        return -FI_EBADFLAGS
+    if mr.enabled:
+        return -FI_EOPBADSTATE
+    mr.eps.append(bfid)
+    bfid.mrs.append(mr)
+    return 0
+
+
+@traced
+def fi_mr_enable(mr: fid_mr) -> int:
+    """Mirrors fi_mr_enable(): an FI_MR_ENDPOINT MR becomes usable once bound;
+    -FI_EOPBADSTATE if it is not bound to an endpoint yet."""
+    if mr.enabled:
+        return 0
+    if not mr.eps:
+        return -FI_EOPBADSTATE
+    mr.enabled = True
+    return 0
+
+
+@traced
+def fi_mr_refresh(mr: fid_mr, iov: Sequence[tuple[int, int]], count: int,
+                  flags: int = 0) -> int:
+    """Mirrors fi_mr_refresh(): -FI_ENOSYS - the domain requires FI_MR_ALLOCATED, so the
+    pages are pinned at registration and never need refreshing."""
+    return -FI_ENOSYS
+
+
+# -- close -----------------------------------------------------------------------------------
+@traced
+def fi_close(f: fid) -> int:
+    """Mirrors fi_close() of an MR, endpoint or domain.  An MR bound to an open
+    endpoint, or a domain with MRs or endpoints open, is -FI_EBUSY."""
+    if isinstance(f, fid_mr):
+        if f.eps:
+            return -FI_EBUSY
+        try:
+            v.ibv_dereg_mr(f.ibv_mr)
+        except VerbsError as e:
+            return -e.errno
+        f.domain.mrs.remove(f)
+        if f.domain.keys.get(f.key) is f:
+            del f.domain.keys[f.key]
+        return 0
+    if isinstance(f, fid_ep):
+        for mr in f.mrs:
+            mr.eps.remove(f)
+        f.mrs.clear()
+        f.domain.eps.remove(f)
+        return 0
+    if isinstance(f, fid_domain):
+        if f.mrs or f.eps:
+            return -FI_EBUSY
+        v.ibv_dealloc_pd(f.pd)
+        v.ibv_close_device(f.ctx)
+        return 0                       # the process's CUDA runtime is not the domain's
+    return -FI_EINVAL
