@@ -148,6 +148,10 @@ class Process:
         return self._sys(syscalls.sys_mmap, addr, length, prot, flags, fd, offset)
 
     def munmap(self, addr: int, length: int) -> int:
+        # EMU: libfabric's memhooks monitor patches the program's relocations so its
+        # hook runs before munmap; a library installs such hooks in `memhooks` here
+        for hook in list(self.__dict__.get("memhooks", ())):
+            hook(addr, length)
         return self._sys(syscalls.sys_munmap, addr, length)
 
     def getdents(self, path: str) -> list[str] | int:

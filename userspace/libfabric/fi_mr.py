@@ -64,6 +64,14 @@ from userspace.libfabric.fi_errno import (
     FI_EOPNOTSUPP,
     FI_ETOOSMALL,
 )
+from userspace.libfabric.mr_cache import (
+    memhooks_subscribe,
+    memhooks_unsubscribe,
+    ofi_mr_cache,
+    ofi_mr_cache_cleanup,
+    ofi_mr_cache_delete,
+    ofi_mr_cache_search,
+)
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError
 
@@ -125,6 +133,7 @@ class fid_domain(fid):
     eps: list = attrs.Factory(list)
     next_raw: int = 1
     cuda: Any = None                          # the process's CUDA runtime, with FI_HMEM
+    cache: Any = None                         # the registration cache (mr_cache.py)
 
 
 @attrs.define(eq=False)
@@ -150,6 +159,7 @@ class fid_mr(fid):
     access: int = 0
     enabled: bool = True
     eps: list = attrs.Factory(list)
+    entry: Any = None                         # the cache entry behind it, if cached
 
 
 @attrs.define(eq=False)
@@ -182,11 +192,15 @@ def _negotiate(mr_mode: int) -> int | None:
 
 
 @traced
-def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None
-              ) -> tuple[int, fid_domain | None]:
+def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None,
+              env: dict[str, str] | None = None) -> tuple[int, fid_domain | None]:
     """fi_getinfo with these hints + fi_fabric + fi_domain: a verbs domain on the RDMA
     device `name` (the first by default).  -FI_ENODATA when no provider takes the
-    hints (mr_mode without FI_MR_ALLOCATED), -FI_ENODEV without a device."""
+    hints (mr_mode without FI_MR_ALLOCATED), -FI_ENODEV without a device.
+
+    `env` (default: the process's environment, as libfabric reads it): the
+    FI_MR_CACHE_* variables configure the registration cache (mr_cache.py), which fi_mr_reg
+    uses when the keys are the provider's and MRs need no endpoint binding."""
     mode = _negotiate(mr_mode)
     if mode is None:
         return -FI_ENODATA, None
@@ -203,6 +217,16 @@ def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None
     dom = fid_domain(FI_CLASS_DOMAIN, None, proc, ctx, pd, mode, caps)
     if caps & FI_HMEM:
         dom.cuda = _cuda_runtime(proc)
+    try:
+        cache = ofi_mr_cache(dom, proc.environ if env is None else env)
+    except ValueError:                 # an FI_MR_CACHE_* value libfabric would refuse
+        v.ibv_dealloc_pd(pd)
+        v.ibv_close_device(ctx)
+        return -FI_EINVAL, None
+    if cache.enabled and mode & FI_MR_PROV_KEY and not mode & FI_MR_ENDPOINT:
+        dom.cache = cache
+        if cache.monitor == "memhooks":
+            memhooks_subscribe(proc, cache)
     return 0, dom
 
 
@@ -289,19 +313,47 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
             return -FI_EKEYREJECTED, None
         if attr.requested_key in domain.keys:
             return -FI_ENOKEY, None
-    iova = addr if domain.mr_mode & FI_MR_VIRT_ADDR else 0
-    try:
-        ibmr = v.ibv_reg_mr_iova(domain.pd, addr, length, iova, _ibv_access(attr.access))
-    except VerbsError as e:
-        return -e.errno, None
-    key = ibmr.rkey if prov_key else attr.requested_key
-    mr = fid_mr(FI_CLASS_MR, attr.context, domain, ibmr, ibmr.lkey, key, iface,
-                attr.device, addr, length, attr.access,
-                enabled=not domain.mr_mode & FI_MR_ENDPOINT)
-    if not prov_key:
-        domain.keys[key] = mr
+    cache = domain.cache
+    if cache is not None and (iface != FI_HMEM_CUDA or cache.cuda_monitor):
+        ret, entry = ofi_mr_cache_search(cache, addr, length, attr.access, iface,
+                                         attr.device)
+        if ret:
+            return ret, None
+        base = entry.mr
+        mr = fid_mr(FI_CLASS_MR, attr.context, domain, base.ibv_mr, base.mem_desc, base.key,
+                    iface, attr.device, addr, length, attr.access, entry=entry)
+    else:
+        ret, mr = _register_uncached(domain, addr, length, attr.access, iface, attr.device)
+        if ret:
+            return ret, None
+        mr.context = attr.context
+        if not prov_key:
+            mr.key = attr.requested_key
+            domain.keys[mr.key] = mr
     domain.mrs.append(mr)
     return 0, mr
+
+
+def _register_uncached(domain: fid_domain, addr: int, length: int, access: int, iface: int,
+                       device: int) -> tuple[int, fid_mr | None]:
+    """The verbs registration behind an MR (what the cache keeps): ibv_reg_mr_iova with
+    the iova the mode asks for; the verbs errno on failure."""
+    iova = addr if domain.mr_mode & FI_MR_VIRT_ADDR else 0
+    try:
+        ibmr = v.ibv_reg_mr_iova(domain.pd, addr, length, iova, _ibv_access(access))
+    except VerbsError as e:
+        return -e.errno, None
+    return 0, fid_mr(FI_CLASS_MR, None, domain, ibmr, ibmr.lkey, ibmr.rkey, iface, device,
+                     addr, length, access, enabled=not domain.mr_mode & FI_MR_ENDPOINT)
+
+
+def _dereg(mr: fid_mr) -> int:
+    """ibv_dereg_mr of the registration behind an MR: 0 or -errno."""
+    try:
+        v.ibv_dereg_mr(mr.ibv_mr)
+    except VerbsError as e:
+        return -e.errno
+    return 0
 
 
 @traced
@@ -420,10 +472,12 @@ def fi_close(f: fid) -> int:
     if isinstance(f, fid_mr):
         if f.eps:
             return -FI_EBUSY
-        try:
-            v.ibv_dereg_mr(f.ibv_mr)
-        except VerbsError as e:
-            return -e.errno
+        if f.entry is not None:
+            ofi_mr_cache_delete(f.domain.cache, f.entry)     # lazily: the pin may stay
+        else:
+            ret = _dereg(f)
+            if ret:
+                return ret
         f.domain.mrs.remove(f)
         if f.domain.keys.get(f.key) is f:
             del f.domain.keys[f.key]
@@ -437,6 +491,9 @@ def fi_close(f: fid) -> int:
     if isinstance(f, fid_domain):
         if f.mrs or f.eps:
             return -FI_EBUSY
+        if f.cache is not None:
+            ofi_mr_cache_cleanup(f.cache)        # nothing is in use: every entry goes
+            memhooks_unsubscribe(f.proc, f.cache)
         v.ibv_dealloc_pd(f.pd)
         v.ibv_close_device(f.ctx)
         return 0                       # the process's CUDA runtime is not the domain's

@@ -1,0 +1,278 @@
+"""Mirrors libfabric's registration cache (prov/util/src/util_mr_cache.c) and its memory
+monitors (util_mem_monitor.c, util_mem_hooks.c, cuda_mem_monitor.c).
+
+Registering memory costs a pin, an IOMMU/BAR1 mapping and a firmware command, so
+a provider keeps registrations after the application closes them (lazy
+unpinning) and hands the same one back when the same range is registered
+again.  The danger is the one real caches have shipped: handing back a
+registration whose pages no longer back the address (free + reallocate,
+munmap + mmap, cudaFree + cudaMalloc at the same address).  Monitors guard
+against it:
+
+  memhooks    the process's munmap is intercepted before it runs (libfabric
+              patches the ELF relocations of mmap/munmap/...; # EMU: here
+              Process.munmap calls the installed hooks) and the cache drops
+              every entry overlapping the range
+  disabled    no cache: every fi_mr_reg registers, every fi_close deregisters
+  cuda        tag-based (seed 002: the buffer ID): an entry for CUDA memory
+              remembers CU_POINTER_ATTRIBUTE_BUFFER_ID; a search compares it
+              with the address's current one, and a different ID (cudaFree +
+              cudaMalloc reused the address) makes the entry stale - dropped,
+              and registered anew
+
+Configuration, read from the environment given to the domain, as libfabric
+reads its own:
+  FI_MR_CACHE_MAX_COUNT   entries kept (default 1024); 0 disables the cache
+  FI_MR_CACHE_MAX_SIZE    bytes kept (default: unlimited)
+  FI_MR_CACHE_MONITOR     memhooks (default here) or disabled
+  FI_MR_CUDA_CACHE_MONITOR_ENABLED   1 (default) or 0: CUDA memory not cached
+
+Entries not in use sit on an LRU list; going over either limit evicts from
+its cold end, and a registration failing for lack of resources (ENOMEM,
+EAGAIN; for CUDA memory also EFAULT, which is how BAR1 exhaustion reaches
+verbs through nv_peer_mem's acquire probe) flushes the whole list and
+retries once.  CUDA ranges are cached on 64 KiB GPU-page boundaries.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections import OrderedDict
+from typing import Any
+
+from kernel_model.trace import traced
+
+GPU_PAGE = 1 << 16
+DEFAULT_MAX_COUNT = 1024
+MONITORS = ("memhooks", "disabled")
+RETRY_ERRNOS = (errno.ENOMEM, errno.EAGAIN)
+
+
+class ofi_mr_entry:
+    """Mirrors struct ofi_mr_entry: one cached registration."""
+
+    __slots__ = ("start", "end", "iface", "device", "mr", "use_cnt", "buffer_id", "dead")
+
+    def __init__(self, start: int, end: int, iface: int, device: int, mr: Any,
+                 buffer_id: int | None):
+        self.start, self.end = start, end
+        self.iface, self.device = iface, device
+        self.mr = mr                        # the fid_mr the domain registered
+        self.use_cnt = 1
+        self.buffer_id = buffer_id          # the CUDA tag, None for host memory
+        self.dead = False                   # invalidated while in use
+
+    def __repr__(self) -> str:
+        return (f"ofi_mr_entry [{self.start:#x}, {self.end:#x}) iface {self.iface} "
+                f"use {self.use_cnt}{' dead' if self.dead else ''}")
+
+
+class ofi_mr_cache:
+    """Mirrors struct ofi_mr_cache: storage, LRU list, limits, monitors, statistics."""
+
+    def __init__(self, domain: Any, env: dict[str, str] | None = None):
+        env = env or {}
+        self.domain = domain
+        try:
+            self.max_cached_cnt = int(env.get("FI_MR_CACHE_MAX_COUNT", DEFAULT_MAX_COUNT))
+            size = env.get("FI_MR_CACHE_MAX_SIZE")
+            self.max_cached_size = int(size) if size is not None else None   # unlimited
+        except ValueError:
+            raise ValueError("FI_MR_CACHE_MAX_COUNT/SIZE: not a number") from None
+        self.monitor = env.get("FI_MR_CACHE_MONITOR", "memhooks")
+        if self.monitor not in MONITORS:
+            raise ValueError(f"FI_MR_CACHE_MONITOR={self.monitor!r}: one of {MONITORS}")
+        self.cuda_monitor = env.get("FI_MR_CUDA_CACHE_MONITOR_ENABLED", "1") != "0"
+        # exact (iface, device, start, end) -> entry; then a scan for containing ones
+        self.entries: dict[tuple[int, int, int, int], ofi_mr_entry] = {}
+        self.lru: OrderedDict[ofi_mr_entry, None] = OrderedDict()
+        self.cached_cnt = 0
+        self.cached_size = 0
+        self.stats = dict.fromkeys(("search", "hit", "miss", "evict", "notify",
+                                    "stale", "uncached", "retry"), 0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_cached_cnt > 0 and self.monitor != "disabled"
+
+    def __repr__(self) -> str:
+        return (f"ofi_mr_cache {self.cached_cnt} entries {self.cached_size} bytes, "
+                f"{len(self.lru)} unused")
+
+    # -- storage ---------------------------------------------------------------------------
+    def _find(self, iface: int, device: int, start: int, end: int) -> ofi_mr_entry | None:
+        e = self.entries.get((iface, device, start, end))
+        if e is not None:
+            return e
+        for e in self.entries.values():        # a larger entry holding the range
+            if e.iface == iface and e.device == device and e.start <= start and end <= e.end:
+                return e
+        return None
+
+    def _insert(self, e: ofi_mr_entry) -> None:
+        self.entries[(e.iface, e.device, e.start, e.end)] = e
+        self.cached_cnt += 1
+        self.cached_size += e.end - e.start
+
+    def _remove(self, e: ofi_mr_entry) -> None:
+        if self.entries.pop((e.iface, e.device, e.start, e.end), None) is e:
+            self.cached_cnt -= 1
+            self.cached_size -= e.end - e.start
+        self.lru.pop(e, None)
+
+    def _free(self, e: ofi_mr_entry) -> None:
+        """Deregister an entry (the pin and the mkey go)."""
+        from userspace.libfabric.fi_mr import _dereg
+        _dereg(e.mr)
+
+    def _full(self, extra: int) -> bool:
+        """No room to add an entry of `extra` bytes."""
+        if self.cached_cnt + 1 > self.max_cached_cnt:
+            return True
+        return self.max_cached_size is not None and self.cached_size + extra > \
+            self.max_cached_size
+
+    def _over(self) -> bool:
+        """Holding more than the limits allow."""
+        return self.cached_cnt > self.max_cached_cnt or (
+            self.max_cached_size is not None and self.cached_size > self.max_cached_size)
+
+    def _evict_one(self) -> bool:
+        if not self.lru:
+            return False
+        e, _ = self.lru.popitem(last=False)          # the coldest unused entry
+        self._remove(e)
+        self._free(e)
+        self.stats["evict"] += 1
+        return True
+
+
+def _round(cache: ofi_mr_cache, iface: int, addr: int, length: int) -> tuple[int, int]:
+    from userspace.libfabric.fi_mr import FI_HMEM_CUDA
+    if iface == FI_HMEM_CUDA:
+        return addr & ~(GPU_PAGE - 1), -(-(addr + length) // GPU_PAGE) * GPU_PAGE
+    return addr, addr + length
+
+
+def _buffer_id(domain: Any, addr: int) -> int | None:
+    from userspace.cuda.runtime import CU_POINTER_ATTRIBUTE_BUFFER_ID
+    try:
+        return domain.cuda.cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_BUFFER_ID, addr)
+    except OSError:
+        return None
+
+
+@traced
+def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int,
+                        iface: int, device: int) -> tuple[int, ofi_mr_entry | None]:
+    """Mirrors ofi_mr_cache_search(): a cached registration holding the range (a hit:
+    its use count goes up and it leaves the LRU list), or a new one (a miss).
+    Returns (0, entry) or (-errno, None); a CUDA entry whose buffer ID no longer
+    matches the address is stale - dropped and registered anew."""
+    from userspace.libfabric.fi_mr import FI_HMEM_CUDA
+    cache.stats["search"] += 1
+    start, end = _round(cache, iface, addr, length)
+    cuda = iface == FI_HMEM_CUDA
+    e = cache._find(iface, device, start, end)
+    tag = None
+    if cuda:
+        tag = _buffer_id(cache.domain, addr)
+        if e is not None and e.buffer_id != tag:      # the address was freed and reused
+            cache.stats["stale"] += 1
+            ofi_mr_cache_notify(cache, e.start, e.end - e.start, iface)
+            e = None
+    if e is not None and not (access & ~e.mr.access):
+        cache.stats["hit"] += 1
+        if e.use_cnt == 0:
+            del cache.lru[e]
+        e.use_cnt += 1
+        return 0, e
+    cache.stats["miss"] += 1
+    while cache._full(end - start) and cache._evict_one():
+        pass
+    ret, mr = _register(cache, start, end - start, access, iface, device)
+    if ret:
+        return ret, None
+    e = ofi_mr_entry(start, end, iface, device, mr, tag)
+    if cache._full(end - start):
+        cache.stats["uncached"] += 1                  # every entry is in use: not kept
+        e.dead = True
+        return 0, e
+    cache._insert(e)
+    return 0, e
+
+
+def _register(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: int,
+              device: int) -> tuple[int, Any]:
+    """The domain's own registration; out of resources, flush the LRU list, retry once."""
+    from userspace.libfabric.fi_mr import FI_HMEM_CUDA, _register_uncached
+    ret, mr = _register_uncached(cache.domain, addr, length, access, iface, device)
+    retry = RETRY_ERRNOS + ((errno.EFAULT,) if iface == FI_HMEM_CUDA else ())
+    if ret and -ret in retry and cache.lru:
+        cache.stats["retry"] += 1
+        ofi_mr_cache_flush(cache)
+        ret, mr = _register_uncached(cache.domain, addr, length, access, iface, device)
+    return ret, mr
+
+
+@traced
+def ofi_mr_cache_delete(cache: ofi_mr_cache, e: ofi_mr_entry) -> None:
+    """Mirrors ofi_mr_cache_delete(): the user is done with it.  The last user puts a
+    live entry on the LRU list (the pin stays); a dead one is deregistered now."""
+    e.use_cnt -= 1
+    if e.use_cnt:
+        return
+    if e.dead:
+        cache._free(e)
+        return
+    cache.lru[e] = None
+    while cache._over() and cache._evict_one():
+        pass
+
+
+@traced
+def ofi_mr_cache_notify(cache: ofi_mr_cache, addr: int, length: int,
+                        iface: int = 0) -> None:
+    """Mirrors ofi_mr_cache_notify(): the monitor of memory `iface` (system memory for
+    memhooks) says [addr, addr + length) changed.  Every overlapping entry of that
+    iface leaves the cache; unused ones are deregistered now, ones in use when their
+    last user closes them."""
+    end = addr + length
+    for e in [e for e in cache.entries.values()
+              if e.iface == iface and e.start < end and addr < e.end]:
+        cache.stats["notify"] += 1
+        cache._remove(e)
+        if e.use_cnt == 0:
+            cache._free(e)
+        else:
+            e.dead = True
+
+
+@traced
+def ofi_mr_cache_flush(cache: ofi_mr_cache) -> int:
+    """Mirrors ofi_mr_cache_flush(): deregister every unused entry; how many went."""
+    n = 0
+    while cache._evict_one():
+        n += 1
+    return n
+
+
+def ofi_mr_cache_cleanup(cache: ofi_mr_cache) -> int:
+    """Mirrors ofi_mr_cache_cleanup(): flush; entries still in use are left to their
+    users (how many, as libfabric warns of them)."""
+    ofi_mr_cache_flush(cache)
+    return sum(1 for e in cache.entries.values() if e.use_cnt)
+
+
+# -- the memhooks monitor ------------------------------------------------------------------------
+def memhooks_subscribe(proc: Any, cache: ofi_mr_cache) -> None:
+    """Install the cache's munmap hook in the process (ofi_memhooks_start)."""
+    hooks = proc.__dict__.setdefault("memhooks", [])
+    hooks.append(lambda addr, length: ofi_mr_cache_notify(cache, addr, length, 0))
+    cache.hook = hooks[-1]
+
+
+def memhooks_unsubscribe(proc: Any, cache: ofi_mr_cache) -> None:
+    hooks = proc.__dict__.get("memhooks", [])
+    if getattr(cache, "hook", None) in hooks:
+        hooks.remove(cache.hook)
