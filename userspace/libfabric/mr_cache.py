@@ -41,8 +41,10 @@ from collections import OrderedDict
 from typing import Any
 
 from kernel_model.trace import traced
+from userspace.libfabric.fabric import FI_HMEM_CUDA
 
 GPU_PAGE = 1 << 16
+GPU_MASK = GPU_PAGE - 1
 DEFAULT_MAX_COUNT = 1024
 MONITORS = ("memhooks", "disabled")
 RETRY_ERRNOS = (errno.ENOMEM, errno.EAGAIN)
@@ -147,13 +149,6 @@ class ofi_mr_cache:
         return True
 
 
-def _round(cache: ofi_mr_cache, iface: int, addr: int, length: int) -> tuple[int, int]:
-    from userspace.libfabric.fi_mr import FI_HMEM_CUDA
-    if iface == FI_HMEM_CUDA:
-        return addr & ~(GPU_PAGE - 1), -(-(addr + length) // GPU_PAGE) * GPU_PAGE
-    return addr, addr + length
-
-
 def _buffer_id(domain: Any, addr: int) -> int | None:
     from userspace.cuda.runtime import CU_POINTER_ATTRIBUTE_BUFFER_ID
     try:
@@ -168,26 +163,41 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
     """Mirrors ofi_mr_cache_search(): a cached registration holding the range (a hit:
     its use count goes up and it leaves the LRU list), or a new one (a miss).
     Returns (0, entry) or (-errno, None); a CUDA entry whose buffer ID no longer
-    matches the address is stale - dropped and registered anew."""
-    from userspace.libfabric.fi_mr import FI_HMEM_CUDA
-    cache.stats["search"] += 1
-    start, end = _round(cache, iface, addr, length)
-    cuda = iface == FI_HMEM_CUDA
-    e = cache._find(iface, device, start, end)
+    matches the address is stale - dropped and registered anew.
+
+    The hit path is the cache's reason to exist, so it is kept short: one dict
+    probe for the exact range, no call out."""
+    stats = cache.stats
+    stats["search"] += 1
+    if iface == FI_HMEM_CUDA:
+        start, end = addr & ~GPU_MASK, (addr + length + GPU_MASK) & ~GPU_MASK
+    else:
+        start, end = addr, addr + length
+    e = cache.entries.get((iface, device, start, end))
+    if e is None:
+        e = cache._find(iface, device, start, end)
     tag = None
-    if cuda:
+    if iface == FI_HMEM_CUDA:
         tag = _buffer_id(cache.domain, addr)
         if e is not None and e.buffer_id != tag:      # the address was freed and reused
-            cache.stats["stale"] += 1
+            stats["stale"] += 1
             ofi_mr_cache_notify(cache, e.start, e.end - e.start, iface)
             e = None
-    if e is not None and not (access & ~e.mr.access):
-        cache.stats["hit"] += 1
-        if e.use_cnt == 0:
+    if e is not None and not access & ~e.mr.access:
+        stats["hit"] += 1
+        if not e.use_cnt:
             del cache.lru[e]
         e.use_cnt += 1
         return 0, e
-    cache.stats["miss"] += 1
+    stats["miss"] += 1
+    return ofi_mr_cache_miss(cache, start, end, access, iface, device, tag)
+
+
+@traced
+def ofi_mr_cache_miss(cache: ofi_mr_cache, start: int, end: int, access: int, iface: int,
+                      device: int, tag: int | None) -> tuple[int, ofi_mr_entry | None]:
+    """The miss path: make room (evict from the LRU list), register, insert - or hand
+    back an entry not kept when every cached one is in use."""
     while cache._full(end - start) and cache._evict_one():
         pass
     ret, mr = _register(cache, start, end - start, access, iface, device)
@@ -202,10 +212,11 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
     return 0, e
 
 
+
 def _register(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: int,
               device: int) -> tuple[int, Any]:
     """The domain's own registration; out of resources, flush the LRU list, retry once."""
-    from userspace.libfabric.fi_mr import FI_HMEM_CUDA, _register_uncached
+    from userspace.libfabric.fi_mr import _register_uncached
     ret, mr = _register_uncached(cache.domain, addr, length, access, iface, device)
     retry = RETRY_ERRNOS + ((errno.EFAULT,) if iface == FI_HMEM_CUDA else ())
     if ret and -ret in retry and cache.lru:
@@ -226,8 +237,9 @@ def ofi_mr_cache_delete(cache: ofi_mr_cache, e: ofi_mr_entry) -> None:
         cache._free(e)
         return
     cache.lru[e] = None
-    while cache._over() and cache._evict_one():
-        pass
+    if cache.cached_cnt > cache.max_cached_cnt or cache.max_cached_size is not None:
+        while cache._over() and cache._evict_one():
+            pass
 
 
 @traced
