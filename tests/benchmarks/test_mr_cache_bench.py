@@ -1,0 +1,103 @@
+"""The registration cache (issue 8's figures): a hit, and a miss of one page and of
+1 GiB, against registering without the cache.
+
+On the faulted 1 GiB of anonymous memory (contiguous layout, conftest.py) of an
+rdma_host, `ulimit -l unlimited`:
+  * hit: ofi_mr_cache_search + ofi_mr_cache_delete of a cached page (the cache's
+    own cost), and fi_mr_reg + fi_close through it (the whole fi_mr call);
+  * miss: fi_mr_reg + fi_close of a range the cache does not hold, then the
+    flush that deregisters it - one registration and one deregistration, as
+  * no cache: fi_mr_reg + fi_close with FI_MR_CACHE_MONITOR=disabled.
+Ratios go in the closing notes; only the results are asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_model.machine import GiB
+from kernel_model.platform import rdma_host
+from kernel_model.task import RLIM_INFINITY, RLIMIT_MEMLOCK
+from tests.benchmarks.conftest import Faulted
+from userspace.libfabric.fi_mr import (
+    FI_MR_ALLOCATED,
+    FI_MR_LOCAL,
+    FI_MR_PROV_KEY,
+    FI_MR_VIRT_ADDR,
+    FI_REMOTE_WRITE,
+    fi_close,
+    fi_domain,
+    fi_mr_reg,
+)
+from userspace.libfabric.mr_cache import (
+    ofi_mr_cache_delete,
+    ofi_mr_cache_flush,
+    ofi_mr_cache_search,
+)
+
+BASIC = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY
+PAGE = 4096
+
+
+@pytest.fixture(scope="module")
+def fab():
+    m = rdma_host(ram_size=3 * GiB)
+    m.load_module("mlx5_ib")
+    f = Faulted(GiB, False, machine=m)
+    p = f.proc
+    p.task.rlim[RLIMIT_MEMLOCK] = [RLIM_INFINITY, RLIM_INFINITY]
+    _, cached = fi_domain(p, BASIC, env={})
+    _, plain = fi_domain(p, BASIC, env={"FI_MR_CACHE_MONITOR": "disabled"})
+    assert cached.cache is not None and plain.cache is None
+    yield f, cached, plain
+    assert fi_close(cached) == 0 and fi_close(plain) == 0
+    f.teardown()
+
+
+def _reg_close(dom, addr: int, size: int) -> int:
+    ret, mr = fi_mr_reg(dom, addr, size, FI_REMOTE_WRITE, 0, 0, 0)
+    assert ret == 0
+    key = mr.key
+    fi_close(mr)
+    return key
+
+
+def test_hit_search_delete(benchmark, fab):
+    f, dom, _ = fab
+    _reg_close(dom, f.addr, PAGE)                      # now cached
+    cache = dom.cache
+
+    def hit():
+        ret, e = ofi_mr_cache_search(cache, f.addr, PAGE, FI_REMOTE_WRITE, 0, 0)
+        ofi_mr_cache_delete(cache, e)
+        return ret
+    assert benchmark(hit) == 0
+    assert cache.stats["hit"] >= 1
+    ofi_mr_cache_flush(cache)
+
+
+def test_hit_fi_mr_reg_close(benchmark, fab):
+    f, dom, _ = fab
+    key = _reg_close(dom, f.addr, PAGE)
+    assert benchmark(_reg_close, dom, f.addr, PAGE) == key
+    ofi_mr_cache_flush(dom.cache)
+
+
+@pytest.mark.parametrize("size", [PAGE, GiB], ids=["1page", "1gib"])
+def test_miss(benchmark, fab, size):
+    f, dom, _ = fab
+
+    def miss() -> int:
+        key = _reg_close(dom, f.addr, size)
+        assert ofi_mr_cache_flush(dom.cache) == 1      # its deregistration
+        return key
+    rounds = 20 if size == PAGE else 3
+    benchmark.pedantic(miss, rounds=rounds, iterations=1)
+    assert dom.cache.cached_cnt == 0
+
+
+@pytest.mark.parametrize("size", [PAGE, GiB], ids=["1page", "1gib"])
+def test_no_cache(benchmark, fab, size):
+    f, _, plain = fab
+    rounds = 20 if size == PAGE else 3
+    benchmark.pedantic(_reg_close, args=(plain, f.addr, size), rounds=rounds, iterations=1)
