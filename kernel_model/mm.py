@@ -83,6 +83,7 @@ class vm_area_struct:
     vm_file: file | None = None
     vm_ops: vm_operations_struct | None = None
     vm_private_data: Any = None
+    vm_userfaultfd_ctx: Any = None       # the userfaultfd this range is registered with
 
     def __repr__(self) -> str:
         f = self.vm_flags
@@ -299,6 +300,7 @@ def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
     new = vm_area_struct(mm, addr, vma.vm_end, vma.vm_flags, vma.vm_page_prot,
                          vma.vm_pgoff + ((addr - vma.vm_start) >> mm.machine.page_shift),
                          vma.vm_file, vma.vm_ops, vma.vm_private_data)
+    new.vm_userfaultfd_ctx = vma.vm_userfaultfd_ctx
     if new.vm_file is not None:
         from kernel_model.fs import get_file
         get_file(new.vm_file)
@@ -322,6 +324,8 @@ def do_munmap(mm: mm_struct, start: int, length: int) -> None:
     if length == 0:
         raise KernelError(EINVAL, "do_munmap: length is 0")
     end = start + length
+    from kernel_model.userfaultfd import userfaultfd_unmap_prep
+    userfaultfd_unmap_prep(mm, start, end)
     for vma in mm.overlapping(start, end):
         if vma.vm_start < start:
             vma = split_vma(vma, start)

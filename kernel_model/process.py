@@ -154,6 +154,9 @@ class Process:
             hook(addr, length)
         return self._sys(syscalls.sys_munmap, addr, length)
 
+    def userfaultfd(self, flags: int) -> int:
+        return self._sys(syscalls.sys_userfaultfd, flags)
+
     def getdents(self, path: str) -> list[str] | int:
         """The names in a directory of the device tree (/sys/class/...), or -errno."""
         return self._sys(syscalls.sys_getdents, path)

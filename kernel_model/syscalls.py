@@ -117,6 +117,15 @@ def sys_munmap(addr: int, length: int) -> int:
     return 0
 
 
+@traced
+@syscall
+def sys_userfaultfd(flags: int) -> int:
+    """userfaultfd(2): a file that reports what happens to the memory registered with
+    it (kernel_model/userfaultfd.py)."""
+    from kernel_model.userfaultfd import new_userfaultfd
+    return new_userfaultfd(flags)
+
+
 def sys_getdents(path: str) -> list[str] | int:
     """getdents64(2) of a directory in the device tree: entry names, or -ENOENT.
 

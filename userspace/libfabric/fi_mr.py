@@ -107,6 +107,7 @@ from userspace.libfabric.mr_cache import (
     ofi_mr_cache_cleanup,
     ofi_mr_cache_delete,
     ofi_mr_cache_search,
+    uffd_monitor,
 )
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError
@@ -230,6 +231,10 @@ def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None,
         dom.cache = cache
         if cache.monitor == "memhooks":
             memhooks_subscribe(proc, cache)
+        else:
+            cache.uffd = uffd_monitor.start(proc)
+            if cache.uffd is None:       # no userfaultfd: libfabric runs without a cache
+                dom.cache = None
     return 0, dom
 
 
@@ -497,6 +502,8 @@ def fi_close(f: fid) -> int:
         if f.cache is not None:
             ofi_mr_cache_cleanup(f.cache)        # nothing is in use: every entry goes
             memhooks_unsubscribe(f.proc, f.cache)
+            if f.cache.uffd is not None:
+                f.cache.uffd.stop()
         v.ibv_dealloc_pd(f.pd)
         v.ibv_close_device(f.ctx)
         return 0                       # the process's CUDA runtime is not the domain's

@@ -13,6 +13,11 @@ against it:
               patches the ELF relocations of mmap/munmap/...; # EMU: here
               Process.munmap calls the installed hooks) and the cache drops
               every entry overlapping the range
+  userfaultfd the kernel reports unmaps: each cached range is registered with
+              a userfaultfd (UFFDIO_REGISTER), a munmap queues
+              UFFD_EVENT_UNMAP, and the monitor reads the queue (# EMU: before
+              each search, where libfabric has a thread reading it) and drops
+              the entries it names
   disabled    no cache: every fi_mr_reg registers, every fi_close deregisters
   cuda        tag-based (seed 002: the buffer ID): an entry for CUDA memory
               remembers CU_POINTER_ATTRIBUTE_BUFFER_ID; a search compares it
@@ -24,7 +29,7 @@ Configuration, read from the environment given to the domain, as libfabric
 reads its own:
   FI_MR_CACHE_MAX_COUNT   entries kept (default 1024); 0 disables the cache
   FI_MR_CACHE_MAX_SIZE    bytes kept (default: unlimited)
-  FI_MR_CACHE_MONITOR     memhooks (default here) or disabled
+  FI_MR_CACHE_MONITOR     memhooks (default here), userfaultfd or disabled
   FI_MR_CUDA_CACHE_MONITOR_ENABLED   1 (default) or 0: CUDA memory not cached
 
 Entries not in use sit on an LRU list; going over either limit evicts from
@@ -46,7 +51,7 @@ from userspace.libfabric.fabric import FI_HMEM_CUDA
 GPU_PAGE = 1 << 16
 GPU_MASK = GPU_PAGE - 1
 DEFAULT_MAX_COUNT = 1024
-MONITORS = ("memhooks", "disabled")
+MONITORS = ("memhooks", "userfaultfd", "disabled")
 RETRY_ERRNOS = (errno.ENOMEM, errno.EAGAIN)
 
 
@@ -90,6 +95,7 @@ class ofi_mr_cache:
         self.lru: OrderedDict[ofi_mr_entry, None] = OrderedDict()
         self.cached_cnt = 0
         self.cached_size = 0
+        self.uffd: uffd_monitor | None = None
         self.stats = dict.fromkeys(("search", "hit", "miss", "evict", "notify",
                                     "stale", "uncached", "retry"), 0)
 
@@ -111,15 +117,22 @@ class ofi_mr_cache:
                 return e
         return None
 
-    def _insert(self, e: ofi_mr_entry) -> None:
+    def _insert(self, e: ofi_mr_entry) -> bool:
+        """Store e, subscribed with the monitor; False if the monitor cannot watch it."""
+        if self.uffd is not None and e.iface != FI_HMEM_CUDA and \
+                not self.uffd.subscribe(e.start, e.end):
+            return False
         self.entries[(e.iface, e.device, e.start, e.end)] = e
         self.cached_cnt += 1
         self.cached_size += e.end - e.start
+        return True
 
     def _remove(self, e: ofi_mr_entry) -> None:
         if self.entries.pop((e.iface, e.device, e.start, e.end), None) is e:
             self.cached_cnt -= 1
             self.cached_size -= e.end - e.start
+            if self.uffd is not None and e.iface != FI_HMEM_CUDA:
+                self.uffd.unsubscribe(self, e.start, e.end)
         self.lru.pop(e, None)
 
     def _free(self, e: ofi_mr_entry) -> None:
@@ -169,6 +182,8 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
     probe for the exact range, no call out."""
     stats = cache.stats
     stats["search"] += 1
+    if cache.uffd is not None:
+        uffd_drain(cache)
     if iface == FI_HMEM_CUDA:
         start, end = addr & ~GPU_MASK, (addr + length + GPU_MASK) & ~GPU_MASK
     else:
@@ -204,11 +219,9 @@ def ofi_mr_cache_miss(cache: ofi_mr_cache, start: int, end: int, access: int, if
     if ret:
         return ret, None
     e = ofi_mr_entry(start, end, iface, device, mr, tag)
-    if cache._full(end - start):
-        cache.stats["uncached"] += 1                  # every entry is in use: not kept
+    if cache._full(end - start) or not cache._insert(e):
+        cache.stats["uncached"] += 1       # every entry in use, or the monitor can't watch
         e.dead = True
-        return 0, e
-    cache._insert(e)
     return 0, e
 
 
@@ -288,3 +301,88 @@ def memhooks_unsubscribe(proc: Any, cache: ofi_mr_cache) -> None:
     hooks = proc.__dict__.get("memhooks", [])
     if getattr(cache, "hook", None) in hooks:
         hooks.remove(cache.hook)
+
+
+# -- the userfaultfd monitor ------------------------------------------------------------------
+class uffd_monitor:
+    """Mirrors libfabric's uffd monitor (util_mem_monitor.c): one userfaultfd asking for
+    unmap/remove/remap events, each cached range registered with it."""
+
+    def __init__(self, proc: Any, fd: int, scratch: int):
+        self.proc, self.fd, self.scratch = proc, fd, scratch
+
+    @classmethod
+    def start(cls, proc: Any) -> uffd_monitor | None:
+        """ofi_uffd_start: the fd and UFFDIO_API; None if the kernel refuses."""
+        import struct
+
+        from kernel_model.uapi.userfaultfd import (
+            UFFD_API,
+            UFFD_FEATURE_EVENT_REMAP,
+            UFFD_FEATURE_EVENT_REMOVE,
+            UFFD_FEATURE_EVENT_UNMAP,
+            UFFD_USER_MODE_ONLY,
+            UFFDIO_API,
+            UFFDIO_API_FMT,
+        )
+        from userspace.libc import O_CLOEXEC, O_NONBLOCK
+        fd = proc.userfaultfd(O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY)
+        if fd < 0:
+            return None
+        scratch = proc.mmap(0, proc.machine.page_size)
+        features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | \
+            UFFD_FEATURE_EVENT_REMAP
+        proc.store(scratch, struct.pack(UFFDIO_API_FMT, UFFD_API, features, 0))
+        if proc.ioctl(fd, UFFDIO_API, scratch) < 0:
+            proc.munmap(scratch, proc.machine.page_size)
+            proc.close(fd)
+            return None
+        return cls(proc, fd, scratch)
+
+    def _pages(self, start: int, end: int) -> tuple[int, int]:
+        ps = self.proc.machine.page_size
+        return start & ~(ps - 1), -(-end // ps) * ps
+
+    def subscribe(self, start: int, end: int) -> bool:
+        """ofi_uffd_subscribe: UFFDIO_REGISTER the pages of [start, end)."""
+        import struct
+
+        from kernel_model.uapi.userfaultfd import (
+            UFFDIO_REGISTER,
+            UFFDIO_REGISTER_FMT,
+            UFFDIO_REGISTER_MODE_MISSING,
+        )
+        lo, hi = self._pages(start, end)
+        self.proc.store(self.scratch, struct.pack(UFFDIO_REGISTER_FMT, lo, hi - lo,
+                                                  UFFDIO_REGISTER_MODE_MISSING, 0))
+        return self.proc.ioctl(self.fd, UFFDIO_REGISTER, self.scratch) == 0
+
+    def unsubscribe(self, cache: ofi_mr_cache, start: int, end: int) -> None:
+        """ofi_uffd_unsubscribe: UFFDIO_UNREGISTER, unless another cached entry still
+        covers those pages (ofi_uffd_can_unsubscribe)."""
+        import struct
+
+        from kernel_model.uapi.userfaultfd import UFFDIO_RANGE_FMT, UFFDIO_UNREGISTER
+        lo, hi = self._pages(start, end)
+        for e in cache.entries.values():
+            if e.iface != FI_HMEM_CUDA and e.start < hi and lo < e.end:
+                return
+        self.proc.store(self.scratch, struct.pack(UFFDIO_RANGE_FMT, lo, hi - lo))
+        self.proc.ioctl(self.fd, UFFDIO_UNREGISTER, self.scratch)
+
+    def stop(self) -> None:
+        self.proc.close(self.fd)
+        self.proc.munmap(self.scratch, self.proc.machine.page_size)
+
+
+def uffd_drain(cache: ofi_mr_cache) -> None:
+    """ofi_uffd_handler's loop: read every queued event; an unmap (or remove) drops
+    the cached entries of its range."""
+    import struct
+
+    from kernel_model.uapi.userfaultfd import UFFD_MSG_FMT, UFFD_MSG_SIZE
+    mon = cache.uffd
+    while mon.proc.read(mon.fd, mon.scratch, UFFD_MSG_SIZE) == UFFD_MSG_SIZE:
+        event, _, _, _, start, end, _ = struct.unpack(
+            UFFD_MSG_FMT, mon.proc.load(mon.scratch, UFFD_MSG_SIZE))
+        ofi_mr_cache_notify(cache, start, end - start, 0)

@@ -269,3 +269,47 @@ def test_with_every_entry_in_use_a_registration_is_not_kept(host):
         fi_close(dom)
     p.run(go)
     p.exit(0)
+
+
+def test_the_userfaultfd_monitor_sees_the_kernel_report_an_unmap(host):
+    p = host.spawn("app", environ={"FI_MR_CACHE_MONITOR": "userfaultfd"})
+
+    def go():
+        _, dom = fi_domain(p, BASIC)
+        assert dom.cache.uffd is not None
+        buf = p.mmap(0, 2 * K64)
+        fi_close(reg(dom, buf, 2 * K64))
+        vma = p.mm.find_vma(buf)
+        assert vma.vm_userfaultfd_ctx is not None            # UFFDIO_REGISTER'd
+        p.munmap(buf + K64, K64)                             # the kernel queues UNMAP
+        assert dom.cache.cached_cnt == 1                     # not read yet
+        assert p.mmap(buf + K64, K64, 3, RW | MAP_FIXED) == buf + K64
+        b = reg(dom, buf, 2 * K64)                           # reads it first: a miss
+        st = dom.cache.stats
+        assert (st["notify"], st["miss"], st["hit"]) == (1, 2, 0)
+        assert mtt_page(host, b) == phys_page(p, buf)
+        fi_close(b)
+        fi_close(dom)
+        assert p.mm.find_vma(buf).vm_userfaultfd_ctx is None  # unregistered at close
+        p.munmap(buf, 2 * K64)
+    p.run(go)
+    p.exit(0)
+
+
+def test_an_unwatchable_range_is_registered_but_not_kept(host):
+    """A PFN mapping (CUDA memory as system memory, in a domain without FI_HMEM) cannot
+    be registered with a userfaultfd (EINVAL): the registration works, uncached."""
+    p = host.spawn("app", environ={"FI_MR_CACHE_MONITOR": "userfaultfd"})
+
+    def go():
+        cu = cudart(p)
+        d = cu.cudaMalloc(1 << 20)
+        _, dom = fi_domain(p, BASIC)
+        a = reg(dom, d, K64)
+        assert dom.cache.stats["uncached"] == 1 and a.entry.dead
+        fi_close(a)
+        assert mkeys(host) == 0
+        fi_close(dom)
+        cu.cudaFree(d)
+    p.run(go)
+    p.exit(0)
