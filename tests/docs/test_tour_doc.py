@@ -227,6 +227,13 @@ def _data_path_errors() -> str:
     return "".join(f"{r.rstrip()}\n" for r in rows)
 
 
+def _reg_cache_counters() -> str:
+    """The reg-cache scenario's cache statistics (what the scenario returns)."""
+    from scenarios import get
+    with fresh_process():
+        return get("reg-cache").run()
+
+
 EXAMPLES: dict[str, Callable[[], str]] = {
     "devinfo_resp": _devinfo_resp,
     "devinfo_resp_dyn_uar": _devinfo_resp_dyn_uar,
@@ -236,6 +243,7 @@ EXAMPLES: dict[str, Callable[[], str]] = {
     "qp_bfregs_dyn_uar": lambda: _qp_bfregs(dyn_uar=True),
     "qp_state_rc": _qp_state_rc,
     "data_path_errors": _data_path_errors,
+    "reg_cache_counters": _reg_cache_counters,
 }
 
 BLOCKS = DocBlocks(DOC, EXAMPLES, REGEN)
