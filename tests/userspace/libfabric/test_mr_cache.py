@@ -10,7 +10,7 @@ import pytest
 from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE
 from kernel_model.platform import rdma_host
 from userspace.cuda.runtime import cudart
-from userspace.libfabric.fi_errno import FI_EINVAL
+from userspace.libfabric.fi_errno import FI_EFAULT, FI_EINVAL
 from userspace.libfabric.fi_mr import (
     FI_HMEM,
     FI_HMEM_CUDA,
@@ -311,5 +311,34 @@ def test_an_unwatchable_range_is_registered_but_not_kept(host):
         assert mkeys(host) == 0
         fi_close(dom)
         cu.cudaFree(d)
+    p.run(go)
+    p.exit(0)
+
+
+def test_out_of_bar1_space_the_cache_flushes_and_retries():
+    """BAR1 exhausted: nv_peer_mem's probe fails, ibv_reg_mr falls back to gup's EFAULT;
+    for CUDA memory the cache takes that as out-of-resources, flushes, retries."""
+    from kernel_model.hw.nvgpu import GpuConfig
+    m = rdma_host(ram_size=64 << 20, nr_gpus=1, gpu=GpuConfig(bar1_size=64 << 20))
+    m.load_module("mlx5_ib")
+    m.load_module("nvidia")
+    m.load_module("nv_peer_mem")
+    p = m.spawn("app", rlimit_memlock=1 << 40)   # BAR1 room above the 36 MiB reserve: 28 MiB
+
+    def go():
+        cu = cudart(p)
+        _, dom = fi_domain(p, BASIC, FI_HMEM)
+        a, b = cu.cudaMalloc(16 << 20), cu.cudaMalloc(16 << 20)
+        fi_close(reg(dom, a, 16 << 20))   # cached, unused: 16 MiB of BAR1 kept mapped
+        _, plain = fi_domain(p, BASIC, FI_HMEM, env={"FI_MR_CACHE_MONITOR": "disabled"})
+        assert fi_mr_reg(plain, b, 16 << 20, FI_REMOTE_WRITE, 0, 0, 0) == (-FI_EFAULT, None)
+        fi_close(plain)
+        c = reg(dom, b, 16 << 20)         # through the cache: EFAULT, flush, retry
+        st = dom.cache.stats
+        assert st["retry"] == 1 and st["evict"] == 1 and c.iface == FI_HMEM_CUDA
+        fi_close(c)
+        fi_close(dom)
+        cu.cudaFree(a)
+        cu.cudaFree(b)
     p.run(go)
     p.exit(0)
