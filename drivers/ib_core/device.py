@@ -74,6 +74,7 @@ class ib_device_ops:
     alloc_pd: Callable | None = None
     dealloc_pd: Callable | None = None
     reg_user_mr: Callable | None = None
+    reg_user_mr_dmabuf: Callable | None = None
     dereg_mr: Callable | None = None
     create_cq: Callable | None = None
     destroy_cq: Callable | None = None

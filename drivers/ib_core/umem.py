@@ -369,8 +369,12 @@ def ib_umem_release(umem: ib_umem | None) -> None:
         from drivers.ib_core.peer_mem import ib_peer_umem_release
         ib_peer_umem_release(umem)
         return
-    if umem.is_dmabuf or umem.is_odp:  # EMU: neither kind exists in this model yet
-        raise KernelError(EOPNOTSUPP, "ib_umem_release: dmabuf/ODP umems are not modelled")
+    if umem.is_dmabuf:
+        from drivers.ib_core.umem_dmabuf import ib_umem_dmabuf_release
+        ib_umem_dmabuf_release(umem)
+        return
+    if umem.is_odp:  # EMU: on-demand paging is not modelled
+        raise KernelError(EOPNOTSUPP, "ib_umem_release: ODP umems are not modelled")
     __ib_umem_release(umem.ibdev, umem, True)
     mm = umem.owning_mm
     _refund_pinned_vm(umem, mm)

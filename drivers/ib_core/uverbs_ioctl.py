@@ -164,8 +164,10 @@ def ib_uverbs_ioctl(filp: file, cmd: int, arg: int) -> int:
         raise KernelError(EPROTONOSUPPORT, "ib_uverbs_ioctl: reserved header fields set")
     ufile = filp.private_data
     ib_dev = ufile.device.ib_dev
-    methods = (ib_dev.ops.uapi_methods or {}) if ib_dev is not None else {}
-    method = methods.get((hdr.object_id, hdr.method_id))
+    from drivers.ib_core.uverbs_std_types_mr import CORE_METHODS
+    method = CORE_METHODS.get((hdr.object_id, hdr.method_id))
+    if method is None and ib_dev is not None:
+        method = (ib_dev.ops.uapi_methods or {}).get((hdr.object_id, hdr.method_id))
     if method is None:
         raise KernelError(EPROTONOSUPPORT, f"uapi_get_method: object {hdr.object_id:#x} "
                           f"method {hdr.method_id:#x} not supported")

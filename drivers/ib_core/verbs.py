@@ -115,6 +115,16 @@ def ib_reg_user_mr(pd: Any, start: int, length: int, virt_addr: int, access: int
     return mr
 
 
+def ib_reg_user_mr_dmabuf(pd: Any, offset: int, length: int, iova: int, fd: int, access: int,
+                          udata: ib_udata, uobj: Any) -> ib_mr:
+    """The REG_DMABUF_MR core steps: ops.reg_user_mr_dmabuf, then the core fields and
+    the PD's count, as for ib_reg_user_mr."""
+    mr = pd.device.ops.reg_user_mr_dmabuf(pd, offset, length, iova, fd, access, udata)
+    mr.device, mr.pd, mr.type, mr.uobject = pd.device, pd, IB_MR_TYPE_USER, uobj
+    atomic_inc(pd.usecnt)
+    return mr
+
+
 @traced
 def ib_dereg_mr_user(mr: ib_mr, udata: ib_udata) -> None:
     """Mirrors ib_dereg_mr_user(): ops.dereg_mr, then drop the PD's count."""

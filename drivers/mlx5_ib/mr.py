@@ -31,6 +31,7 @@ Lock order: none of the driver's own (ib_umem_get takes the mm's locks).
 from __future__ import annotations
 
 from contextlib import ExitStack
+from typing import Any
 
 from drivers.ib_core.ib_verbs import (
     IB_ACCESS_LOCAL_WRITE,
@@ -51,6 +52,11 @@ from drivers.ib_core.umem import (
     ib_umem_get_peer,
     ib_umem_num_dma_blocks,
     ib_umem_release,
+)
+from drivers.ib_core.umem_dmabuf import (
+    ib_umem_dmabuf_get,
+    ib_umem_dmabuf_map_pages,
+    ib_umem_dmabuf_unmap_pages,
 )
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
@@ -73,8 +79,15 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mdev,
 )
 from drivers.mlx5_ib.umr import mlx5r_umr_revoke_mr
+from kernel_model.dma_buf import dma_buf_attach_ops
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
-from kernel_model.locking import complete, init_completion, wait_for_completion
+from kernel_model.locking import (
+    complete,
+    init_completion,
+    mutex_lock,
+    mutex_unlock,
+    wait_for_completion,
+)
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
 
@@ -216,6 +229,14 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
     if mr.peer_id is not None:
         dereg_mr_ticket(mr)
         return
+    if mr.umem is not None and mr.umem.is_dmabuf:
+        # under the dma_resv: no move_notify can reach this MR any more, and the
+        # mapping goes before the mkey does
+        umem = mr.umem
+        mutex_lock(umem.attach.dmabuf.resv)
+        umem.private = None
+        ib_umem_dmabuf_unmap_pages(umem)
+        mutex_unlock(umem.attach.dmabuf.resv)
     if mr.umem is not None and mr.umem.is_peer:
         # mlx5r_handle_mkey_cleanup(): fence the DMA, then no more invalidations
         mlx5r_umr_revoke_mr(mr)
@@ -313,3 +334,58 @@ def dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
     else:
         _dereg_mr_ticket(mr)
     kfree(mr)
+
+
+# -- dma-buf MRs (upstream mr.c: mlx5_ib_reg_user_mr_dmabuf) -------------------------------------
+@traced
+def mlx5_ib_dmabuf_invalidate_cb(attach: Any) -> None:
+    """Mirrors mlx5_ib_dmabuf_invalidate_cb(): the exporter moves the buffer (dma_resv
+    held) - stop the HCA's access, then give the mapping back.
+
+    # EMU: upstream zaps the MTT by UMR (MLX5_IB_UPD_XLT_ZAP) and maps again on the
+    # next page fault (dma-buf MRs are ODP-like); without ODP the model revokes the
+    # mkey (the same UMR) and the MR stays unusable until it is deregistered."""
+    umem = attach.importer_priv
+    mr = umem.private
+    if mr is None or umem.sgt is None:
+        return
+    try:
+        mlx5r_umr_revoke_mr(mr)
+    except KernelError as e:
+        mlx5_ib_warn(to_mdev(mr.device), f"mlx5_ib_dmabuf_invalidate_cb: revoke failed: {e}")
+    ib_umem_dmabuf_unmap_pages(umem)
+
+
+mlx5_ib_dmabuf_attach_ops = dma_buf_attach_ops(move_notify=mlx5_ib_dmabuf_invalidate_cb,
+                                               allow_peer2peer=True)
+
+
+@traced
+def mlx5_ib_reg_user_mr_dmabuf(pd: mlx5_ib_pd, offset: int, length: int, virt_addr: int,
+                               fd: int, access_flags: int, udata: ib_udata) -> mlx5_ib_mr:
+    """Mirrors mlx5_ib_reg_user_mr_dmabuf(): import the dma-buf, map it, build the mkey.
+
+    EINVAL for on-demand-paging access (not with a dma-buf) and from
+    ib_umem_dmabuf_get; EBADF for a bad fd.  # EMU: upstream creates the mkey
+    empty and fills it by UMR on the first page fault; the model maps the pages
+    (dma_resv held) and creates the mkey with its MTT, as reg_user_mr does.
+    """
+    if access_flags & IB_ACCESS_ON_DEMAND:
+        raise KernelError(EINVAL, "mlx5_ib_reg_user_mr_dmabuf: on-demand access")
+    umem = ib_umem_dmabuf_get(pd.device, offset, length, fd, access_flags,
+                              mlx5_ib_dmabuf_attach_ops)
+    try:
+        resv = umem.attach.dmabuf.resv
+        mutex_lock(resv)
+        try:
+            ib_umem_dmabuf_map_pages(umem)
+        finally:
+            mutex_unlock(resv)
+        mr = create_real_mr(pd, umem, virt_addr, access_flags)
+    except BaseException:
+        ib_umem_release(umem)
+        raise
+    mutex_lock(resv)
+    umem.private = mr
+    mutex_unlock(resv)
+    return mr

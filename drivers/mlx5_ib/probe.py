@@ -59,7 +59,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_ucontext,
 )
 from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free, mlx5_ib_uar_methods
-from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr
+from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr, mlx5_ib_reg_user_mr_dmabuf
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
 from drivers.mlx5_ib.qp_modify import mlx5_ib_modify_qp, mlx5_ib_query_qp
 from drivers.mlx5_ib.query import (
@@ -89,6 +89,7 @@ mlx5_ib_dev_ops = ib_device_ops(
     mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free, uapi_methods=mlx5_ib_uar_methods,
     alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
     reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
+    reg_user_mr_dmabuf=mlx5_ib_reg_user_mr_dmabuf,
     create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq,
     create_qp=mlx5_ib_create_qp, modify_qp=mlx5_ib_modify_qp, query_qp=mlx5_ib_query_qp,
     destroy_qp=mlx5_ib_destroy_qp,

@@ -189,12 +189,19 @@ def _set_attr(client: NvClient, fields: list[int]) -> None:
     mem.sync_memops = bool(value)
 
 
+def _export_dmabuf(client: NvClient, fields: list[int]) -> list[int]:
+    from drivers.nvidia.nv_dmabuf import nv_dma_buf_export
+    fields[2] = nv_dma_buf_export(client, fields[0], fields[1])
+    return fields
+
+
 _ESCAPES = {
     uapi.NV_ESC_ALLOC_MEMORY: (uapi.NV_ALLOC_FMT, _alloc),
     uapi.NV_ESC_FREE_MEMORY: (uapi.NV_FREE_FMT, _free),
     uapi.NV_ESC_MEMCPY: (uapi.NV_MEMCPY_FMT, _memcpy),
     uapi.NV_ESC_GET_POINTER_ATTR: (uapi.NV_ATTR_FMT, _get_attr),
     uapi.NV_ESC_SET_POINTER_ATTR: (uapi.NV_ATTR_FMT, _set_attr),
+    uapi.NV_ESC_EXPORT_DMABUF: (uapi.NV_EXPORT_DMABUF_FMT, _export_dmabuf),
 }
 
 

@@ -400,7 +400,7 @@ def nvidia_p2p_put_pages(p2p_token: int, va_space: int, virtual_address: int,
     mutex_unlock(dev.rm_lock)
     mem = info.memory
     nv_p2p_free_platform_data(info)
-    if mem.freed and not mem.mem_infos:     # the last pin of freed memory: pages go back
+    if mem.freed and not mem.mem_infos and not mem.dmabuf_refs:   # the last hold: pages go
         rm_release_pages(mem)
     return 0
 

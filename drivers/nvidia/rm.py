@@ -147,6 +147,7 @@ class NvMemory:
         self.va = 0                    # the unified virtual address, once mmapped
         self.sync_memops = False
         self.mem_infos: list[Any] = []  # live third-party mappings (nv_p2p_mem_info)
+        self.dmabuf_refs = 0           # dma-bufs exported from it (nv_dmabuf.py) still open
         self.freed = False             # cudaFree'd: no new mappings, no new lookups
         self.released = False          # its pages are back in the free list
 
@@ -207,7 +208,7 @@ def rm_free_memory(mem: NvMemory) -> None:
     mutex_unlock(dev.rm_lock)
     for info in infos:
         rm_p2p_run_free_callback(dev, info)
-    if not mem.mem_infos:
+    if not mem.mem_infos and not mem.dmabuf_refs:   # a dma-buf keeps the pages
         rm_release_pages(mem)
 
 

@@ -28,6 +28,8 @@ NV_ESC_MEMCPY = _IOW(NV_IOCTL_MAGIC, 0x42, struct.calcsize(NV_MEMCPY_FMT))
 NV_ATTR_FMT = "<QII2Q"
 NV_ESC_GET_POINTER_ATTR = _IOWR(NV_IOCTL_MAGIC, 0x43, struct.calcsize(NV_ATTR_FMT))
 NV_ESC_SET_POINTER_ATTR = _IOW(NV_IOCTL_MAGIC, 0x44, struct.calcsize(NV_ATTR_FMT))
+# struct nv_export_dmabuf { u64 va; u64 size; s64 fd (out) }
+NV_EXPORT_DMABUF_FMT = "<QQq"
 
 # cudaMemcpyKind
 cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost = 1, 2
@@ -40,3 +42,5 @@ CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
 CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 # CUmemorytype
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
+
+NV_ESC_EXPORT_DMABUF = _IOWR(NV_IOCTL_MAGIC, 0x45, struct.calcsize(NV_EXPORT_DMABUF_FMT))

@@ -51,6 +51,9 @@ GPU_PAGE_SIZE = 1 << 16
 PROT_NONE, MAP_FIXED = 0x0, 0x10
 
 
+CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1   # CUmemRangeHandleType (cuda.h)
+
+
 class CudaError(SysError):
     """A failed CUDA call: the driver's errno and the call."""
 
@@ -129,6 +132,17 @@ class CudaRuntime:
         if attribute == CU_POINTER_ATTRIBUTE_P2P_TOKENS:
             return out[3], out[4]
         return out[3]
+
+    @traced
+    def cuMemGetHandleForAddressRange(self, va: int, size: int, handle_type: int,
+                                      flags: int = 0) -> int:
+        """A dma-buf fd for [va, va + size) of device memory (handle_type
+        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD; CUDA 11.7+, driver R515+)."""
+        if handle_type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD or flags:
+            raise CudaError(22, "cuMemGetHandleForAddressRange: handle type or flags")
+        out = self._escape(uapi.NV_ESC_EXPORT_DMABUF, uapi.NV_EXPORT_DMABUF_FMT,
+                           [va, size, -1], "cuMemGetHandleForAddressRange")
+        return out[2]
 
     @traced
     def cuPointerSetAttribute(self, value: int, attribute: int, va: int) -> None:

@@ -167,8 +167,20 @@ class fid_mr(fid):
 
 
 @attrs.define(eq=False)
+class fi_mr_dmabuf:
+    """Mirrors struct fi_mr_dmabuf: [offset, offset + len) of the dma-buf fd, whose
+    start the peer sees at base_addr (FI_MR_VIRT_ADDR)."""
+
+    fd: int
+    offset: int
+    len: int
+    base_addr: int = 0
+
+
+@attrs.define(eq=False)
 class fi_mr_attr:
-    """Mirrors struct fi_mr_attr (the fields this layer reads)."""
+    """Mirrors struct fi_mr_attr (the fields this layer reads); with the FI_MR_DMABUF
+    flag, `dmabuf` replaces `mr_iov`."""
 
     mr_iov: Sequence[tuple[int, int]] = ()
     access: int = 0
@@ -177,6 +189,7 @@ class fi_mr_attr:
     context: Any = None
     iface: int = FI_HMEM_SYSTEM
     device: int = 0
+    dmabuf: fi_mr_dmabuf | None = None
 
     @property
     def iov_count(self) -> int:
@@ -297,7 +310,9 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
     iface other than system and CUDA; -FI_EKEYREJECTED / -FI_ENOKEY for a
     requested key out of range / in use; the verbs errno of ibv_reg_mr.
     """
-    if flags:                         # FI_RMA_EVENT, FI_MR_DMABUF: not in this domain
+    if flags == FI_MR_DMABUF:
+        return _regattr_dmabuf(domain, attr)
+    if flags:                         # FI_RMA_EVENT: verbs reports no RMA events
         return -FI_EBADFLAGS, None
     if attr.iov_count != MR_IOV_LIMIT:
         return -FI_EINVAL, None
@@ -338,6 +353,35 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
         if not prov_key:
             mr.key = attr.requested_key
             domain.keys[mr.key] = mr
+    domain.mrs.append(mr)
+    return 0, mr
+
+
+def _regattr_dmabuf(domain: fid_domain, attr: fi_mr_attr) -> tuple[int, fid_mr | None]:
+    """FI_MR_DMABUF: ibv_reg_dmabuf_mr of attr.dmabuf (the verbs provider's path; the
+    registration cache, which works on virtual addresses, is not involved).
+    -FI_EINVAL without a dmabuf, for a zero length, bad access bits, or a device
+    iface in a domain without FI_HMEM; the verbs errno otherwise."""
+    db = attr.dmabuf
+    if db is None or db.len <= 0 or not attr.access or attr.access & ~FI_ACCESS_ALL:
+        return -FI_EINVAL, None
+    if attr.iface != FI_HMEM_SYSTEM and not domain.caps & FI_HMEM:
+        return -FI_EINVAL, None
+    prov_key = bool(domain.mr_mode & FI_MR_PROV_KEY)
+    if not prov_key and attr.requested_key in domain.keys:
+        return -FI_ENOKEY, None
+    iova = db.base_addr + db.offset if domain.mr_mode & FI_MR_VIRT_ADDR else 0
+    try:
+        ibmr = v.ibv_reg_dmabuf_mr(domain.pd, db.offset, db.len, iova, db.fd,
+                                   _ibv_access(attr.access))
+    except VerbsError as e:
+        return -e.errno, None
+    mr = fid_mr(FI_CLASS_MR, attr.context, domain, ibmr, ibmr.lkey,
+                ibmr.rkey if prov_key else attr.requested_key, attr.iface, attr.device,
+                db.base_addr + db.offset, db.len, attr.access,
+                enabled=not domain.mr_mode & FI_MR_ENDPOINT)
+    if not prov_key:
+        domain.keys[mr.key] = mr
     domain.mrs.append(mr)
     return 0, mr
 

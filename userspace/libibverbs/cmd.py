@@ -245,7 +245,7 @@ def execute_ioctl(ctx: Any, object_id: int, method_id: int,
     out_at: dict[int, tuple[int, int]] = {}
     packed, next_out = [], buf + IOCTL_OUT_OFFSET
     for attr_id, value, kind in attrs:
-        size = {"in": 4, "idr": 8, "out4": 4, "out8": 8}[kind]
+        size = {"in": 4, "in8": 8, "idr": 8, "out4": 4, "out8": 8}[kind]
         if kind.startswith("out"):
             out_at[attr_id] = (next_out, size)
             value, next_out = next_out, next_out + 8

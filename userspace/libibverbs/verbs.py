@@ -331,6 +331,23 @@ def ibv_reg_mr_iova(pd: ibv_pd, addr: int, length: int, iova: int, access: int) 
     return pd.context.ops.reg_mr(pd, addr, length, iova, access)
 
 
+# include/uapi/rdma/ib_user_ioctl_cmds.h: UVERBS_OBJECT_MR, UVERBS_METHOD_REG_DMABUF_MR
+_UVERBS_OBJECT_MR, _UVERBS_METHOD_REG_DMABUF_MR = 7, 4
+
+
+@traced
+def ibv_reg_dmabuf_mr(pd: ibv_pd, offset: int, length: int, iova: int, fd: int,
+                      access: int) -> ibv_mr:
+    """rdma-core's ibv_reg_dmabuf_mr(): register [offset, offset + length) of the dma-buf
+    behind fd, seen by the HCA from iova (the ioctl UVERBS_METHOD_REG_DMABUF_MR)."""
+    from userspace.libibverbs.cmd import execute_ioctl
+    out = execute_ioctl(pd.context, _UVERBS_OBJECT_MR, _UVERBS_METHOD_REG_DMABUF_MR,
+                        [(0, 0, "idr"), (1, pd.handle, "in"), (2, offset, "in8"),
+                         (3, length, "in8"), (4, iova, "in8"), (5, fd, "in"), (6, access, "in"),
+                         (7, 0, "out4"), (8, 0, "out4")], "ibv_reg_dmabuf_mr")
+    return ibv_mr(pd.context, pd, iova, length, out[0], out[7], out[8])
+
+
 @traced
 def ibv_dereg_mr(mr: ibv_mr) -> int:
     return _errno_of(mr.context.ops.dereg_mr, mr)

@@ -186,7 +186,7 @@ def test_access_bits_become_verbs_access(host, access, rr, rw, lw):
     ("access 0", -FI_EINVAL),
     ("access bit", -FI_EINVAL),
     ("rma event", -FI_EBADFLAGS),
-    ("dmabuf", -FI_EBADFLAGS),
+    ("dmabuf", -FI_EINVAL),              # fi_mr_reg carries no fi_mr_dmabuf
     ("unmapped", -FI_EFAULT),
 ])
 def test_bad_registrations_fail_and_leave_nothing(host, case, want):
