@@ -27,7 +27,7 @@ from kernel_model.tracedata import Trace
 #: the modules that define scenarios, imported on first use
 _MODULES = ("scenarios.pin", "scenarios.open_device", "scenarios.create_qp",
             "scenarios.reg_mr", "scenarios.rdma_write", "scenarios.gpudirect", "scenarios.io_peer",
-            "scenarios.reg_cache")
+            "scenarios.reg_cache", "scenarios.dmabuf")
 
 
 @dataclass(frozen=True)
