@@ -97,7 +97,7 @@ class ofi_mr_cache:
         self.cached_size = 0
         self.uffd: uffd_monitor | None = None
         self.stats = dict.fromkeys(("search", "hit", "miss", "evict", "notify",
-                                    "stale", "uncached", "retry"), 0)
+                                    "stale", "uncached", "retry", "bytes_pinned"), 0)
 
     @property
     def enabled(self) -> bool:
@@ -125,12 +125,14 @@ class ofi_mr_cache:
         self.entries[(e.iface, e.device, e.start, e.end)] = e
         self.cached_cnt += 1
         self.cached_size += e.end - e.start
+        self.stats["bytes_pinned"] = self.cached_size
         return True
 
     def _remove(self, e: ofi_mr_entry) -> None:
         if self.entries.pop((e.iface, e.device, e.start, e.end), None) is e:
             self.cached_cnt -= 1
             self.cached_size -= e.end - e.start
+            self.stats["bytes_pinned"] = self.cached_size
             if self.uffd is not None and e.iface != FI_HMEM_CUDA:
                 self.uffd.unsubscribe(self, e.start, e.end)
         self.lru.pop(e, None)

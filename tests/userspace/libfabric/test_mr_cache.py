@@ -79,6 +79,7 @@ def test_a_closed_registration_stays_pinned_and_is_found_again(host):
         assert fi_mr_key(b) == fi_mr_key(c) == key and mkeys(host) == 1
         st = dom.cache.stats
         assert (st["search"], st["hit"], st["miss"]) == (3, 2, 1)
+        assert st["bytes_pinned"] == K64 == dom.cache.cached_size
         assert fi_close(dom) < 0                                   # MRs still open
         fi_close(b)
         fi_close(c)
