@@ -163,8 +163,8 @@ def test_unknown_scenario(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err == ("peermem trace: no scenario 'nosuch'; known: create-qp, "
-                   "cuda-free-invalidate, gpudirect, io-peer, open-device, pin, rdma-write, "
-                   "reg-mr\n")
+                   "cuda-free-invalidate, gpudirect, gpudirect-dmabuf, io-peer, open-device, "
+                   "pin, rdma-write, reg-cache, reg-mr\n")
 
 
 @pytest.mark.parametrize("args, kw", [
