@@ -38,7 +38,9 @@ UVERBS_LOOKUP_READ = 0
 def UVERBS_HANDLER_UVERBS_METHOD_REG_DMABUF_MR(attrs_: Any) -> None:
     """Mirrors UVERBS_HANDLER(UVERBS_METHOD_REG_DMABUF_MR)."""
     uobj = attrs_.uobject
-    get = lambda attr: uverbs_get_const(attrs_, attr)  # noqa: E731
+
+    def get(attr_id: int) -> int:
+        return uverbs_get_const(attrs_, attr_id)
     offset, length = get(UVERBS_ATTR_REG_DMABUF_MR_OFFSET), get(UVERBS_ATTR_REG_DMABUF_MR_LENGTH)
     iova, fd = get(UVERBS_ATTR_REG_DMABUF_MR_IOVA), get(UVERBS_ATTR_REG_DMABUF_MR_FD)
     access = get(UVERBS_ATTR_REG_DMABUF_MR_ACCESS_FLAGS)
