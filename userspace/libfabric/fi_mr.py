@@ -119,6 +119,7 @@ class fid:
 
     fclass: int
     context: Any = None
+    closed: bool = attrs.field(default=False, init=False)
 
 
 @attrs.define(eq=False)
@@ -520,7 +521,17 @@ def fi_mr_refresh(mr: fid_mr, iov: Sequence[tuple[int, int]], count: int,
 @traced
 def fi_close(f: fid) -> int:
     """Mirrors fi_close() of an MR, endpoint or domain.  An MR bound to an open
-    endpoint, or a domain with MRs or endpoints open, is -FI_EBUSY."""
+    endpoint, or a domain with MRs or endpoints open, is -FI_EBUSY; a fid closed
+    already (# EMU: undefined in libfabric) is -FI_EINVAL."""
+    if not isinstance(f, fid) or f.closed:
+        return -FI_EINVAL
+    ret = _close(f)
+    if ret == 0:
+        f.closed = True
+    return ret
+
+
+def _close(f: fid) -> int:
     if isinstance(f, fid_mr):
         if f.eps:
             return -FI_EBUSY
@@ -551,4 +562,4 @@ def fi_close(f: fid) -> int:
         v.ibv_dealloc_pd(f.pd)
         v.ibv_close_device(f.ctx)
         return 0                       # the process's CUDA runtime is not the domain's
-    return -FI_EINVAL
+    return -FI_EINVAL                  # another kind of fid

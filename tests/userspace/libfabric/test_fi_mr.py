@@ -141,6 +141,7 @@ def test_a_provider_key_registration_is_the_verbs_mr(host):
         assert mkc["rw"] == 1 and mkc["lw"] == 1 and mkc["rr"] == 0
         assert fi_close(dom) == -FI_EBUSY                 # an MR is still open
         assert fi_close(mr) == 0 and fi_close(dom) == 0
+        assert fi_close(mr) == -FI_EINVAL and fi_close(dom) == -FI_EINVAL   # twice
     run(p, go)
 
 
