@@ -129,6 +129,20 @@ def test_dmabuf_registration_errors(host):
             with pytest.raises(VerbsError) as e:
                 v.ibv_reg_dmabuf_mr(pd, offset, length, iova, f, RW)
             assert e.value.errno == want, (offset, length, iova, f)
+        for access, want in ((v.IBV_ACCESS_ON_DEMAND | RW, errno.EOPNOTSUPP),  # no ODP
+                             (v.IBV_ACCESS_REMOTE_WRITE, errno.EINVAL),    # no LOCAL_WRITE
+                             (1 << 30, errno.EINVAL)):                     # unknown bit
+            with pytest.raises(VerbsError) as e:
+                v.ibv_reg_dmabuf_mr(pd, 0, K64, 0, fd, access)
+            assert e.value.errno == want
+        ops = ib_device_get_by_name("mlx5_0").ops      # a driver without dma-buf MRs
+        saved, ops.reg_user_mr_dmabuf = ops.reg_user_mr_dmabuf, None
+        try:
+            with pytest.raises(VerbsError) as e:
+                v.ibv_reg_dmabuf_mr(pd, 0, K64, 0, fd, RW)
+            assert e.value.errno == errno.EOPNOTSUPP
+        finally:
+            ops.reg_user_mr_dmabuf = saved
         assert not m.hcas[0].fw.mkeys and nvdev(m).bar1_mapped_bytes() == 0
         p.close(fd)
         close_verbs(ctx, pd)
