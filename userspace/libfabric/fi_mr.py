@@ -288,9 +288,9 @@ def _is_cuda(domain: fid_domain, addr: int) -> bool:
     """Is addr CUDA device memory?  The provider's own discovery in an FI_HMEM domain
     (ofi_get_hmem_iface: cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE));
     without FI_HMEM every buffer is system memory to the layer."""
-    from userspace.cuda.runtime import CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE
     if domain.cuda is None:
         return False
+    from userspace.cuda.runtime import CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE
     try:
         kind = domain.cuda.cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
     except OSError:
