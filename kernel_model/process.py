@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_model import syscalls
 from kernel_model.current import current_or_none, running
 from kernel_model.fs import files_struct
-from kernel_model.mm import MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, mm_struct
+from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mm_struct
 from kernel_model.sched import SCHED, Task
 from kernel_model.task import (
     CAP_IPC_LOCK,
@@ -145,6 +145,9 @@ class Process:
 
     def mmap(self, addr: int, length: int, prot: int = PROT_READ | PROT_WRITE,
              flags: int = MAP_PRIVATE | MAP_ANONYMOUS, fd: int = -1, offset: int = 0) -> int:
+        if flags & MAP_FIXED:          # it replaces what was mapped there: memhooks hear it
+            for hook in list(self.__dict__.get("memhooks", ())):
+                hook(addr, length)
         return self._sys(syscalls.sys_mmap, addr, length, prot, flags, fd, offset)
 
     def munmap(self, addr: int, length: int) -> int:

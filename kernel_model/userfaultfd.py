@@ -136,8 +136,13 @@ def userfaultfd_unregister(ctx: userfaultfd_ctx, start: int, length: int) -> Non
         raise KernelError(EINVAL, "userfaultfd_unregister: UFFDIO_API first")
     end = _range(ctx, start, length, "userfaultfd_unregister")
     for vma in ctx.mm.overlapping(start, end):
-        if vma.vm_userfaultfd_ctx is ctx:
-            vma.vm_userfaultfd_ctx = None
+        if vma.vm_userfaultfd_ctx is not ctx:
+            continue
+        if vma.vm_start < start:          # only the range leaves: split at its edges
+            vma = split_vma(vma, start)
+        if vma.vm_end > end:
+            split_vma(vma, end)
+        vma.vm_userfaultfd_ctx = None
 
 
 def userfaultfd_ioctl(f: file, cmd: int, arg: int) -> int:

@@ -323,6 +323,7 @@ class ib_umem_peer:
         self.xa_id = PEER_NO_INVALIDATION_ID
         self.saved: tuple | None = None              # first/last sg before fix_peer_sgls
         self.reg_nents = 0
+        self.reg_bytes = 0                           # what num_reg_bytes counted for it
         self.invalidation_ctx: invalidation_ctx | None = None   # OFED 4.x only
 
     @property
@@ -423,10 +424,11 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
     if peer_page_size != page_size and state.ofed >= OFED_FIX_PEER_SGLS:
         fix_peer_sgls(umem_p, peer_page_size)
     umem_p.reg_nents = sgt.nents
+    # OFED 4.x counts nmap << page_shift, later releases the umem's length (both ways)
+    umem_p.reg_bytes = sgt.nents * peer_page_size if tickets else umem_p.length
     _set_state(umem_p, UMEM_PEER_MAPPED)
     client.stats["num_reg_pages"] += sgt.nents
-    # OFED 4.x counts nmap << page_shift, later releases the umem's length
-    client.stats["num_reg_bytes"] += sgt.nents * peer_page_size if tickets else umem_p.length
+    client.stats["num_reg_bytes"] += umem_p.reg_bytes
     client.stats["num_alloc_mrs"] += 1
     if not tickets and umem_p.xa_id == PEER_NO_INVALIDATION_ID:
         mutex_unlock(umem_p.mapping_lock)
@@ -510,7 +512,7 @@ def ib_unmap_peer_client(umem_p: ib_umem_peer, cur_state: int, to_state: int) ->
         client.stats["num_dealloc_mrs"] += 1
     if dereg:
         client.stats["num_dereg_pages"] += umem_p.reg_nents
-        client.stats["num_dereg_bytes"] += umem_p.length
+        client.stats["num_dereg_bytes"] += umem_p.reg_bytes
     _set_state(umem_p, to_state, cur_state)
 
 

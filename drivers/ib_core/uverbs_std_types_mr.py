@@ -43,6 +43,8 @@ def UVERBS_HANDLER_UVERBS_METHOD_REG_DMABUF_MR(attrs_: Any) -> None:
         return uverbs_get_const(attrs_, attr_id)
     offset, length = get(UVERBS_ATTR_REG_DMABUF_MR_OFFSET), get(UVERBS_ATTR_REG_DMABUF_MR_LENGTH)
     iova, fd = get(UVERBS_ATTR_REG_DMABUF_MR_IOVA), get(UVERBS_ATTR_REG_DMABUF_MR_FD)
+    if fd >= 1 << 31:                              # UVERBS_ATTR_RAW_FD: an s32
+        fd -= 1 << 32
     access = get(UVERBS_ATTR_REG_DMABUF_MR_ACCESS_FLAGS)
     page_mask = current().machine.page_size - 1
     if offset & page_mask != iova & page_mask:

@@ -230,12 +230,11 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
         dereg_mr_ticket(mr)
         return
     if mr.umem is not None and mr.umem.is_dmabuf:
-        # under the dma_resv: no move_notify can reach this MR any more, and the
-        # mapping goes before the mkey does
+        # under the dma_resv: no move_notify reaches this MR any more; the mapping
+        # stays until the mkey is gone (ib_umem_release below unmaps)
         umem = mr.umem
         mutex_lock(umem.attach.dmabuf.resv)
         umem.private = None
-        ib_umem_dmabuf_unmap_pages(umem)
         mutex_unlock(umem.attach.dmabuf.resv)
     if mr.umem is not None and mr.umem.is_peer:
         # mlx5r_handle_mkey_cleanup(): fence the DMA, then no more invalidations
@@ -347,12 +346,14 @@ def mlx5_ib_dmabuf_invalidate_cb(attach: Any) -> None:
     # mkey (the same UMR) and the MR stays unusable until it is deregistered."""
     umem = attach.importer_priv
     mr = umem.private
-    if mr is None or umem.sgt is None:
+    if umem.sgt is None:
         return
-    try:
-        mlx5r_umr_revoke_mr(mr)
-    except KernelError as e:
-        mlx5_ib_warn(to_mdev(mr.device), f"mlx5_ib_dmabuf_invalidate_cb: revoke failed: {e}")
+    if mr is not None:
+        try:
+            mlx5r_umr_revoke_mr(mr)
+        except KernelError as e:
+            mlx5_ib_warn(to_mdev(mr.device), f"mlx5_ib_dmabuf_invalidate_cb: revoke failed: "
+                         f"{e}")
     ib_umem_dmabuf_unmap_pages(umem)
 
 
@@ -374,18 +375,17 @@ def mlx5_ib_reg_user_mr_dmabuf(pd: mlx5_ib_pd, offset: int, length: int, virt_ad
         raise KernelError(EINVAL, "mlx5_ib_reg_user_mr_dmabuf: on-demand access")
     umem = ib_umem_dmabuf_get(pd.device, offset, length, fd, access_flags,
                               mlx5_ib_dmabuf_attach_ops)
+    resv = umem.attach.dmabuf.resv
+    # mapped, built and published under the dma_resv: a move_notify comes before it
+    # (nothing mapped yet) or after it (the MR to revoke), never in between
+    mutex_lock(resv)
     try:
-        resv = umem.attach.dmabuf.resv
-        mutex_lock(resv)
-        try:
-            ib_umem_dmabuf_map_pages(umem)
-        finally:
-            mutex_unlock(resv)
+        ib_umem_dmabuf_map_pages(umem)
         mr = create_real_mr(pd, umem, virt_addr, access_flags)
+        umem.private = mr
     except BaseException:
+        mutex_unlock(resv)
         ib_umem_release(umem)
         raise
-    mutex_lock(resv)
-    umem.private = mr
     mutex_unlock(resv)
     return mr

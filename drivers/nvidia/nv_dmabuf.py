@@ -39,7 +39,7 @@ from kernel_model.dma import (
     dma_mapping_error,
     dma_unmap_resource,
 )
-from kernel_model.dma_buf import dma_buf_export, dma_buf_fd, dma_buf_ops
+from kernel_model.dma_buf import dma_buf_export, dma_buf_fd, dma_buf_ops, dma_buf_put
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.fs import O_CLOEXEC
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
@@ -151,7 +151,15 @@ def nv_dma_buf_export(client: NvClient, va: int, size: int) -> int:
                           "allocation of this context")
     priv = kmalloc_obj(nv_dma_buf_file_private(client, mem, (va - mem.va) >> GPU_PAGE_SHIFT,
                                                size >> GPU_PAGE_SHIFT))
-    dmabuf = dma_buf_export("nvidia", NV_DMA_BUF_OPS, size, priv)
+    try:
+        dmabuf = dma_buf_export("nvidia", NV_DMA_BUF_OPS, size, priv)
+    except KernelError:
+        kfree(priv)
+        raise
     mem.dmabuf_refs += 1
-    return dma_buf_fd(dmabuf, O_CLOEXEC)
+    try:
+        return dma_buf_fd(dmabuf, O_CLOEXEC)
+    except KernelError:
+        dma_buf_put(dmabuf)        # its release drops the hold and frees priv
+        raise
 

@@ -168,3 +168,21 @@ def test_root_needs_no_user_mode_only():
     assert fd >= 0
     p.run(p.close, fd)
     p.exit(0)
+
+
+def test_unregistering_part_of_a_range_keeps_the_rest(proc):
+    p = proc
+
+    def go():
+        u = Uffd(p)
+        buf = p.mmap(0, 4 * PAGE)
+        assert u.register(buf, 4 * PAGE) == 0
+        assert u.unregister(buf + PAGE, PAGE) == 0
+        owned = [v.vm_userfaultfd_ctx is not None
+                 for v in p.mm.overlapping(buf, buf + 4 * PAGE)]
+        assert owned == [True, False, True]
+        p.munmap(buf + 2 * PAGE, PAGE)                     # still registered: an event
+        assert u.read()[0] == 32
+        u.close()
+        p.munmap(buf, 4 * PAGE)
+    p.run(go)

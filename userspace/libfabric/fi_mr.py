@@ -241,7 +241,10 @@ def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None,
         v.ibv_dealloc_pd(pd)
         v.ibv_close_device(ctx)
         return -FI_EINVAL, None
-    if cache.enabled and mode & FI_MR_PROV_KEY and not mode & FI_MR_ENDPOINT:
+    # the cache hands out registrations of larger ranges: only where peers address
+    # memory by virtual address (offsets from 0 would be offsets into the entry)
+    if cache.enabled and mode & FI_MR_PROV_KEY and mode & FI_MR_VIRT_ADDR and \
+            not mode & FI_MR_ENDPOINT:
         dom.cache = cache
         if cache.monitor == "memhooks":
             memhooks_subscribe(proc, cache)
@@ -304,10 +307,11 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
     """Mirrors fi_mr_regattr(): register attr's buffer with the domain's rules.
 
     -FI_EBADFLAGS for flags the domain does not take (FI_RMA_EVENT: verbs has no
-    RMA events; FI_MR_DMABUF: not yet); -FI_EINVAL for no or several iovs (the
+    RMA events; FI_MR_DMABUF goes to the dma-buf path); -FI_EINVAL for no or several iovs (the
     domain's mr_iov_limit is 1), a zero length, a non-zero offset, access bits
     that are not FI access bits, device memory through fi_mr_reg when FI_MR_HMEM
-    is set, or device memory in a domain without FI_HMEM; -FI_EOPNOTSUPP for an
+    is set, or device memory in a domain without FI_HMEM; -FI_ENOSYS for CUDA
+    memory in a process without a GPU; -FI_EOPNOTSUPP for an
     iface other than system and CUDA; -FI_EKEYREJECTED / -FI_ENOKEY for a
     requested key out of range / in use; the verbs errno of ibv_reg_mr.
     """
@@ -331,6 +335,8 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
         iface = FI_HMEM_CUDA
     if iface != FI_HMEM_SYSTEM and not domain.caps & FI_HMEM:
         return -FI_EINVAL, None
+    if iface == FI_HMEM_CUDA and domain.cuda is None:
+        return -FI_ENOSYS, None       # no GPU in this process: the CUDA iface is not there
     prov_key = bool(domain.mr_mode & FI_MR_PROV_KEY)
     if not prov_key:
         if attr.requested_key >> (8 * MR_KEY_SIZE):
@@ -369,8 +375,11 @@ def _regattr_dmabuf(domain: fid_domain, attr: fi_mr_attr) -> tuple[int, fid_mr |
     if attr.iface != FI_HMEM_SYSTEM and not domain.caps & FI_HMEM:
         return -FI_EINVAL, None
     prov_key = bool(domain.mr_mode & FI_MR_PROV_KEY)
-    if not prov_key and attr.requested_key in domain.keys:
-        return -FI_ENOKEY, None
+    if not prov_key:
+        if attr.requested_key >> (8 * MR_KEY_SIZE):
+            return -FI_EKEYREJECTED, None
+        if attr.requested_key in domain.keys:
+            return -FI_ENOKEY, None
     iova = db.base_addr + db.offset if domain.mr_mode & FI_MR_VIRT_ADDR else 0
     try:
         ibmr = v.ibv_reg_dmabuf_mr(domain.pd, db.offset, db.len, iova, db.fd,

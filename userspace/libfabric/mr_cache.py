@@ -200,12 +200,23 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
             stats["stale"] += 1
             ofi_mr_cache_notify(cache, e.start, e.end - e.start, iface)
             e = None
-    if e is not None and not access & ~e.mr.access:
-        stats["hit"] += 1
-        if not e.use_cnt:
-            del cache.lru[e]
-        e.use_cnt += 1
-        return 0, e
+    if e is not None:
+        if not access & ~e.mr.access:
+            stats["hit"] += 1
+            if not e.use_cnt:
+                del cache.lru[e]
+            e.use_cnt += 1
+            return 0, e
+        # more access than the cached registration gives: it leaves the cache (its
+        # users keep it) and the new one covers both (util_mr_uncache_entry)
+        access |= e.mr.access
+        if e.start <= start and end <= e.end:
+            start, end = e.start, e.end
+        cache._remove(e)
+        if e.use_cnt == 0:
+            cache._free(e)
+        else:
+            e.dead = True
     stats["miss"] += 1
     return ofi_mr_cache_miss(cache, start, end, access, iface, device, tag)
 
@@ -382,9 +393,15 @@ def uffd_drain(cache: ofi_mr_cache) -> None:
     the cached entries of its range."""
     import struct
 
-    from kernel_model.uapi.userfaultfd import UFFD_MSG_FMT, UFFD_MSG_SIZE
+    from kernel_model.uapi.userfaultfd import (
+        UFFD_EVENT_REMOVE,
+        UFFD_EVENT_UNMAP,
+        UFFD_MSG_FMT,
+        UFFD_MSG_SIZE,
+    )
     mon = cache.uffd
     while mon.proc.read(mon.fd, mon.scratch, UFFD_MSG_SIZE) == UFFD_MSG_SIZE:
         event, _, _, _, start, end, _ = struct.unpack(
             UFFD_MSG_FMT, mon.proc.load(mon.scratch, UFFD_MSG_SIZE))
-        ofi_mr_cache_notify(cache, start, end - start, 0)
+        if event in (UFFD_EVENT_UNMAP, UFFD_EVENT_REMOVE):     # arg.remove {start, end}
+            ofi_mr_cache_notify(cache, start, end - start, 0)

@@ -249,6 +249,8 @@ def execute_ioctl(ctx: Any, object_id: int, method_id: int,
         if kind.startswith("out"):
             out_at[attr_id] = (next_out, size)
             value, next_out = next_out, next_out + 8
+        if kind.startswith("in"):            # an inline value: its bytes, as C passes it
+            value &= (1 << (8 * size)) - 1
         packed.append(ib_uverbs_attr(attr_id=attr_id, len=size, flags=UVERBS_ATTR_F_MANDATORY,
                                      data=value).pack())
     hdr = ib_uverbs_ioctl_hdr(length=ib_uverbs_ioctl_hdr.SIZE + len(packed) * ib_uverbs_attr.SIZE,

@@ -203,3 +203,12 @@ def test_b6_is_fixed_in_25_04():
     env.p.run(owner)
     assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
     env.close()
+
+
+def test_4x_counts_registered_and_deregistered_bytes_alike(env49):
+    fp = env49.peer()
+    va = env49.gpu(K64, fp)
+    u = _get(env49, va, 4096)                 # a 4 KiB umem of one 64 KiB peer page
+    env49.p.run(ib_umem_release, u)
+    st = fp.reg.stats
+    assert st["num_reg_bytes"] == st["num_dereg_bytes"] == K64   # nmap << page_shift

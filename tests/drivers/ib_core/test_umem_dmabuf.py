@@ -33,6 +33,7 @@ from kernel_model.scatterlist import sg_table
 from kernel_model.slab import kfree, kmalloc_obj
 from tests.nvidia_host import nvdev
 from userspace.cuda.runtime import CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, CudaError, cudart
+from userspace.libfabric.fi_errno import FI_ENOKEY
 from userspace.libfabric.fi_mr import (
     FI_HMEM,
     FI_HMEM_CUDA,
@@ -266,6 +267,62 @@ def test_fi_mr_regattr_with_a_dmabuf(host):
         bad = fi_mr_attr(access=FI_REMOTE_WRITE, dmabuf=fi_mr_dmabuf(fd, 0, 2 * MiB, d))
         assert fi_mr_regattr(dom, bad, FI_MR_DMABUF) == (-errno.EINVAL, None)
         assert fi_close(mr) == 0 and fi_close(dom) == 0
+        # requested keys (no FI_MR_PROV_KEY) are checked as on the regular path
+        _, dom = fi_domain(p, FI_MR_VIRT_ADDR | FI_MR_ALLOCATED, FI_HMEM)
+        wide = fi_mr_attr(access=FI_REMOTE_WRITE, requested_key=1 << 32,
+                          dmabuf=fi_mr_dmabuf(fd, 0, K64, d))
+        assert fi_mr_regattr(dom, wide, FI_MR_DMABUF) == (-errno.EKEYREJECTED, None)
+        ok = fi_mr_attr(access=FI_REMOTE_WRITE, requested_key=5,
+                        dmabuf=fi_mr_dmabuf(fd, 0, K64, d))
+        ret, mr = fi_mr_regattr(dom, ok, FI_MR_DMABUF)
+        assert ret == 0 and mr.key == 5
+        assert fi_mr_regattr(dom, ok, FI_MR_DMABUF) == (-FI_ENOKEY, None)   # in use
+        assert fi_close(mr) == 0 and fi_close(dom) == 0
         p.close(fd)
         cu.cudaFree(d)
+    p.run(go)
+
+
+def test_dmabuf_fd_minus_one_is_ebadf_and_the_mkey_goes_before_the_mapping(host):
+    from kernel_model.trace import Tracer
+    m, p = host
+
+    def go():
+        cu = cudart(p)
+        d = cu.cudaMalloc(MiB)
+        fd = cu.cuMemGetHandleForAddressRange(d, MiB, DMABUF)
+        ctx, pd = verbs(p)
+        with pytest.raises(VerbsError) as e:
+            v.ibv_reg_dmabuf_mr(pd, 0, K64, 0, -1, RW)
+        assert e.value.errno == errno.EBADF
+        mr = v.ibv_reg_dmabuf_mr(pd, 0, MiB, d, fd, RW)
+        with Tracer() as t:
+            v.ibv_dereg_mr(mr)
+        names = [c.func for c in t.trace.calls() if c.func in
+                 ("mlx5_core_destroy_mkey", "nv_dma_buf_unmap")]
+        assert names == ["mlx5_core_destroy_mkey", "nv_dma_buf_unmap"]   # DMA stops first
+        p.close(fd)
+        close_verbs(ctx, pd)
+        cu.cudaFree(d)
+    p.run(go)
+
+
+def test_a_failed_export_holds_nothing(host):
+    m, p = host
+    dev = nvdev(m)
+
+    def go():
+        cu = cudart(p)
+        d = cu.cudaMalloc(MiB)
+        files = p.task.files
+        saved, files.max_fds = files.max_fds, len(files.fdt)    # the next fd: EMFILE
+        try:
+            with pytest.raises(CudaError) as e:
+                cu.cuMemGetHandleForAddressRange(d, MiB, DMABUF)
+        finally:
+            files.max_fds = saved
+        assert e.value.errno == errno.EMFILE
+        free = len(dev.free_pages)
+        cu.cudaFree(d)
+        assert len(dev.free_pages) == free + MiB // K64       # no dma-buf kept them
     p.run(go)

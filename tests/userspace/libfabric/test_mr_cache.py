@@ -96,7 +96,14 @@ def test_a_wider_access_is_a_miss(host):
         buf = p.mmap(0, K64)
         fi_close(reg(dom, buf, access=FI_REMOTE_READ))
         b = reg(dom, buf, access=FI_REMOTE_WRITE)
-        assert dom.cache.stats["miss"] == 2 and mkeys(host) == 2
+        # the read-only entry leaves the cache; the new one covers both accesses
+        assert dom.cache.stats["miss"] == 2 and mkeys(host) == 1
+        assert dom.cache.cached_cnt == 1 == len(dom.cache.entries)
+        mkc = host.hcas[0].fw.mkeys[b.ibv_mr.lkey >> 8].mkc
+        assert mkc["rr"] == 1 and mkc["rw"] == 1
+        c = reg(dom, buf, access=FI_REMOTE_READ)                  # now a hit
+        assert dom.cache.stats["hit"] == 1 and c.key == b.key
+        fi_close(c)
         fi_close(b)
         fi_close(dom)
     p.run(go)
@@ -341,5 +348,53 @@ def test_out_of_bar1_space_the_cache_flushes_and_retries():
         fi_close(dom)
         cu.cudaFree(a)
         cu.cudaFree(b)
+    p.run(go)
+    p.exit(0)
+
+
+def test_mmap_fixed_over_a_cached_range_is_a_change_memhooks_hear(host):
+    p = host.spawn("app")
+
+    def go():
+        _, dom = fi_domain(p, BASIC)
+        buf = p.mmap(0, K64)
+        p.store(buf, b"old")
+        fi_close(reg(dom, buf))
+        assert p.mmap(buf, K64, 3, RW | MAP_FIXED) == buf    # replaces it, no munmap
+        p.store(buf, b"new")
+        b = reg(dom, buf)
+        assert dom.cache.stats["notify"] == 1 and dom.cache.stats["hit"] == 0
+        assert mtt_page(host, b) == phys_page(p, buf)
+        fi_close(b)
+        fi_close(dom)
+    p.run(go)
+    p.exit(0)
+
+
+def test_without_virt_addr_there_is_no_cache(host):
+    """A cached registration of a larger range would give offsets from its start."""
+    p = host.spawn("app")
+
+    def go():
+        _, dom = fi_domain(p, FI_MR_ALLOCATED | FI_MR_PROV_KEY)
+        assert dom.cache is None
+        fi_close(dom)
+    p.run(go)
+    p.exit(0)
+
+
+def test_cuda_memory_in_a_process_without_a_gpu_is_enosys():
+    from userspace.libfabric.fi_errno import FI_ENOSYS
+    from userspace.libfabric.fi_mr import fi_mr_attr, fi_mr_regattr
+    m = rdma_host(ram_size=64 << 20)
+    m.load_module("mlx5_ib")
+    p = m.spawn("app")
+
+    def go():
+        _, dom = fi_domain(p, BASIC, FI_HMEM)
+        buf = p.mmap(0, K64)
+        attr = fi_mr_attr([(buf, K64)], FI_REMOTE_WRITE, iface=FI_HMEM_CUDA)
+        assert fi_mr_regattr(dom, attr) == (-FI_ENOSYS, None)
+        fi_close(dom)
     p.run(go)
     p.exit(0)
