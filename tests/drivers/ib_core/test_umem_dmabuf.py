@@ -26,6 +26,7 @@ from kernel_model.dma_buf import (
     dma_buf_put,
 )
 from kernel_model.errno import KernelError
+from kernel_model.kthread import kthread_run
 from kernel_model.locking import mutex_lock, mutex_unlock
 from kernel_model.page_alloc import alloc_pages, page_to_phys, put_page
 from kernel_model.platform import rdma_host
@@ -326,3 +327,43 @@ def test_a_failed_export_holds_nothing(host):
         cu.cudaFree(d)
         assert len(dev.free_pages) == free + MiB // K64       # no dma-buf kept them
     p.run(go)
+
+
+# -- registration racing a move: every interleaving, by the explorer ------------------------
+def _reg_while_the_exporter_moves() -> None:
+    """One thread registers a dma-buf MR while the exporter moves the buffer.  Whatever
+    the interleaving, a live (not revoked) MR must not be built on a mapping from
+    before the move."""
+    m = rdma_host(ram_size=32 << 20)
+    m.load_module("mlx5_ib")
+    p = m.spawn("app")
+    ctx, pd = p.run(verbs, p)
+    buf = p.run(lambda: MovingBuffer(m, 2))
+    fd = p.run(dma_buf_fd, buf.dmabuf, 0)
+    moved = []
+
+    def mover():
+        mutex_lock(buf.dmabuf.resv)
+        moved.append(buf.maps)                  # mappings alive at the move
+        dma_buf_move_notify(buf.dmabuf)
+        mutex_unlock(buf.dmabuf.resv)
+
+    reg = p.start(v.ibv_reg_dmabuf_mr, pd, 0, 2 * 4096, 0x100000, fd, RW)
+    with m.kernel():
+        exporter = kthread_run(mover, name="exporter")
+    mr = reg.join()
+    exporter.join()
+    mkey = kernel_mr(m, mr.lkey)
+    if not mkey.mkc["free"]:                    # live: its mapping must postdate the move
+        assert buf.maps == 1 and moved == [0], (moved, buf.maps)
+    p.run(v.ibv_dereg_mr, mr)
+    p.run(p.close, fd)
+    p.run(close_verbs, ctx, pd)
+    p.exit(0)
+
+
+def test_no_interleaving_builds_a_live_mr_on_a_moved_buffer():
+    from kernel_model.explore import explore
+    ex = explore(_reg_while_the_exporter_moves, "dfs", bound=2, max_schedules=300)
+    assert ex.failure is None, ex.failure
+    assert ex.runs > 1
