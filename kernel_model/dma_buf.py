@@ -180,15 +180,10 @@ def dma_buf_detach(dmabuf: dma_buf, attach: dma_buf_attachment) -> None:
     kfree(attach)
 
 
-def _assert_resv_held(dmabuf: dma_buf, what: str) -> None:
-    """dma_resv_assert_held(): lockdep's WARN if the caller does not hold it."""
-    lockdep_assert_held(dmabuf.resv)
-
-
 @traced
 def dma_buf_pin(attach: dma_buf_attachment) -> None:
     """Mirrors dma_buf_pin(): the exporter keeps the buffer where it is (resv held)."""
-    _assert_resv_held(attach.dmabuf, "dma_buf_pin")
+    lockdep_assert_held(attach.dmabuf.resv)   # dma_resv_assert_held
     if attach.dmabuf.ops.pin is not None:
         attach.dmabuf.ops.pin(attach)
 
@@ -196,7 +191,7 @@ def dma_buf_pin(attach: dma_buf_attachment) -> None:
 @traced
 def dma_buf_unpin(attach: dma_buf_attachment) -> None:
     """Mirrors dma_buf_unpin()."""
-    _assert_resv_held(attach.dmabuf, "dma_buf_unpin")
+    lockdep_assert_held(attach.dmabuf.resv)   # dma_resv_assert_held
     if attach.dmabuf.ops.unpin is not None:
         attach.dmabuf.ops.unpin(attach)
 
@@ -206,7 +201,7 @@ def dma_buf_map_attachment(attach: dma_buf_attachment, direction: int) -> Any:
     """Mirrors dma_buf_map_attachment(): the exporter's sg table for this device.  A
     dynamic importer must hold the reservation lock."""
     if attach.importer_ops is not None:
-        _assert_resv_held(attach.dmabuf, "dma_buf_map_attachment")
+        lockdep_assert_held(attach.dmabuf.resv)   # dma_resv_assert_held
     return attach.dmabuf.ops.map_dma_buf(attach, direction)
 
 
@@ -214,7 +209,7 @@ def dma_buf_map_attachment(attach: dma_buf_attachment, direction: int) -> Any:
 def dma_buf_unmap_attachment(attach: dma_buf_attachment, sgt: Any, direction: int) -> None:
     """Mirrors dma_buf_unmap_attachment()."""
     if attach.importer_ops is not None:
-        _assert_resv_held(attach.dmabuf, "dma_buf_unmap_attachment")
+        lockdep_assert_held(attach.dmabuf.resv)   # dma_resv_assert_held
     attach.dmabuf.ops.unmap_dma_buf(attach, sgt, direction)
 
 
@@ -222,7 +217,7 @@ def dma_buf_unmap_attachment(attach: dma_buf_attachment, sgt: Any, direction: in
 def dma_buf_move_notify(dmabuf: dma_buf) -> None:
     """Mirrors dma_buf_move_notify(): the exporter (resv held) is moving the buffer;
     each dynamic importer's move_notify must drop its mapping."""
-    _assert_resv_held(dmabuf, "dma_buf_move_notify")
+    lockdep_assert_held(dmabuf.resv)   # dma_resv_assert_held
     for attach in list(dmabuf.attachments):
         if attach.importer_ops is not None:
             attach.importer_ops.move_notify(attach)

@@ -50,7 +50,6 @@ class ib_umem_dmabuf(ib_umem):
         self.attach: Any = None
         self.sgt: Any = None                 # the exporter's mapping, while mapped
         self.private: Any = None             # the MR
-        self.revoked = False
 
     @property
     def trace_name(self) -> str:
@@ -92,8 +91,6 @@ def ib_umem_dmabuf_map_pages(umem: ib_umem_dmabuf) -> int:
     to PAGE_SIZE boundaries; 0 (already mapped: 0 too)."""
     if umem.sgt is not None:
         return 0
-    if umem.revoked:
-        raise KernelError(EINVAL, "ib_umem_dmabuf_map_pages: revoked")
     sgt = dma_buf_map_attachment(umem.attach, DMA_BIDIRECTIONAL)
     ps = umem.sgt_append.sgt.machine.page_size
     start = umem.address & ~(ps - 1)
@@ -134,7 +131,6 @@ def ib_umem_dmabuf_release(umem: ib_umem_dmabuf) -> None:
     dmabuf = umem.attach.dmabuf
     mutex_lock(dmabuf.resv)
     ib_umem_dmabuf_unmap_pages(umem)
-    umem.revoked = True
     mutex_unlock(dmabuf.resv)
     dma_buf_detach(dmabuf, umem.attach)
     dma_buf_put(dmabuf)

@@ -26,18 +26,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drivers.nvidia.nv_p2p import map_window_runs, unmap_window_runs
 from drivers.nvidia.rm import (
     NvClient,
     NvMemory,
     rm_p2p_get_pages,
     rm_p2p_put_pages,
     rm_release_pages,
-)
-from kernel_model.dma import (
-    DMA_BIDIRECTIONAL,
-    dma_map_resource,
-    dma_mapping_error,
-    dma_unmap_resource,
 )
 from kernel_model.dma_buf import dma_buf_export, dma_buf_fd, dma_buf_ops, dma_buf_put
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
@@ -77,30 +72,16 @@ def nv_dma_buf_map(attach: Any, direction: int) -> sg_table:
         windows = rm_p2p_get_pages(mem, va, priv.n << GPU_PAGE_SHIFT)
     finally:
         mutex_unlock(dev.rm_lock)
-    bar1 = dev.gpu.bar1.start
+    runs = map_window_runs(attach.dev, dev.gpu.bar1.start, windows, priv.n)
+    if runs is None:
+        _put_windows(priv)
+        raise KernelError(EINVAL, "nv_dma_buf_map: dma_map_resource failed")
     sgt = kmalloc_obj(sg_table(attach.dev.machine))
-    sgt.ensure_capacity(priv.n)
-    mapped: list[tuple[int, int]] = []
-    i = 0
-    while i < priv.n:                       # one mapping per run of consecutive windows
-        j = i + 1
-        while j < priv.n and windows.view[j] == windows.view[j - 1] + 1:
-            j += 1
-        size = (j - i) << GPU_PAGE_SHIFT
-        a = dma_map_resource(attach.dev, bar1 + (int(windows.view[i]) << GPU_PAGE_SHIFT), size,
-                             DMA_BIDIRECTIONAL)
-        if dma_mapping_error(attach.dev, a):
-            for b, n in mapped:
-                dma_unmap_resource(attach.dev, b, n, DMA_BIDIRECTIONAL)
-            _put_windows(priv)
-            kfree(sgt)
-            raise KernelError(EINVAL, "nv_dma_buf_map: dma_map_resource failed")
-        k = len(mapped)
+    sgt.ensure_capacity(len(runs))
+    for k, (a, size) in enumerate(runs):    # one entry per run of consecutive windows
         sgt.dma_addr.view[k], sgt.dma_len.view[k], sgt.sg_len.view[k] = a, size, size
-        mapped.append((a, size))
-        i = j
-    sgt.nents = sgt.orig_nents = len(mapped)
-    sgt.windows = windows
+    sgt.nents = sgt.orig_nents = len(runs)
+    sgt.runs = runs
     return sgt
 
 
@@ -114,9 +95,7 @@ def _put_windows(priv: nv_dma_buf_file_private) -> None:
 @traced
 def nv_dma_buf_unmap(attach: Any, sgt: sg_table, direction: int) -> None:
     """Mirrors nv_dma_buf_unmap(): the importer's DMA mappings, then the BAR1 windows."""
-    for i in range(sgt.nents):
-        dma_unmap_resource(attach.dev, int(sgt.dma_addr.view[i]), int(sgt.dma_len.view[i]),
-                           DMA_BIDIRECTIONAL)
+    unmap_window_runs(attach.dev, sgt.runs)
     _put_windows(attach.dmabuf.priv)
     kfree(sgt)
 

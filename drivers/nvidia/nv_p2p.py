@@ -470,6 +470,32 @@ def nvidia_p2p_dma_map_pages(peer: pci_dev, page_table: nvidia_p2p_page_table
         mutex_unlock(dev.rm_lock)
 
 
+def map_window_runs(dma_dev: Any, base: int, windows: U64Array, n: int
+                    ) -> list[tuple[int, int]] | None:
+    """DMA-map n BAR1 windows (numbers from `base`) for a peer device: one
+    dma_map_resource per run of consecutive windows (c_ext's coalescing loop), as
+    (dma address, bytes); None, with nothing left mapped, if one cannot be mapped."""
+    ops = dma_dev.machine.ops
+    run_win, run_off, run_len = (U64Array(n, zero=False) for _ in range(3))
+    nruns = ops.sg_append(GPU_PAGE_SHIFT, windows, 0, n, 0, n << GPU_PAGE_SHIFT, 1 << 62,
+                          run_win, run_off, run_len, 0)
+    runs: list[tuple[int, int]] = []
+    for i in range(nruns):
+        start, size = base + (int(run_win.view[i]) << GPU_PAGE_SHIFT), int(run_len.view[i])
+        a = dma_map_resource(dma_dev, start, size, DMA_BIDIRECTIONAL)
+        if dma_mapping_error(dma_dev, a):
+            unmap_window_runs(dma_dev, runs)
+            return None
+        runs.append((a, size))
+    return runs
+
+
+def unmap_window_runs(dma_dev: Any, runs: list[tuple[int, int]]) -> None:
+    """Undo map_window_runs."""
+    for a, size in runs:
+        dma_unmap_resource(dma_dev, a, size, DMA_BIDIRECTIONAL)
+
+
 def _dma_map(peer: pci_dev, page_table: nvidia_p2p_page_table, dev: NvDevice,
              info: nv_p2p_mem_info) -> nvidia_p2p_dma_mapping:
     """nvidia_p2p_dma_map_pages() with rm_lock held: the mappings, added to the mem_info."""
@@ -487,22 +513,14 @@ def _dma_map(peer: pci_dev, page_table: nvidia_p2p_page_table, dev: NvDevice,
         windows = U64Array(n, zero=False)
         for i, pg in enumerate(pages):
             windows.view[i] = pg.physical_address >> GPU_PAGE_SHIFT
-    run_win, run_off, run_len = (U64Array(n, zero=False) for _ in range(3))
-    nruns = ops.sg_append(GPU_PAGE_SHIFT, windows, 0, n, 0, n << GPU_PAGE_SHIFT, 1 << 62,
-                          run_win, run_off, run_len, 0)
-    runs: list[tuple[int, int]] = []
-    run_dma = U64Array(nruns, zero=False)
-    for i in range(nruns):
-        start = base + (run_win.view[i] << GPU_PAGE_SHIFT)
-        size = run_len.view[i]
-        a = dma_map_resource(peer.dev, start, size, DMA_BIDIRECTIONAL)
-        if dma_mapping_error(peer.dev, a):
-            for done, sz in runs:
-                dma_unmap_resource(peer.dev, done, sz, DMA_BIDIRECTIONAL)
-            raise KernelError(EIO, f"nvidia_p2p_dma_map_pages: {peer.name} cannot reach "
-                              f"{start:#x}")
-        runs.append((a, size))
-        run_dma.view[i] = a
+    runs = map_window_runs(peer.dev, base, windows, n)
+    if runs is None:
+        raise KernelError(EIO, f"nvidia_p2p_dma_map_pages: {peer.name} cannot reach the "
+                          "BAR1 windows")
+    nruns = len(runs)
+    run_dma, run_len = U64Array(nruns, zero=False), U64Array(nruns, zero=False)
+    for i, (a, size) in enumerate(runs):
+        run_dma.view[i], run_len.view[i] = a, size
     addrs = U64Array(n, zero=False)
     ops.dma_blocks(run_dma, run_len, nruns, 0, GPU_PAGE_SIZE, n, addrs)
     mapping = kmalloc_obj(nvidia_p2p_dma_mapping(addrs, n, peer))
@@ -539,8 +557,7 @@ def nvidia_p2p_dma_unmap_pages(peer: pci_dev, page_table: nvidia_p2p_page_table,
 
 def _dma_unmap(mapping: nvidia_p2p_dma_mapping) -> None:
     """Unmap a DMA mapping nobody else can reach any more, and free it."""
-    for a, size in mapping.runs:
-        dma_unmap_resource(mapping.pci_dev.dev, a, size, DMA_BIDIRECTIONAL)
+    unmap_window_runs(mapping.pci_dev.dev, mapping.runs)
     kfree(mapping)
 
 

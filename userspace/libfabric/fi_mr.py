@@ -236,7 +236,8 @@ def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None,
     if caps & FI_HMEM:
         dom.cuda = _cuda_runtime(proc)
     try:
-        cache = ofi_mr_cache(dom, proc.environ if env is None else env)
+        cache = ofi_mr_cache(dom, proc.environ if env is None else env,
+                             lambda *region: _register_uncached(dom, *region), _dereg)
     except ValueError:                 # an FI_MR_CACHE_* value libfabric would refuse
         v.ibv_dealloc_pd(pd)
         v.ibv_close_device(ctx)
@@ -337,12 +338,9 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
         return -FI_EINVAL, None
     if iface == FI_HMEM_CUDA and domain.cuda is None:
         return -FI_ENOSYS, None       # no GPU in this process: the CUDA iface is not there
-    prov_key = bool(domain.mr_mode & FI_MR_PROV_KEY)
-    if not prov_key:
-        if attr.requested_key >> (8 * MR_KEY_SIZE):
-            return -FI_EKEYREJECTED, None
-        if attr.requested_key in domain.keys:
-            return -FI_ENOKEY, None
+    ret = _check_requested_key(domain, attr.requested_key)
+    if ret:
+        return ret, None
     cache = domain.cache
     if cache is not None and (iface != FI_HMEM_CUDA or cache.cuda_monitor):
         ret, entry = ofi_mr_cache_search(cache, addr, length, attr.access, iface,
@@ -352,16 +350,12 @@ def fi_mr_regattr(domain: fid_domain, attr: fi_mr_attr, flags: int = 0
         base = entry.mr
         mr = fid_mr(FI_CLASS_MR, attr.context, domain, base.ibv_mr, base.mem_desc, base.key,
                     iface, attr.device, addr, length, attr.access, entry=entry)
-    else:
-        ret, mr = _register_uncached(domain, addr, length, attr.access, iface, attr.device)
-        if ret:
-            return ret, None
-        mr.context = attr.context
-        if not prov_key:
-            mr.key = attr.requested_key
-            domain.keys[mr.key] = mr
-    domain.mrs.append(mr)
-    return 0, mr
+        domain.mrs.append(mr)
+        return 0, mr
+    ret, mr = _register_uncached(domain, addr, length, attr.access, iface, attr.device)
+    if ret:
+        return ret, None
+    return 0, _publish(domain, mr, attr)
 
 
 def _regattr_dmabuf(domain: fid_domain, attr: fi_mr_attr) -> tuple[int, fid_mr | None]:
@@ -374,26 +368,42 @@ def _regattr_dmabuf(domain: fid_domain, attr: fi_mr_attr) -> tuple[int, fid_mr |
         return -FI_EINVAL, None
     if attr.iface != FI_HMEM_SYSTEM and not domain.caps & FI_HMEM:
         return -FI_EINVAL, None
-    prov_key = bool(domain.mr_mode & FI_MR_PROV_KEY)
-    if not prov_key:
-        if attr.requested_key >> (8 * MR_KEY_SIZE):
-            return -FI_EKEYREJECTED, None
-        if attr.requested_key in domain.keys:
-            return -FI_ENOKEY, None
+    ret = _check_requested_key(domain, attr.requested_key)
+    if ret:
+        return ret, None
     iova = db.base_addr + db.offset if domain.mr_mode & FI_MR_VIRT_ADDR else 0
     try:
         ibmr = v.ibv_reg_dmabuf_mr(domain.pd, db.offset, db.len, iova, db.fd,
                                    _ibv_access(attr.access))
     except VerbsError as e:
         return -e.errno, None
-    mr = fid_mr(FI_CLASS_MR, attr.context, domain, ibmr, ibmr.lkey,
-                ibmr.rkey if prov_key else attr.requested_key, attr.iface, attr.device,
-                db.base_addr + db.offset, db.len, attr.access,
+    mr = fid_mr(FI_CLASS_MR, None, domain, ibmr, ibmr.lkey, ibmr.rkey, attr.iface,
+                attr.device, db.base_addr + db.offset, db.len, attr.access,
                 enabled=not domain.mr_mode & FI_MR_ENDPOINT)
-    if not prov_key:
+    return 0, _publish(domain, mr, attr)
+
+
+def _check_requested_key(domain: fid_domain, requested_key: int) -> int:
+    """Without FI_MR_PROV_KEY the application's key is the key: -FI_EKEYREJECTED beyond
+    mr_key_size, -FI_ENOKEY when another MR has it; 0."""
+    if domain.mr_mode & FI_MR_PROV_KEY:
+        return 0
+    if requested_key >> (8 * MR_KEY_SIZE):
+        return -FI_EKEYREJECTED
+    if requested_key in domain.keys:
+        return -FI_ENOKEY
+    return 0
+
+
+def _publish(domain: fid_domain, mr: fid_mr, attr: fi_mr_attr) -> fid_mr:
+    """A new registration becomes the application's MR: its context, its requested
+    key (the key table's entry) without FI_MR_PROV_KEY, and the domain's list."""
+    mr.context = attr.context
+    if not domain.mr_mode & FI_MR_PROV_KEY:
+        mr.key = attr.requested_key
         domain.keys[mr.key] = mr
     domain.mrs.append(mr)
-    return 0, mr
+    return mr
 
 
 def _register_uncached(domain: fid_domain, addr: int, length: int, access: int, iface: int,

@@ -42,10 +42,32 @@ retries once.  CUDA ranges are cached on 64 KiB GPU-page boundaries.
 from __future__ import annotations
 
 import errno
+import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from kernel_model.trace import traced
+from kernel_model.uapi.userfaultfd import (
+    UFFD_API,
+    UFFD_EVENT_REMOVE,
+    UFFD_EVENT_UNMAP,
+    UFFD_FEATURE_EVENT_REMAP,
+    UFFD_FEATURE_EVENT_REMOVE,
+    UFFD_FEATURE_EVENT_UNMAP,
+    UFFD_MSG_FMT,
+    UFFD_MSG_SIZE,
+    UFFD_USER_MODE_ONLY,
+    UFFDIO_API,
+    UFFDIO_API_FMT,
+    UFFDIO_RANGE_FMT,
+    UFFDIO_REGISTER,
+    UFFDIO_REGISTER_FMT,
+    UFFDIO_REGISTER_MODE_MISSING,
+    UFFDIO_UNREGISTER,
+)
+from userspace.cuda.runtime import CU_POINTER_ATTRIBUTE_BUFFER_ID
+from userspace.libc import O_CLOEXEC, O_NONBLOCK
 from userspace.libfabric.fabric import FI_HMEM_CUDA
 
 GPU_PAGE = 1 << 16
@@ -77,9 +99,13 @@ class ofi_mr_entry:
 class ofi_mr_cache:
     """Mirrors struct ofi_mr_cache: storage, LRU list, limits, monitors, statistics."""
 
-    def __init__(self, domain: Any, env: dict[str, str] | None = None):
+    def __init__(self, domain: Any, env: dict[str, str] | None,
+                 add_region: Callable[..., tuple[int, Any]], delete_region: Callable[[Any], int]):
         env = env or {}
         self.domain = domain
+        # the provider's registration and deregistration (ofi_mr_cache's add_region /
+        # delete_region): (addr, length, access, iface, device) -> (ret, mr); mr -> ret
+        self.add_region, self.delete_region = add_region, delete_region
         try:
             self.max_cached_cnt = int(env.get("FI_MR_CACHE_MAX_COUNT", DEFAULT_MAX_COUNT))
             size = env.get("FI_MR_CACHE_MAX_SIZE")
@@ -139,8 +165,7 @@ class ofi_mr_cache:
 
     def _free(self, e: ofi_mr_entry) -> None:
         """Deregister an entry (the pin and the mkey go)."""
-        from userspace.libfabric.fi_mr import _dereg
-        _dereg(e.mr)
+        self.delete_region(e.mr)
 
     def _full(self, extra: int) -> bool:
         """No room to add an entry of `extra` bytes."""
@@ -165,7 +190,6 @@ class ofi_mr_cache:
 
 
 def _buffer_id(domain: Any, addr: int) -> int | None:
-    from userspace.cuda.runtime import CU_POINTER_ATTRIBUTE_BUFFER_ID
     try:
         return domain.cuda.cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_BUFFER_ID, addr)
     except OSError:
@@ -241,14 +265,13 @@ def ofi_mr_cache_miss(cache: ofi_mr_cache, start: int, end: int, access: int, if
 
 def _register(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: int,
               device: int) -> tuple[int, Any]:
-    """The domain's own registration; out of resources, flush the LRU list, retry once."""
-    from userspace.libfabric.fi_mr import _register_uncached
-    ret, mr = _register_uncached(cache.domain, addr, length, access, iface, device)
+    """The provider's registration; out of resources, flush the LRU list, retry once."""
+    ret, mr = cache.add_region(addr, length, access, iface, device)
     retry = RETRY_ERRNOS + ((errno.EFAULT,) if iface == FI_HMEM_CUDA else ())
     if ret and -ret in retry and cache.lru:
         cache.stats["retry"] += 1
         ofi_mr_cache_flush(cache)
-        ret, mr = _register_uncached(cache.domain, addr, length, access, iface, device)
+        ret, mr = cache.add_region(addr, length, access, iface, device)
     return ret, mr
 
 
@@ -327,18 +350,6 @@ class uffd_monitor:
     @classmethod
     def start(cls, proc: Any) -> uffd_monitor | None:
         """ofi_uffd_start: the fd and UFFDIO_API; None if the kernel refuses."""
-        import struct
-
-        from kernel_model.uapi.userfaultfd import (
-            UFFD_API,
-            UFFD_FEATURE_EVENT_REMAP,
-            UFFD_FEATURE_EVENT_REMOVE,
-            UFFD_FEATURE_EVENT_UNMAP,
-            UFFD_USER_MODE_ONLY,
-            UFFDIO_API,
-            UFFDIO_API_FMT,
-        )
-        from userspace.libc import O_CLOEXEC, O_NONBLOCK
         fd = proc.userfaultfd(O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY)
         if fd < 0:
             return None
@@ -358,13 +369,6 @@ class uffd_monitor:
 
     def subscribe(self, start: int, end: int) -> bool:
         """ofi_uffd_subscribe: UFFDIO_REGISTER the pages of [start, end)."""
-        import struct
-
-        from kernel_model.uapi.userfaultfd import (
-            UFFDIO_REGISTER,
-            UFFDIO_REGISTER_FMT,
-            UFFDIO_REGISTER_MODE_MISSING,
-        )
         lo, hi = self._pages(start, end)
         self.proc.store(self.scratch, struct.pack(UFFDIO_REGISTER_FMT, lo, hi - lo,
                                                   UFFDIO_REGISTER_MODE_MISSING, 0))
@@ -373,9 +377,6 @@ class uffd_monitor:
     def unsubscribe(self, cache: ofi_mr_cache, start: int, end: int) -> None:
         """ofi_uffd_unsubscribe: UFFDIO_UNREGISTER, unless another cached entry still
         covers those pages (ofi_uffd_can_unsubscribe)."""
-        import struct
-
-        from kernel_model.uapi.userfaultfd import UFFDIO_RANGE_FMT, UFFDIO_UNREGISTER
         lo, hi = self._pages(start, end)
         for e in cache.entries.values():
             if e.iface != FI_HMEM_CUDA and e.start < hi and lo < e.end:
@@ -391,14 +392,6 @@ class uffd_monitor:
 def uffd_drain(cache: ofi_mr_cache) -> None:
     """ofi_uffd_handler's loop: read every queued event; an unmap (or remove) drops
     the cached entries of its range."""
-    import struct
-
-    from kernel_model.uapi.userfaultfd import (
-        UFFD_EVENT_REMOVE,
-        UFFD_EVENT_UNMAP,
-        UFFD_MSG_FMT,
-        UFFD_MSG_SIZE,
-    )
     mon = cache.uffd
     while mon.proc.read(mon.fd, mon.scratch, UFFD_MSG_SIZE) == UFFD_MSG_SIZE:
         event, _, _, _, start, end, _ = struct.unpack(
