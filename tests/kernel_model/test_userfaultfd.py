@@ -186,3 +186,18 @@ def test_unregistering_part_of_a_range_keeps_the_rest(proc):
         u.close()
         p.munmap(buf, 4 * PAGE)
     p.run(go)
+
+
+def test_bad_user_addresses_are_efault(proc):
+    p = proc
+
+    def go():
+        u = Uffd(p)
+        assert p.ioctl(u.fd, UFFDIO_API, 0x10) == -errno.EFAULT
+        assert p.ioctl(u.fd, UFFDIO_REGISTER, 0x10) == -errno.EFAULT
+        buf = p.mmap(0, PAGE)
+        assert u.register(buf, PAGE) == 0
+        p.munmap(buf, PAGE)                                  # an event is queued
+        assert p.read(u.fd, 0x10, 32) == -errno.EFAULT       # nowhere to put it
+        u.close()
+    p.run(go)
