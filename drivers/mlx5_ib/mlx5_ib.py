@@ -278,6 +278,8 @@ class mlx5_ib_mr(ib_mr):
         self.peer_id: Any = None     # OFED 4.x peer MRs: their mlx5_ib_peer_id
         self.invalidated = 0         # OFED 4.x: dereg vs invalidation (atomic_t)
         self.invalidation_comp: Any = None
+        self.allocated_from_cache = False   # OFED 4.x: the mkey came from the mkey cache
+        self.free = False            # OFED 4.x: the mkey is (still) free: UMR not enabled
 
     def __repr__(self) -> str:
         return (f"mlx5_ib_mr mkey={self.mmkey.key:#x} iova={self.iova:#x} "

@@ -78,7 +78,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     order_base_2,
     to_mdev,
 )
-from drivers.mlx5_ib.umr import mlx5r_umr_revoke_mr
+from drivers.mlx5_ib.umr import mlx5_ib_post_send_wait_update, mlx5r_umr_revoke_mr
 from kernel_model.dma_buf import dma_buf_attach_ops
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.locking import (
@@ -266,18 +266,41 @@ class mlx5_ib_peer_id:
         return f"mlx5_ib_peer_id mr={self.mr!r}"
 
 
+#: OFED 4.x use_umr(): MRs of up to 2^MLX5_MAX_UMR_SHIFT blocks take a cached mkey that a
+#: UMR enables (# EMU: the bound without umr_extended_translation_offset, for every HCA)
+MLX5_MAX_UMR_SHIFT = 16
+
+
+def use_umr(order: int) -> bool:
+    """Mirrors OFED 4.x use_umr(): is the MR small enough for the mkey cache?"""
+    return order <= MLX5_MAX_UMR_SHIFT
+
+
 @traced
 def reg_user_mr_ticket(pd: mlx5_ib_pd, umem: ib_umem, iova: int,
                        access_flags: int) -> mlx5_ib_mr:
     """Mirrors OFED 4.x mlx5_ib_reg_user_mr() for a peer umem with an invalidation
-    context: activate first (EINVAL if the peer already invalidated), then the mkey;
-    on failure complete the peer_id with no MR, release the umem, free the peer_id."""
+    context: activate first (EINVAL if the peer already invalidated), then the mkey -
+    a cached one (alloc_mr_from_cache) when use_umr(), else reg_create; on failure
+    complete the peer_id with no MR, release the umem, free the peer_id.
+
+    Then the MR is published to the invalidation (complete(peer_id->comp)) and only
+    after that does mlx5_ib_update_xlt load and enable a cached mkey - the 4.x order
+    (4.6 and 4.7 read).  An invalidation in between finds the mkey still free, so its
+    unreg_umr posts nothing, and releases the umem: the ENABLE that follows either
+    dereferences the umem it cleared or turns the mkey on over pages the peer took
+    back.  5.x enables first and activates after; see the `dma-vs-invalidate` race.
+    """
     peer_id = kmalloc_obj(mlx5_ib_peer_id())
     try:
         if ib_umem_activate_invalidation_notifier(umem, mlx5_invalidate_umem_ticket,
                                                   peer_id):
             raise KernelError(EINVAL, "mlx5_ib_reg_user_mr: pages were invalidated by peer")
-        mr = create_real_mr(pd, umem, iova, access_flags)
+        page_size = mlx5_umem_find_best_pgsz(umem, "mkc", "log_page_size", 0, iova)
+        if page_size and use_umr(order_base_2(ib_umem_num_dma_blocks(umem, page_size))):
+            mr = alloc_mr_from_cache(pd, umem, iova, access_flags, page_size)
+        else:
+            mr = create_real_mr(pd, umem, iova, access_flags)
     except BaseException:
         complete(peer_id.comp)
         ib_umem_release(umem)
@@ -287,13 +310,113 @@ def reg_user_mr_ticket(pd: mlx5_ib_pd, umem: ib_umem, iova: int,
     mr.invalidation_comp = init_completion("mlx5_ib_mr invalidation_comp")
     peer_id.mr, mr.peer_id = mr, peer_id
     complete(peer_id.comp)
+    if mr.allocated_from_cache:
+        try:
+            mlx5_ib_update_xlt(mr)
+        except KernelError:
+            # 4.x: dereg_mr(dev, mr) - whatever an invalidation did meanwhile
+            _dereg_mr_ticket(mr)
+            mlx5_mr_cache_free(mr)
+            kfree(mr)
+            raise
+        mr.free = False
     return mr
 
 
-def _dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
-    """OFED 4.x dereg_mr() of a peer MR: clean_mr (DESTROY_MKEY, the peer_id freed),
-    then ib_umem_release - the client's dma_unmap, put_pages and release()."""
+@traced
+def alloc_mr_from_cache(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int,
+                        page_size: int) -> mlx5_ib_mr:
+    """Mirrors OFED 4.x alloc_mr_from_cache(): an mkey from the cache entry of the MR's
+    order - created free, for UMR - and the MR's software fields; nothing is posted.
+
+    # EMU: the model's cache keeps no mkeys: the one taken is created here, in the
+    # MR's PD with room for its translation, as the entry's refill work would have
+    # made it, and mlx5_mr_cache_free destroys it instead of putting it back."""
+    dev = to_mdev(pd.device)
+    mr = kmalloc_obj(mlx5_ib_mr(pd.device))
+    mr.page_shift = order_base_2(page_size)
+    octo = get_octo_len(iova, umem.length, mr.page_shift)
+    in_ = IfcStruct("create_mkey_in")
+    MLX5_SET("create_mkey_in", in_, "uid", pd.uid)
+    mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
+    MLX5_SET("mkc", mkc, "free", 1)
+    MLX5_SET("mkc", mkc, "umr_en", 1)
+    MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_MTT)
+    MLX5_SET("mkc", mkc, "pd", pd.pdn)
+    MLX5_SET("mkc", mkc, "qpn", 0xFFFFFF)
+    MLX5_SET("mkc", mkc, "translations_octword_size", octo)
+    MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
+    try:
+        mlx5_ib_create_mkey(dev, mr.mmkey, in_)
+    except BaseException:
+        kfree(mr)
+        raise
+    mr.mmkey.type = MLX5_MKEY_MR
+    mr.mmkey.ndescs = octo
+    mr.allocated_from_cache = True
+    mr.free = True
+    mr.umem = umem
+    mr.pd = pd                           # set_mr_fileds(): mr->ibmr.pd
+    set_mr_fields(mr, umem.length, access_flags, iova)
+    return mr
+
+
+@traced
+def mlx5_ib_update_xlt(mr: mlx5_ib_mr) -> None:
+    """Mirrors OFED 4.x mlx5_ib_update_xlt(mr, 0, npages, page_shift,
+    MLX5_IB_UPD_XLT_ENABLE): populate_xlt copies the translation out of mr->umem into
+    the XLT buffer, then the UMR - posted under umrc->sem, waited for - loads it with
+    the PD, access and range, and enables the mkey.  Nothing checks mr->invalidated,
+    and mr->free stays set until the caller clears it after this returns."""
+    dev = to_mdev(mr.device)
+    pd = mr.pd
+    page_size = 1 << mr.page_shift
+    umem = mr.umem                       # populate_xlt: NULL once an invalidation ran
+    nblocks = ib_umem_num_dma_blocks(umem, page_size)
+    in_ = IfcStruct("emu_umr_update_mkey_in", klm_pas_mtt=nblocks + (nblocks & 1))
+    pg_cap = bool(MLX5_CAP_GEN(dev.mdev, "pg"))
+    mlx5_ib_populate_pas(umem, page_size,
+                         MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "klm_pas_mtt"),
+                         MLX5_IB_MTT_PRESENT if pg_cap else 0)
+    mkc = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "memory_key_mkey_entry")
+    set_mkc_access_pd_addr_fields(mkc, mr.access_flags, mr.iova, pd)
+    MLX5_SET64("mkc", mkc, "len", mr.length)
+    MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
+    MLX5_SET("mkc", mkc, "translations_octword_size", mr.mmkey.ndescs)
+    MLX5_SET("emu_umr_update_mkey_in", in_, "enable", 1)
+    mlx5_ib_post_send_wait_update(mr, in_)
+
+
+@traced
+def unreg_umr(mr: mlx5_ib_mr) -> None:
+    """Mirrors OFED 4.x unreg_umr(): a UMR that disables the mkey (DMA through it
+    drained) - or nothing at all while the mkey is still free (mr->free), which is
+    the state of a cached mkey until mlx5_ib_update_xlt enabled it.
+    # EMU: the model's disabling UMR is the revoke's, which also moves the mkey
+    # to the UMR PD (4.x keeps the PD: upstream 9ec4483a3f0f added the move)."""
+    if mr.free:
+        return
+    mlx5r_umr_revoke_mr(mr)
+    mr.free = True
+
+
+@traced
+def mlx5_mr_cache_free(mr: mlx5_ib_mr) -> None:
+    """Mirrors OFED 4.x mlx5_mr_cache_free(): disable the mkey (unreg_umr), give it back
+    to its cache entry (# EMU: destroyed, see alloc_mr_from_cache)."""
+    unreg_umr(mr)
     mlx5_core_destroy_mkey(to_mdev(mr.device).mdev, mr.mmkey.key)
+
+
+def _dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
+    """OFED 4.x dereg_mr() of a peer MR: clean_mr - DESTROY_MKEY, or for a cached mkey
+    unreg_umr (it stays with the MR until the user's dereg gives it back) - the
+    peer_id freed, then ib_umem_release: the client's dma_unmap, put_pages and
+    release()."""
+    if mr.allocated_from_cache:
+        unreg_umr(mr)
+    else:
+        mlx5_core_destroy_mkey(to_mdev(mr.device).mdev, mr.mmkey.key)
     kfree(mr.peer_id)
     umem, mr.umem = mr.umem, None
     ib_umem_release(umem)
@@ -332,6 +455,8 @@ def dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
         wait_for_completion(mr.invalidation_comp)
     else:
         _dereg_mr_ticket(mr)
+    if mr.allocated_from_cache:
+        mlx5_mr_cache_free(mr)
     kfree(mr)
 
 

@@ -41,6 +41,7 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_OP_DESTROY_MKEY,
     MLX5_CMD_OP_DESTROY_QP,
     MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY,
+    MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY,
     MLX5_CMD_OP_QUERY_CQ,
     MLX5_CMD_OP_QUERY_MKEY,
     MLX5_CMD_OP_QUERY_QP,
@@ -52,6 +53,7 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_NON_ZERO_RQ,
     MLX5_QPC_STATE_RST,
     MLX5_SET,
+    MLX5_SET64,
     MLX5_SRQ_RQ,
     MLX5_ZERO_LEN_RQ,
     IfcStruct,
@@ -345,6 +347,36 @@ def emu_umr_revoke_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     MLX5_SET("mkc", mkey.mkc, "qpn", 0xFFFFFF)
     mkey.hw_cache = None
     fw.hca.engine.mkey_revoked(index)
+
+
+@fw_command(MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY, "emu_umr_update_mkey")
+def emu_umr_update_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    """What the UMR of MLNX_OFED 4.x mlx5_ib_update_xlt does (see the opcode's EMU
+    note): load the translation and the PD, access bits and range of a kernel mkey
+    made free for UMR, and with `enable` clear its free bit - from then on the HCA
+    translates through it, whatever the pages are now.  The PD must exist (it is
+    taken as the mkey's reference)."""
+    index = MLX5_GET("emu_umr_update_mkey_in", in_, "mkey_index")
+    mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
+    new = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "memory_key_mkey_entry")
+    pd = fw.ref(fw.pds, new["pd"], mkey.uid, "umr_update_mkey_pd")
+    m = mkey.mkc
+    for field in ("pd", "a", "rw", "rr", "lw", "lr", "log_page_size",
+                  "translations_octword_size"):
+        MLX5_SET("mkc", m, field, new[field])
+    MLX5_SET64("mkc", m, "start_addr", new["start_addr"])
+    MLX5_SET64("mkc", m, "len", new["len"])
+    pas = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "klm_pas_mtt")
+    page = 1 << m["log_page_size"]
+    if -(-((m["start_addr"] & (page - 1)) + m["len"]) // page) > pas.n:
+        raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, "umr_update_mkey_mtt")
+    mkey.drop_refs()
+    mkey.refs = [pd]
+    pd.users += 1
+    mkey.pas = _copy_pas(pas)
+    if MLX5_GET("emu_umr_update_mkey_in", in_, "enable"):
+        MLX5_SET("mkc", m, "free", 0)
+    mkey.hw_cache = None
 
 
 @fw_command(MLX5_CMD_OP_QUERY_MKEY, "query_mkey")

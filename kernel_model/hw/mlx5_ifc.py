@@ -56,6 +56,10 @@ MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS = 0x203
 # effect - the mkey free, in the UMR PD, DMA through it drained - is this
 # vendor-range command
 MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY = 0x7F01
+# EMU: not a PRM command either: the UMR of mlx5_ib_update_xlt (MLNX_OFED 4.x) that
+# loads an mkey's translation and its PD, access and range, and with `enable`
+# turns it on (MLX5_IB_SEND_UMR_ENABLE_MR | UPDATE_PD_ACCESS | UPDATE_TRANSLATION)
+MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY = 0x7F02
 MLX5_CMD_OP_CREATE_EQ = 0x301
 MLX5_CMD_OP_DESTROY_EQ = 0x302
 MLX5_CMD_OP_CREATE_CQ = 0x400
@@ -331,6 +335,9 @@ _TEXT: dict[str, str] = {
     "create_mkey_out": "mkey_index 24",
     "destroy_mkey_in": "mkey_index 24", "destroy_mkey_out": "",
     "emu_umr_revoke_mkey_in": "mkey_index 24", "emu_umr_revoke_mkey_out": "",
+    "emu_umr_update_mkey_in": """
+        mkey_index 24, enable 1, memory_key_mkey_entry @mkc, klm_pas_mtt []""",
+    "emu_umr_update_mkey_out": "",
     "query_mkey_in": "mkey_index 24",
     "query_mkey_out": "memory_key_mkey_entry @mkc, bsf0_klm0_pas_mtt0_1 []",
     "query_nic_vport_context_in": "other_vport 1, vport_number 16, allowed_list_type 3",

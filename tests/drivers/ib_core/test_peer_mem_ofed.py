@@ -24,6 +24,8 @@ from drivers.ib_core.peer_mem import (
     peer_ticket_design,
 )
 from drivers.ib_core.umem import ib_umem_get_peer, ib_umem_release
+from drivers.mlx5_ib import mr as mr_mod
+from drivers.mlx5_ib import umr as umr_mod
 from kernel_model.errno import KernelBug, KernelError
 from kernel_model.locking import mutex_is_locked
 from kernel_model.platform import rdma_host
@@ -139,15 +141,72 @@ def test_mlx5_4x_tears_the_mr_down_inside_the_invalidation(env49):
     mr = env49.reg_mr(va, 2 * K64)
     assert fp.called("get_pages")[0].core_context == 1
     key = mr.lkey
+    mkey = env49.hca.fw.mkeys[key >> 8]
+    assert mkey.mkc["free"] == 0 and mkey.mkc["len"] == 2 * K64   # the UMR enabled it
+    n = len(fp.calls)
+    fp.invalidate(fp.live_ctx[0])
+    # unreg_umr disables the cached mkey, then the umem's unmap, put and release - all
+    # inside the callback; the mkey stays with the MR until the user's dereg
+    assert fp.names()[n:] == ["dma_unmap", "put_pages", "release"]
+    assert mkey.mkc["free"] == 1 and fp.reg.core_ticket_list == {}
+    n = len(fp.calls)
+    env49.dereg(mr)                 # frees the MR, gives the mkey back to the cache
+    assert fp.names()[n:] == [] and (key >> 8) not in env49.hca.fw.mkeys
+
+
+def test_mlx5_4x_uncached_mr_is_destroyed_inside_the_invalidation(env49, monkeypatch):
+    monkeypatch.setattr(mr_mod, "MLX5_MAX_UMR_SHIFT", 0)      # too big for the cache
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    mr = env49.reg_mr(va, 2 * K64)
+    key = mr.lkey
     assert (key >> 8) in env49.hca.fw.mkeys
     n = len(fp.calls)
     fp.invalidate(fp.live_ctx[0])
-    # DESTROY_MKEY, then the umem's unmap, put and release - all inside the callback
+    # clean_mr: DESTROY_MKEY, then the umem's unmap, put and release
     assert fp.names()[n:] == ["dma_unmap", "put_pages", "release"]
     assert (key >> 8) not in env49.hca.fw.mkeys and fp.reg.core_ticket_list == {}
     n = len(fp.calls)
     env49.dereg(mr)                            # the user's dereg only frees the MR
     assert fp.names()[n:] == []
+
+
+def test_mlx5_4x_invalidation_before_the_enable_umr_oopses(env49, monkeypatch):
+    """Between complete(peer_id->comp) and mlx5_ib_update_xlt: the invalidation
+    releases the umem and clears mr->umem; populate_xlt dereferences it."""
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    update = mr_mod.mlx5_ib_update_xlt
+
+    def invalidate_first(mr):
+        fp.invalidate(fp.live_ctx[0])
+        assert mr.umem is None and mr.free      # unreg_umr had nothing to disable
+        return update(mr)
+    monkeypatch.setattr(mr_mod, "mlx5_ib_update_xlt", invalidate_first)
+    with pytest.raises(AttributeError, match="NoneType"):
+        env49.reg_mr(va, 2 * K64)
+    assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
+    env49.m.leak_check_expected = False
+    with pytest.raises(Exception, match="mlx5_ib_mr"):   # the oops left the MR behind
+        env49.m.check_leaks()
+    env49.peers.clear()                                 # gone with the machine
+
+
+def test_mlx5_4x_invalidation_inside_update_xlt_enables_a_dead_mkey(env49, monkeypatch):
+    """While the ENABLE UMR's poster waits for its completion: mr->free is still set,
+    so the invalidation posts no disable, and gives the pages back - the mkey stays
+    on over them and registration succeeds."""
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    monkeypatch.setattr(umr_mod, "schedule_timeout", lambda t: fp.invalidate(fp.live_ctx[0]))
+    mr = env49.reg_mr(va, 2 * K64)
+    assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
+    mkey = env49.hca.fw.mkeys[mr.lkey >> 8]
+    assert mkey.mkc["free"] == 0, "the mkey is live over pages the peer took back"
+    assert mkey.pas.n >= 2 and mkey.pas.view[0] != 0
+    monkeypatch.undo()
+    env49.dereg(mr)                  # invalidated already: the cache takes the mkey back
+    assert (mr.lkey >> 8) not in env49.hca.fw.mkeys
 
 
 def test_mlx5_4x_registration_invalidated_before_activation_fails_einval(env49):
