@@ -32,6 +32,13 @@ Module parameters (nvidia-peermem's):
       (MLNX_OFED 4.9) layout: the version's ex marker is set but ex_size 0,
       so the core treats it as an old-style client.
   Any other value: EINVAL at load.
+  version (default "580.65.06", nvidia-peermem as built with the driver): "1.0" is
+      Mellanox nv_peer_memory 1.0, the client MLNX_OFED 4.x shipped with: one
+      old-style client "nv_mem" (no _ex, no persistent twin), whose free
+      callback sets a sticky `is_callback` - dma_unmap and put_pages then do
+      nothing on any task (B5) - and touches the context no more once ib_core's
+      invalidate returned (so no B17 on a 4.x core).  The other parameters are
+      ignored.
 
 Lock order: none of its own; see peer_mem.py and drivers/nvidia/nv_p2p.py.
 """
@@ -94,6 +101,7 @@ class nv_mem_context:
         self.npages = 0
         self.page_size = 0
         self.callback_task: Any = None
+        self.is_callback = 0          # nv_peer_memory 1.0: set for good by the callback
         self.sg_allocated = 0
         self.sg_head: Any = None
         self.pad2 = NV_MEM_CONTEXT_MAGIC
@@ -106,8 +114,10 @@ class nv_mem_context:
 class NvPeerMem:
     """The module's globals: the registrations and ib_core's invalidate callback."""
 
-    def __init__(self, mod: Any, persistent_api_support: int, peerdirect_support: int):
+    def __init__(self, mod: Any, persistent_api_support: int, peerdirect_support: int,
+                 version: str = DRV_VERSION):
         self.mod = mod
+        self.version = version
         self.persistent = persistent_api_support
         self.peerdirect_support = peerdirect_support
         self.reg_handle: Any = None
@@ -216,7 +226,8 @@ class NvPeerMem:
     def nv_mem_put_pages(self, sg_head: Any, context: nv_mem_context) -> None:
         """Mirrors nv_mem_put_pages(): unpin, unless this is the free callback's own
         task (the GPU driver unpins after the callback; put_pages would wait on it)."""
-        if not self._sane(sg_head, context) or context.callback_task is current():
+        if not self._sane(sg_head, context) or context.callback_task is current() or \
+                context.is_callback:
             return
         nvidia_p2p_put_pages(0, 0, context.page_virt_start, context.page_table)
 
@@ -275,7 +286,7 @@ class NvPeerMem:
         """Mirrors nv_dma_unmap(): 0; skipped on the free callback's own task."""
         if not self._sane(sg_head, context):
             return -EINVAL
-        if context.callback_task is current():
+        if context.callback_task is current() or context.is_callback:
             return 0
         if context.dma_mapping is not None:
             nvidia_p2p_dma_unmap_pages(to_pci_dev(dma_device), context.page_table,
@@ -316,9 +327,14 @@ class NvPeerMem:
             if dma_mapping is None:
                 self.peer_err("nv_get_p2p_free_callback -- invalid dma_mapping")
                 return
-            ctx.callback_task = current()
-            self.mem_invalidate_callback[0](self.reg_handle, ctx.core_context)
-            ctx.callback_task = None
+            if self.version == "1.0":
+                # 1.0: the flag stays set; nothing reads ctx after the core returns
+                ctx.is_callback = 1
+                self.mem_invalidate_callback[0](self.reg_handle, ctx.core_context)
+            else:
+                ctx.callback_task = current()
+                self.mem_invalidate_callback[0](self.reg_handle, ctx.core_context)
+                ctx.callback_task = None
             nvidia_p2p_free_dma_mapping(dma_mapping)
             nvidia_p2p_free_page_table(page_table)
         finally:
@@ -327,7 +343,7 @@ class NvPeerMem:
     # -- the two client tables ------------------------------------------------------------------
     def nv_mem_client(self) -> peer_memory_client:
         return peer_memory_client(
-            DRV_NAME, DRV_VERSION, acquire=self.nv_mem_acquire, get_pages=self.nv_mem_get_pages,
+            DRV_NAME, self.version, acquire=self.nv_mem_acquire, get_pages=self.nv_mem_get_pages,
             dma_map=self.nv_dma_map, dma_unmap=self.nv_dma_unmap,
             put_pages=self.nv_mem_put_pages, get_page_size=self.nv_mem_get_page_size,
             release=self.nv_mem_release)
@@ -341,8 +357,19 @@ class NvPeerMem:
 
 
 def module_init(mod: Any, persistent_api_support: int = 1,
-                peerdirect_support: int = 0) -> NvPeerMem:
+                peerdirect_support: int = 0, version: str = DRV_VERSION) -> NvPeerMem:
     """Mirrors nv_mem_client_init(): check the parameters, register the client(s)."""
+    if version == "1.0":
+        # nv_peer_memory 1.0's nv_mem_client_init: one old-style invalidating client
+        state = NvPeerMem(mod, 0, 1, version)
+        state.reg_handle = ib_register_peer_memory_client(state.nv_mem_client(),
+                                                          state.mem_invalidate_callback)
+        if state.reg_handle is None:
+            raise KernelError(EINVAL, "nv_mem_client_init: registration failed")
+        return state
+    if version != DRV_VERSION:
+        raise KernelError(EINVAL, f"nv_mem_client_init: version {version!r}: the model has "
+                          f"nvidia-peermem {DRV_VERSION} and nv_peer_memory 1.0")
     if peerdirect_support not in (0, 1):
         raise KernelError(EINVAL, f"nv_mem_client_init: invalid value for peerdirect_support "
                           f"{peerdirect_support}")

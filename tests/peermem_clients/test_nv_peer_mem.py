@@ -72,6 +72,20 @@ def gpu_host(gpu: GpuConfig | None = None, load: bool = True, **params):
     return m
 
 
+def mapped_context(m, p, d: int, core_context: int):
+    """nv_mem's acquire, get_pages (with `core_context`) and dma_map of [d, d + 64K), as
+    ib_core would call them on `p`: (module state, the context, the sg table)."""
+    st = state(m)
+    with p.kernel():
+        cc = [None]
+        assert st.nv_mem_acquire(d, K64, None, None, cc) == 1
+        ctx = cc[0]
+        assert st.nv_mem_get_pages(d, K64, 1, 0, None, ctx, core_context) == 0
+        sgt = sg_table(m)
+        assert st.nv_dma_map(sgt, ctx, hca_dma_device(m), 0, [0]) == 0
+    return st, ctx, sgt
+
+
 def state(m):
     return m.modules["nv_peer_mem"].state
 
@@ -568,15 +582,8 @@ def test_free_callback_clears_callback_task():
     m = gpu_host(persistent_api_support=0)
     p = m.spawn("app")
     d = cudart(p).cudaMalloc(K64)
-    st = state(m)
+    st, ctx, sgt = mapped_context(m, p, d, 9)
     seen = []
-    with p.kernel():
-        cc = [None]
-        assert st.nv_mem_acquire(d, K64, None, None, cc) == 1
-        ctx = cc[0]
-        assert st.nv_mem_get_pages(d, K64, 1, 0, None, ctx, 9) == 0
-        sgt = sg_table(m)
-        assert st.nv_dma_map(sgt, ctx, hca_dma_device(m), 0, [0]) == 0
     from kernel_model.current import current
     real = st.mem_invalidate_callback[0]
 
@@ -762,4 +769,56 @@ def test_cuda_free_racing_a_persistent_registration_leaves_the_mr_working():
     mr.close()
     assert m.gpus[0].bar1_ptes == {}
     ctx.close()
+    p.exit(0)
+
+
+# -- nv_peer_memory 1.0 (version="1.0") -----------------------------------------------------------
+def test_version_other_than_the_two_modelled_fails_the_load_with_einval():
+    m = gpu_host(load=False)
+    with pytest.raises(KernelError) as ei:
+        m.load_module("nv_peer_mem", version="1.2")
+    assert ei.value.errno == errno.EINVAL and "1.2" in str(ei.value)
+    assert registered(m) == []
+
+
+def test_version_1_0_registers_one_old_style_invalidating_nv_mem():
+    m = gpu_host(version="1.0")
+    assert registered(m) == [("nv_mem", True, False)]
+    with m.kernel():
+        (client,) = peer_clients()
+    assert client.peer_mem.version_ex == 0 and client.peer_mem.container is None
+    p = m.spawn("reader")
+    assert read_sysfs(p, f"{PEERS}/nv_mem/version") == "1.0\n"
+    assert read_sysfs(p, f"{PEERS}/nv_mem_nc/version") is None
+    p.exit(0)
+
+
+def test_version_1_0_is_callback_stays_set_and_silences_unmap_and_put_on_any_task():
+    """1.0's is_callback is sticky (B5): after the callback, dma_unmap and put_pages do
+    nothing on any task - the driver freed the tables - and the callback never touches
+    the context once ib_core's invalidate returned."""
+    m = gpu_host(version="1.0")
+    p = m.spawn("app")
+    d = cudart(p).cudaMalloc(K64)
+    st, ctx, sgt = mapped_context(m, p, d, 3)
+    seen = []
+    real = st.mem_invalidate_callback[0]
+
+    def spy(reg_handle, core_context):
+        seen.append((ctx.is_callback, ctx.callback_task, core_context))
+        return real(reg_handle, core_context)
+
+    st.mem_invalidate_callback[0] = spy
+    try:
+        cudart(p).cudaFree(d)
+    finally:
+        st.mem_invalidate_callback[0] = real
+    assert seen == [(1, None, 3)] and ctx.is_callback == 1
+    with Tracer() as t, p.kernel():           # another task: still nothing reaches RM
+        assert st.nv_dma_unmap(sgt, ctx, hca_dma_device(m)) == 0
+        st.nv_mem_put_pages(sgt, ctx)
+        st.nv_mem_release(ctx)
+    assert calls_named(t.trace, "nvidia_p2p_dma_unmap_pages") == []
+    assert calls_named(t.trace, "nvidia_p2p_put_pages") == []
+    assert refcnt(m) == 0 and m.gpus[0].bar1_ptes == {}
     p.exit(0)
