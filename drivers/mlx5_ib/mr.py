@@ -12,11 +12,13 @@ ibv_reg_mr(pd, addr, len, access) reaches mlx5_ib_reg_user_mr():
     mlx5_ib_create_mkey               CREATE_MKEY, the key = index << 8 | variant
     set_mr_fields                     lkey = rkey = the key
 
-# EMU: the mkey cache and UMR (alloc_cacheable_mr + mlx5r_umr_update_mr_pas)
-# are not modelled: every user MR takes reg_create(populate=true), the path
-# the kernel uses when UMR cannot load the PAS, so CREATE_MKEY always carries
-# the MTT.  The user-visible result (a key whose MTT maps the pinned pages)
-# is the same.
+# EMU: the upstream mkey cache and UMR (alloc_cacheable_mr +
+# mlx5r_umr_update_mr_pas) are not modelled: every user MR takes
+# reg_create(populate=true), the path the kernel uses when UMR cannot load the
+# PAS, so CREATE_MKEY always carries the MTT.  The user-visible result (a key
+# whose MTT maps the pinned pages) is the same.  The MLNX_OFED 4.x peer path
+# (below) does take a cached mkey and enables it by UMR, because its order of
+# steps is a bug the race corpus needs.
 
 Peer memory (MLNX_OFED): ib_umem_get_peer(..., IB_PEER_MEM_INVAL_SUPP) lets
 a peer client back the MR when gup cannot (GPU memory); once the mkey

@@ -271,3 +271,59 @@ def test_4x_counts_registered_and_deregistered_bytes_alike(env49):
     env49.p.run(ib_umem_release, u)
     st = fp.reg.stats
     assert st["num_reg_bytes"] == st["num_dereg_bytes"] == K64   # nmap << page_shift
+
+
+def test_mlx5_4x_failed_enable_umr_unwinds_the_whole_registration(env49):
+    """mlx5_ib_update_xlt failing (the UMR's completion in error): 4.x calls dereg_mr -
+    the umem released through the peer, the cached mkey given back, the MR freed."""
+    from drivers.mlx5_core.ifc import MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY
+    from kernel_model.hw.mlx5_ifc import MLX5_CMD_STAT_INT_ERR
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    env49.hca.fw.inject(MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY, MLX5_CMD_STAT_INT_ERR)
+    with pytest.raises(VerbsError) as e:
+        env49.reg_mr(va, 2 * K64)
+    assert e.value.errno == errno.EIO
+    assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
+    assert not env49.hca.fw.mkeys and fp.reg.core_ticket_list == {}
+    assert env49.p.mm.pinned_vm == 0
+
+
+def test_umr_update_of_a_cached_mkey_checks_its_pd_and_translation(env49):
+    """EMU_UMR_UPDATE_MKEY: BAD_PARAM (EINVAL) for a PD that does not exist, BAD_INP_LEN
+    (EIO) for a translation shorter than the range; the mkey is left as it was."""
+    from drivers.mlx5_core.cmd import mlx5_cmd_exec
+    from drivers.mlx5_core.ifc import (
+        MLX5_ADDR_OF,
+        MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY,
+        MLX5_SET,
+        MLX5_SET64,
+        IfcStruct,
+    )
+    from drivers.mlx5_ib.mlx5_ib import to_mdev
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+    mr = env49.reg_mr(va, 2 * K64)
+    index = mr.lkey >> 8
+    before = env49.hca.fw.mkeys[index].mkc.copy()
+
+    def update(pd: int, entries: int) -> int:
+        in_ = IfcStruct("emu_umr_update_mkey_in", klm_pas_mtt=entries)
+        MLX5_SET("emu_umr_update_mkey_in", in_, "opcode", MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY)
+        MLX5_SET("emu_umr_update_mkey_in", in_, "mkey_index", index)
+        mkc = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "memory_key_mkey_entry")
+        MLX5_SET("mkc", mkc, "pd", pd)
+        MLX5_SET("mkc", mkc, "log_page_size", 16)
+        MLX5_SET64("mkc", mkc, "len", 2 * K64)
+        try:
+            mdev = to_mdev(ib_device_get_by_name("mlx5_0")).mdev
+            mlx5_cmd_exec(mdev, in_, IfcStruct("emu_umr_update_mkey_out"))
+        except KernelError as e:
+            return e.errno
+        return 0
+    with env49.p.kernel():
+        assert update(0x7777, 2) == errno.EINVAL        # no such PD
+        assert update(before["pd"], 1) == errno.EIO     # 2 pages, 1 entry: BAD_INP_LEN
+    after = env49.hca.fw.mkeys[index].mkc
+    assert (after["pd"], after["len"], after["free"]) == (before["pd"], before["len"], 0)
+    env49.dereg(mr)
