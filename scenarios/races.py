@@ -287,3 +287,69 @@ def exit_order(legacy: bool) -> None:
     for t in exits:
         t.join()
     assert not any(p.alive for p in procs)
+
+
+NV_PEER_MEM_1_0 = {"version": "1.0"}   # Mellanox nv_peer_memory 1.0, as with MLNX_OFED 4.x
+
+
+@race("dma-vs-invalidate",
+      fixed="MLNX_OFED 25.04 with nvidia-peermem 560+ defaults (persistent_api_support=1): "
+            "the mkey is built whole before the MR is published, and persistent MRs are "
+            "never invalidated - a WRITE lands in live GPU memory or the registration "
+            "fails.  (5.x and later also enable the mkey before activating the notifier)",
+      legacy="MLNX_OFED 4.9 (4.6 and 4.7 read) with nv_peer_memory 1.0: mlx5 publishes the "
+             "MR to the invalidation (complete(peer_id->comp)) before mlx5_ib_update_xlt "
+             "loads and enables its cached mkey, and clears mr->free only after that UMR "
+             "completed.  An invalidation in the window finds mr->free set, so unreg_umr "
+             "disables nothing, and gives the pages back: before populate_xlt, that "
+             "dereferences the cleared mr->umem; while the poster sleeps on the UMR's "
+             "completion, the mkey stays enabled over the freed GPU pages and the HCA's "
+             "WRITE lands in BAR1 windows nothing maps (the first schedule).  "
+             "(nv_peer_memory 1.0's own 'invalid dma_mapping' drop, a free callback between "
+             "get_pages and dma_map, ends in that DMA too, or in dma_map reading the "
+             "mapping the driver freed)",
+      finds=("warn", "null-deref", "UseAfterFree"))
+def dma_vs_invalidate(legacy: bool) -> None:
+    """ibv_reg_mr of GPU memory on one thread while another cudaFrees it; then, if the
+    registration won, an RDMA WRITE into the MR through a loopback RC QP pair - the
+    HCA's DMA, landing in live memory or refused by a revoked mkey - and the dereg."""
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.cmd import VerbsError
+    from userspace.libibverbs.pyverbs import MR, SendWR
+    from userspace.tools.write_bw import connect, setup
+
+    m = _gpu_host(NV_PEER_MEM_1_0 if legacy else PERSISTENT, "4.9" if legacy else "25.04")
+    p = m.spawn("app")
+    cu = cudart(p)
+    write = 64 << 10
+
+    def build() -> tuple:
+        a = setup(p, write, 4, 0x100)          # the requester and its host buffer
+        b = setup(p, 4096, 4, 0x200)           # the responder: the GPU MR joins its PD
+        connect(a, b.dest())
+        connect(b, a.dest())
+        return a, b, cu.cudaMalloc(MiB)
+    a, b, d = p.run(build)
+
+    def reg() -> object:
+        try:
+            return MR(b.pd, MiB, v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE, addr=d)
+        except VerbsError as e:               # freed first, or invalidated before activation
+            assert e.errno in (errno.EFAULT, errno.EINVAL), e
+            return None
+
+    def rdma_write(mr: Any) -> str:
+        a.qp.post_send(SendWR(wr_id=1, sg_list=[v.ibv_sge(a.mr.buf, write, a.mr.lkey)],
+                              opcode=v.IBV_WR_RDMA_WRITE, send_flags=v.IBV_SEND_SIGNALED,
+                              remote_addr=d, rkey=mr.rkey))
+        (wc,) = a.cq.poll_until(1)
+        return v.ibv_wc_status_str(wc.status)
+
+    registering = p.start(reg)
+    p.thread(cu.cudaFree, d, name="free").join()
+    mr = registering.join()
+    if mr is not None:                # lands before the revoke, or is refused after it
+        status = p.run(rdma_write, mr)
+        assert status in ("SUCCESS", "REM_ACCESS_ERR"), status
+        p.run(mr.close)
+    p.exit(0)

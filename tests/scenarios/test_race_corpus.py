@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.explore import explore, explore_dfs, replay
+from kernel_model.explore import explore, explore_dfs, replay, schedule_trace
 from scenarios.races import RACES, UNMAPS, invalidate_during_reg_with
 
 FIXED_BUDGET = 120
@@ -69,3 +69,23 @@ def test_the_25_04_core_alone_does_not_fix_invalidate_during_reg_for_nvidia_peer
     f = ex.failure
     assert f is not None and f.check == "UseAfterFree" and f.preemptions == 1
     assert "nvidia_p2p_dma_unmap_pages" in f.detail and "by app-" in f.detail
+
+
+def test_dma_vs_invalidate_legacy_enables_the_cached_mkey_over_freed_gpu_pages():
+    """OFED 4.x: the invalidation runs while mlx5_ib_update_xlt's poster waits for the
+    ENABLE UMR (mr->free still set): no disable, the pages go back, and the WRITE
+    posted after the registration 'succeeded' lands in BAR1 windows nothing maps."""
+    race = RACES["dma-vs-invalidate"]
+    f = explore(lambda: race.run(True), "dfs", bound=0).failure
+    assert f is not None and f.check == "warn" and f.preemptions == 0
+    trace = schedule_trace(lambda: race.run(True), f.schedule)
+    names = [c.func for c in trace.calls()]
+    enable = names.index("mlx5_ib_post_send_wait_update")
+    inval = names.index("mlx5_invalidate_umem_ticket", enable)
+    assert "mlx5r_umr_revoke_mr" not in names[inval:names.index("ib_umem_release", inval)]
+    assert "hca_execute" in names[inval:]             # the DMA after the pages went
+
+
+def test_dma_vs_invalidate_fixed_writes_land_in_live_gpu_memory():
+    race = RACES["dma-vs-invalidate"]
+    assert replay(lambda: race.run(False), "").failure is None
