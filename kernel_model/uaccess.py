@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 
 from kernel_model.current import current
-from kernel_model.errno import EFAULT, KernelError
+from kernel_model.errno import EFAULT, ENOTTY, KernelError
 from kernel_model.trace import traced
 
 
@@ -77,3 +77,22 @@ def put_user_u64(value: int, addr: int) -> None:
     """put_user() of a u64; KernelError(EFAULT) on failure."""
     if copy_to_user(addr, struct.pack("<Q", value), 8):
         raise KernelError(EFAULT, f"put_user: fault at {addr:#x}")
+
+
+def ioctl_copy_struct(handlers: dict, private: object, cmd: int, arg: int, who: str) -> int:
+    """The body of a driver's unlocked_ioctl whose commands each carry one fixed struct
+    (`handlers`: cmd -> (struct format, fn(private, fields) -> fields to copy back, or
+    None)): ENOTTY for an unknown command, the struct copied in, the handler run, the
+    result copied back; EFAULT when either copy faults.  0."""
+    entry = handlers.get(cmd)
+    if entry is None:
+        raise KernelError(ENOTTY, f"{who}: unknown command {cmd:#x}")
+    fmt, fn = entry
+    size = struct.calcsize(fmt)
+    buf = bytearray(size)
+    if copy_from_user(buf, arg, size):
+        raise KernelError(EFAULT, f"{who}: copy_from_user")
+    out = fn(private, list(struct.unpack(fmt, buf)))
+    if out is not None and copy_to_user(arg, struct.pack(fmt, *out), size):
+        raise KernelError(EFAULT, f"{who}: copy_to_user")
+    return 0

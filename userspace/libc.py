@@ -11,9 +11,10 @@ EMU: one mmap per allocation (glibc would carve small ones from its heap).
 from __future__ import annotations
 
 import os
+import struct
 
-PROT_READ, PROT_WRITE = 0x1, 0x2
-MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS = 0x01, 0x02, 0x20
+PROT_NONE, PROT_READ, PROT_WRITE = 0x0, 0x1, 0x2
+MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
 O_RDONLY, O_RDWR, O_CLOEXEC = 0, 2, 0o2000000
 O_NONBLOCK = 0o4000
 
@@ -60,3 +61,30 @@ def read_sysfs(proc, path: str) -> str | None:
             free(proc, buf, 256)
     finally:
         proc.close(fd)
+
+
+def ioctl_struct(proc, fd: int, cmd: int, fmt: str, fields: list[int], error: type,
+                 what: str) -> tuple:
+    """An ioctl whose argument is a struct (`fmt`, struct module notation) in and out:
+    packed into a bounce buffer, the call, unpacked; `error`(errno, what) on failure
+    (how the GPU runtimes call their drivers)."""
+    n = struct.calcsize(fmt)
+    buf = posix_memalign(proc, 0, n)
+    try:
+        proc.store(buf, struct.pack(fmt, *fields))
+        ret = proc.ioctl(fd, cmd, buf)
+        if ret < 0:
+            raise error(-ret, what)
+        return struct.unpack(fmt, proc.load(buf, n))
+    finally:
+        free(proc, buf, n)
+
+
+def reserve_aligned(proc, length: int, align: int, what: str) -> int:
+    """An address with room for `length` bytes at an `align`-aligned spot: reserve one
+    `align` more (PROT_NONE), round up, give the reservation back - how the GPU
+    runtimes place an allocation before they map it there."""
+    hole = check(proc.mmap(0, length + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS),
+                 f"{what}: reserve")
+    check(proc.munmap(hole, length + align), f"{what}: unreserve")
+    return -(-hole // align) * align

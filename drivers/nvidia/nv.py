@@ -21,17 +21,16 @@ What a CUDA process does through its GPU file (kernel_model/uapi/nvidia.py):
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 from drivers.nvidia.rm import NvClient, NvDevice, rm_alloc_memory, rm_free_client, rm_free_memory
 from kernel_model.current import current
-from kernel_model.errno import EFAULT, EINVAL, ENOTTY, KernelError
+from kernel_model.errno import EFAULT, EINVAL, KernelError
 from kernel_model.fs import file_operations
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE
 from kernel_model.mm import VM_DONTDUMP, VM_DONTEXPAND, VM_IO, VM_PFNMAP, vm_operations_struct
 from kernel_model.trace import traced
-from kernel_model.uaccess import copy_from_user, copy_to_user
+from kernel_model.uaccess import copy_from_user, copy_to_user, ioctl_copy_struct
 from kernel_model.uapi import nvidia as uapi
 
 
@@ -93,22 +92,9 @@ def nvidia_mmap(f: Any, vma: Any) -> None:
 
 @traced
 def nvidia_ioctl(f: Any, cmd: int, arg: int) -> int:
-    """Mirrors nvidia_ioctl(): copy the escape's struct in, do it, copy it back."""
-    handler = _ESCAPES.get(cmd)
-    if handler is None:
-        raise KernelError(ENOTTY, f"nvidia_ioctl: unknown escape {cmd:#x}")
-    fmt, fn = handler
-    size = struct.calcsize(fmt)
-    buf = bytearray(size)
-    if copy_from_user(buf, arg, size):
-        raise KernelError(EFAULT, "nvidia_ioctl: copy_from_user")
-    fields = list(struct.unpack(fmt, buf))
-    out = fn(f.private_data, fields)
-    if out is not None:
-        data = struct.pack(fmt, *out)
-        if copy_to_user(arg, data, size):
-            raise KernelError(EFAULT, "nvidia_ioctl: copy_to_user")
-    return 0
+    """Mirrors nvidia_ioctl(): copy the escape's struct in, do it, copy it back (ENOTTY
+    for an unknown escape, EFAULT for a bad argument)."""
+    return ioctl_copy_struct(_ESCAPES, f.private_data, cmd, arg, "nvidia_ioctl")
 
 
 def _alloc(client: NvClient, fields: list[int]) -> list[int]:

@@ -19,8 +19,6 @@ cudaErrorMemoryAllocation ENOMEM).
 
 from __future__ import annotations
 
-import struct
-
 from kernel_model.trace import traced
 from kernel_model.uapi import nvidia as uapi
 from kernel_model.uapi.nvidia import (  # noqa: F401 - re-exported for programs
@@ -35,20 +33,18 @@ from kernel_model.uapi.nvidia import (  # noqa: F401 - re-exported for programs
     cudaMemcpyHostToDevice,
 )
 from userspace.libc import (
-    MAP_ANONYMOUS,
-    MAP_PRIVATE,
+    MAP_FIXED,
     MAP_SHARED,
     O_RDWR,
     PROT_READ,
     PROT_WRITE,
     SysError,
     check,
-    free,
-    posix_memalign,
+    ioctl_struct,
+    reserve_aligned,
 )
 
 GPU_PAGE_SIZE = 1 << 16
-PROT_NONE, MAP_FIXED = 0x0, 0x10
 
 
 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1   # CUmemRangeHandleType (cuda.h)
@@ -74,15 +70,7 @@ class CudaRuntime:
                f"{len(self.allocations)} allocations"
 
     def _escape(self, cmd: int, fmt: str, fields: list[int], what: str) -> tuple:
-        buf = posix_memalign(self.proc, 0, struct.calcsize(fmt))
-        try:
-            self.proc.store(buf, struct.pack(fmt, *fields))
-            ret = self.proc.ioctl(self.fd, cmd, buf)
-            if ret < 0:
-                raise CudaError(-ret, what)
-            return struct.unpack(fmt, self.proc.load(buf, struct.calcsize(fmt)))
-        finally:
-            free(self.proc, buf, struct.calcsize(fmt))
+        return ioctl_struct(self.proc, self.fd, cmd, fmt, fields, CudaError, what)
 
     # -- memory --------------------------------------------------------------------
     @traced
@@ -92,10 +80,7 @@ class CudaRuntime:
                                      "cudaMalloc")
         length = -(-size // GPU_PAGE_SIZE) * GPU_PAGE_SIZE
         p = self.proc
-        hole = check(p.mmap(0, length + GPU_PAGE_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS),
-                     "cudaMalloc: reserve")
-        va = -(-hole // GPU_PAGE_SIZE) * GPU_PAGE_SIZE
-        check(p.munmap(hole, length + GPU_PAGE_SIZE), "cudaMalloc: unreserve")
+        va = reserve_aligned(p, length, GPU_PAGE_SIZE, "cudaMalloc")
         ret = p.mmap(va, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, self.fd, handle)
         if ret < 0:
             raise CudaError(-ret, "cudaMalloc: map")
