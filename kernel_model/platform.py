@@ -12,6 +12,7 @@ kernel_model never imports a driver.
 
 from __future__ import annotations
 
+from kernel_model.hw.amdgpu import AmdGpu
 from kernel_model.hw.cmb import CmbDevice
 from kernel_model.hw.fabric import Fabric
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
@@ -29,9 +30,11 @@ def rdma_host(ram_size: int = 256 << 20, page_size: int = 4096, backend: str | N
               name: str | None = None, hca: Mlx5Config | None = None,
               modules: tuple[str, ...] = DEFAULT_MODULES, *, nr_hcas: int = 1,
               iommu: str = "identity", fabric: Fabric | None = None, nr_gpus: int = 0,
-              gpu: GpuConfig | None = None, cmb_size: int = 0) -> Machine:
+              gpu: GpuConfig | None = None, cmb_size: int = 0,
+              nr_amd_gpus: int = 0) -> Machine:
     """Build a Machine, plug `nr_hcas` ConnectX functions (config `hca`) and `nr_gpus`
-    NVIDIA GPUs (config `gpu`; their driver is the `nvidia` module) and, with
+    NVIDIA GPUs (config `gpu`; their driver is the `nvidia` module), `nr_amd_gpus`
+    AMD Instinct boards (driver `amdgpu`) and, with
     `cmb_size`, a device with a memory BAR of that size (driver `uio_cmb`); load `modules`.
 
     The HCAs are reachable as machine.hcas (kernel_model.hw.mlx5.ConnectX);
@@ -47,6 +50,8 @@ def rdma_host(ram_size: int = 256 << 20, page_size: int = 4096, backend: str | N
             machine.shutdown_hooks.append(lambda m, cx=cx: fabric.detach(cx))
     for _ in range(nr_gpus):
         NvGpu(machine, gpu)
+    for _ in range(nr_amd_gpus):
+        AmdGpu(machine)
     if cmb_size:
         CmbDevice(machine, cmb_size)
     for mod in modules:

@@ -70,6 +70,8 @@ class GpuConfig:
 class NvGpu:
     """One GPU.  See the module docstring."""
 
+    APERTURE_BAR = 1          # the BAR that reaches vidmem (BAR1 on NVIDIA boards)
+
     def __init__(self, machine: Machine, config: GpuConfig | None = None):
         self.machine = machine
         self.config = cfg = config or GpuConfig()
@@ -85,7 +87,7 @@ class NvGpu:
         self.uuid = bytes(((machine.serial * 131 + self.pdev.bus * 7 + i) * 37) & 0xFF
                           for i in range(16))
         self._vidmem: memoryview | None = None
-        self.bar1 = pci_register_bar(self.pdev, 1, cfg.bar1_size, self.bar1_read,
+        self.bar1 = pci_register_bar(self.pdev, self.APERTURE_BAR, cfg.bar1_size, self.bar1_read,
                                      self.bar1_write, prefetch=True)
         pci_add_device(machine, self.pdev)
         gpus = getattr(machine, "gpus", None)

@@ -1,0 +1,1 @@
+"""A HIP-like runtime over /dev/kfd (userspace/hip/runtime.py)."""
