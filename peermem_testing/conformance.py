@@ -103,6 +103,26 @@ class ClientUnderTest:
                    {"nr_gpus": 1}, ("mlx5_ib", "nvidia"))
 
     @classmethod
+    def amdp2p(cls, **params: Any) -> ClientUnderTest:
+        """amdp2p serving hipMalloc'd VRAM; hipFree revokes it."""
+        from peermem_testing.gpu import amd_load
+        from userspace.hip.runtime import hiprt
+
+        def alloc(proc: Any, size: int) -> int:
+            return hiprt(proc).hipMalloc(size)
+
+        def free(proc: Any, addr: int, size: int) -> None:
+            rt = hiprt(proc)
+            if addr in rt.allocations:
+                rt.hipFree(addr)
+
+        def revoke(m: Any, proc: Any, addr: int, size: int) -> None:
+            hiprt(proc).hipFree(addr)
+
+        return cls("amdp2p", alloc, free, revoke, amd_load, dict(params),
+                   {"nr_amd_gpus": 1}, ("mlx5_ib", "amdgpu"))
+
+    @classmethod
     def uio_mapping(cls, module: str, revoke: Callable | None = None,
                     **params: Any) -> ClientUnderTest:
         """A client serving /dev/uio0 mappings of a CMB device (io_peer_mem, cmb_peer)."""

@@ -187,7 +187,7 @@ class ib_peer_memory_client:
         return self.peer_mem.name
 
     def __repr__(self) -> str:
-        users = refcount_read(self.usecnt) - 1
+        users = max(refcount_read(self.usecnt) - 1, 0)   # the registration's own is 1
         inval = "invalidating" if self.invalidation_required else "non-invalidating"
         return f"peer client {self.peer_mem.name} {inval}, {users} umems"
 
@@ -237,7 +237,7 @@ def ib_register_peer_memory_client(peer_client: peer_memory_client,
     if not ib_memory_peer_check_mandatory(peer_client):
         return None
     state = _peer_state()
-    client = ib_peer_memory_client(peer_client, invalidate_callback is not None)
+    client = kmalloc_obj(ib_peer_memory_client(peer_client, invalidate_callback is not None))
     if invalidate_callback is not None:
         invalidate_callback[0] = ib_invalidate_peer_memory
     mutex_lock(state.peer_memory_mutex)
@@ -248,6 +248,7 @@ def ib_register_peer_memory_client(peer_client: peer_memory_client,
         mutex_unlock(state.peer_memory_mutex)
         current().machine.dmesg.append(f"ib_core: peer memory client {peer_client.name}: "
                                        "name already registered")
+        kfree(client)
         return None
     _publish(client)
     state.peer_memory_list.append(client)
@@ -258,7 +259,10 @@ def ib_register_peer_memory_client(peer_client: peer_memory_client,
 @traced
 def ib_unregister_peer_memory_client(reg_handle: ib_peer_memory_client) -> None:
     """Mirrors ib_unregister_peer_memory_client(): no new acquires from now on, then wait
-    until every umem the client backs is released; after it returns no peer op is called."""
+    until every umem the client backs is released; after it returns no peer op is called,
+    and the client is freed.  Nothing keeps it alive for an invalidation still running:
+    on a 4.x core, whose invalidation can release the last umem inside the callback
+    with the client's lock held, that is a use-after-free (see unregister-client-busy)."""
     state = _peer_state()
     mutex_lock(state.peer_memory_mutex)
     state.peer_memory_list.remove(reg_handle)
@@ -271,6 +275,8 @@ def ib_unregister_peer_memory_client(reg_handle: ib_peer_memory_client) -> None:
                                      f"{sorted(reg_handle.umem_xa.entries)} "
                                      f"{sorted(reg_handle.core_ticket_list)} still allocated")
     sysfs_remove_dir(_sysfs_dir(reg_handle))
+    # 4.x: kfree(ib_peer_client); 5.1+: kobject_put(), whose release frees it
+    kfree(reg_handle)
 
 
 def _sysfs_dir(client: ib_peer_memory_client) -> str:

@@ -165,3 +165,21 @@ def test_the_guide_shows_the_example_as_it_is():
         for line in block.splitlines():
             if line.strip() and not line.startswith(("from ", "import ")):
                 assert line in sources, f"docs/peer-clients.md: {line!r} is not in the code"
+
+
+def test_amdp2p_breaks_two_rules_on_a_5_x_core():
+    """amdp2p on the default (25.04) core: the kit finds the two things the real code
+    does - acquire asks KFD about the first address only, so a range running past the
+    buffer is claimed and fails in get_pages (EINVAL) instead of going back to gup
+    (EFAULT); and its invalidation makes a lockdep cycle - KFD's process mutex held
+    across the free callback, ib_core's mapping_lock held across KFD's get_pages.
+    Everything else conforms."""
+    report = run_conformance(ClientUnderTest.amdp2p())
+    checks = _checks(report)
+    assert checks["lifecycle"] and checks["data"] and checks["invalidation"], str(report)
+    (leak,) = [r for r in report.results if r.name == "leaks"]
+    assert leak.ok is False and "after invalidation" in leak.detail
+    assert "circular locking" in leak.detail and "kfd_process.mutex" in leak.detail
+    (foreign,) = [r for r in report.results if r.name == "declines-foreign"]
+    assert foreign.ok is False and "errno 22, not gup's EFAULT" in foreign.detail
+    assert [r.name for r in report.violations] == ["declines-foreign", "leaks"]
