@@ -353,3 +353,68 @@ def dma_vs_invalidate(legacy: bool) -> None:
         assert status in ("SUCCESS", "REM_ACCESS_ERR"), status
         p.run(mr.close)
     p.exit(0)
+
+
+@race("unregister-client-busy",
+      fixed="MLNX_OFED 4.9 with nv_peer_memory 1.0, whose free callback holds its module "
+            "reference (__module_get ... module_put) around ib_core's invalidate: rmmod "
+            "fails EBUSY while an MR or a callback is outstanding, and once it can run, "
+            "ib_invalidate_peer_memory has unlocked the client it frees",
+      legacy="MLNX_OFED 4.9 with amdp2p before ROCnRDMA c2f76a7, whose only module "
+             "reference is the MR's (acquire to release): mlx5 4.x tears the MR down inside "
+             "the invalidation, release() drops the reference, rmmod amdp2p goes through, "
+             "and ib_unregister_peer_memory_client - its last umem gone - frees the client "
+             "while ib_invalidate_peer_memory still holds the client's lock; the unlock "
+             "then writes freed memory (code-derived)",
+      finds=("UseAfterFree",))
+def unregister_client_busy(legacy: bool) -> None:
+    """A GPU MR is registered; one thread frees the GPU memory (the client's free
+    callback invalidates the MR) while another unloads the client module; then the
+    user deregisters, and the client is unloaded for good."""
+    from userspace.libibverbs import verbs as v
+    from userspace.libibverbs.pyverbs import MR, PD, Context
+
+    client = "amdp2p" if legacy else "nv_peer_mem"
+    m = rdma_host(ram_size=64 * MiB, nr_gpus=0 if legacy else 1, nr_amd_gpus=int(legacy),
+                  modules=())
+    m.load_module("ib_core", ofed="4.9")
+    m.load_module("mlx5_ib")
+    if legacy:
+        m.load_module("amdp2p", ignore_put_after_free=0)
+    else:
+        m.load_module("nv_peer_mem", **NV_PEER_MEM_1_0)
+    p = m.spawn("app")
+    if legacy:
+        from userspace.hip.runtime import hiprt
+        gpu = hiprt(p)
+        alloc, release = gpu.hipMalloc, gpu.hipFree
+    else:
+        cu = cudart(p)
+        alloc, release = cu.cudaMalloc, cu.cudaFree
+
+    def setup() -> tuple:
+        ctx = Context(p)
+        d = alloc(MiB)
+        return ctx, d, MR(PD(ctx), MiB, v.IBV_ACCESS_LOCAL_WRITE, addr=d)
+    ctx, d, mr = p.run(setup)
+
+    def rmmod() -> int:
+        try:
+            m.unload_module(client)
+        except KernelError as e:
+            assert e.errno == errno.EBUSY, e          # the MR, or a callback, holds it
+            return e.errno
+        return 0
+
+    admin = m.spawn("rmmod")
+    freeing = p.start(release, d)
+    unloading = admin.start(rmmod)
+    freeing.join()
+    unloaded = unloading.join() == 0
+    admin.exit(0)
+    p.run(mr.close)
+    p.run(ctx.close)
+    if not unloaded:
+        m.unload_module(client)                       # nothing holds it now
+    assert client not in m.modules
+    p.exit(0)

@@ -822,3 +822,38 @@ def test_version_1_0_is_callback_stays_set_and_silences_unmap_and_put_on_any_tas
     assert calls_named(t.trace, "nvidia_p2p_put_pages") == []
     assert refcnt(m) == 0 and m.gpus[0].bar1_ptes == {}
     p.exit(0)
+
+
+def test_version_1_0_holds_the_module_through_its_free_callback():
+    """rmmod while the callback runs fails EBUSY even when the MR was torn down inside
+    it (a 4.x core): the callback's own __module_get outlives ib_core's invalidate."""
+    m = rdma_host(nr_gpus=1, modules=())
+    m.load_module("ib_core", ofed="4.9")
+    m.load_module("mlx5_ib")
+    m.load_module("nvidia")
+    m.load_module("nv_peer_mem", version="1.0")
+    p = m.spawn("app")
+    ctx, pd = open_pd(p)
+    d = cudart(p).cudaMalloc(K64)
+    mr = MR(pd, K64, ALL_ACCESS, addr=d)
+    st = state(m)
+    real = st.mem_invalidate_callback[0]
+    tried = []
+
+    def spy(reg_handle, core_context):
+        ret = real(reg_handle, core_context)          # the MR is gone: release() ran
+        with pytest.raises(KernelError) as ei:
+            m.unload_module("nv_peer_mem")
+        tried.append((ei.value.errno, refcnt(m)))
+        return ret
+    st.mem_invalidate_callback[0] = spy
+    try:
+        cudart(p).cudaFree(d)
+    finally:
+        st.mem_invalidate_callback[0] = real
+    assert tried == [(errno.EBUSY, 1)]                # the callback's own reference
+    assert refcnt(m) == 0
+    mr.close()
+    ctx.close()
+    m.unload_module("nv_peer_mem")
+    p.exit(0)

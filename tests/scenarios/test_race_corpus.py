@@ -89,3 +89,17 @@ def test_dma_vs_invalidate_legacy_enables_the_cached_mkey_over_freed_gpu_pages()
 def test_dma_vs_invalidate_fixed_writes_land_in_live_gpu_memory():
     race = RACES["dma-vs-invalidate"]
     assert replay(lambda: race.run(False), "").failure is None
+
+
+def test_unregister_client_busy_legacy_frees_the_client_under_the_invalidation():
+    race = RACES["unregister-client-busy"]
+    f = explore(lambda: race.run(True), "dfs", bound=1).failure
+    assert f is not None and f.check == "UseAfterFree" and f.preemptions == 1
+    assert "of ib_peer_memory_client" in f.detail and "ib_invalidate_peer_memory" in f.detail
+    assert "freed by rmmod-" in f.detail and "ib_unregister_peer_memory_client" in f.detail
+
+
+def test_unregister_client_busy_fixed_survives_every_single_preemption():
+    race = RACES["unregister-client-busy"]
+    ex = explore(lambda: race.run(False), "dfs", bound=1)
+    assert ex.failure is None and ex.runs > 50
