@@ -168,8 +168,22 @@ def kfree(obj: object) -> None:
                         "allocated")
     del s.live[id(obj)]
     record = (type(obj).__name__, _safe_repr(obj), who, where)
+    name = None
+    if getattr(type(obj), "TRACE_NAME_OUTLIVES_FREE", False):
+        name = getattr(obj, "trace_name", None)
     object.__setattr__(obj, _FREED, record)
+    if isinstance(name, str):
+        object.__setattr__(obj, _FREED + "_trace_name", name)
     object.__setattr__(obj, "__class__", _poison_class(type(obj)))
+
+
+def kmem_freed_trace_name(obj: object) -> str | None:
+    """Emulator helper: the trace name a freed object had when it was freed, for a class
+    that asks for it (TRACE_NAME_OUTLIVES_FREE: a stable name, such as a client's,
+    that traces - rendered after the run - should keep showing)."""
+    if _info(obj) is None:
+        return None
+    return object.__getattribute__(obj, "__dict__").get(_FREED + "_trace_name")
 
 
 def kmem_is_freed(obj: object) -> bool:

@@ -454,7 +454,8 @@ def summarise(v: object, name: str = "") -> str:
     if isinstance(v, bytes | bytearray | memoryview):
         return f"bytes[{len(v)}]"
     if "kasan_freed" in type(v).__dict__:  # kfree()d since the call: read nothing of it
-        return type(v).__mro__[1].__name__
+        from kernel_model.slab import kmem_freed_trace_name
+        return kmem_freed_trace_name(v) or type(v).__mro__[1].__name__
     name = getattr(v, "trace_name", None)
     if isinstance(name, str):
         return name

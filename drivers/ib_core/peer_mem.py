@@ -169,6 +169,8 @@ class peer_memory_client_ex:
 class ib_peer_memory_client:
     """Mirrors struct ib_peer_memory_client: one registration (the reg_handle)."""
 
+    TRACE_NAME_OUTLIVES_FREE = True     # traces keep naming it after unregister freed it
+
     def __init__(self, peer_mem: peer_memory_client, invalidation_required: bool):
         self.peer_mem = peer_mem
         self.usecnt = REFCOUNT_INIT(1)

@@ -108,3 +108,30 @@ def test_poison_classes_are_made_once_per_class(m):
                            f"already allocated, at {HERE}:"):
             kmalloc_obj(c)
         kfree(c)
+
+
+class named_client:
+    TRACE_NAME_OUTLIVES_FREE = True
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    def trace_name(self) -> str:
+        return self.name
+
+
+class named_umem(named_client):
+    TRACE_NAME_OUTLIVES_FREE = False
+
+
+def test_a_trace_names_a_freed_object_by_type_unless_its_class_keeps_the_name(m):
+    from kernel_model.trace import summarise
+    with m.kernel():
+        c, u = kmalloc_obj(named_client("nv_mem")), kmalloc_obj(named_umem("umem 0x0"))
+        assert (summarise(c), summarise(u)) == ("nv_mem", "umem 0x0")
+        kfree(c)
+        kfree(u)
+    assert (summarise(c), summarise(u)) == ("nv_mem", "named_umem")
+    with pytest.raises(UseAfterFree):
+        c.name
