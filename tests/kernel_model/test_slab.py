@@ -134,4 +134,4 @@ def test_a_trace_names_a_freed_object_by_type_unless_its_class_keeps_the_name(m)
         kfree(u)
     assert (summarise(c), summarise(u)) == ("nv_mem", "named_umem")
     with pytest.raises(UseAfterFree):
-        c.name
+        _ = c.name
