@@ -355,21 +355,21 @@ def emu_umr_update_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     note): load the translation and the PD, access bits and range of a kernel mkey
     made free for UMR, and with `enable` clear its free bit - from then on the HCA
     translates through it, whatever the pages are now.  The PD must exist (it is
-    taken as the mkey's reference)."""
+    taken as the mkey's reference).  A UMR that fails changes nothing."""
     index = MLX5_GET("emu_umr_update_mkey_in", in_, "mkey_index")
     mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
     new = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "memory_key_mkey_entry")
     pd = fw.ref(fw.pds, new["pd"], mkey.uid, "umr_update_mkey_pd")
+    pas = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "klm_pas_mtt")
+    page = 1 << new["log_page_size"]
+    if -(-((new["start_addr"] & (page - 1)) + new["len"]) // page) > pas.n:
+        raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, "umr_update_mkey_mtt")
     m = mkey.mkc
     for field in ("pd", "a", "rw", "rr", "lw", "lr", "log_page_size",
                   "translations_octword_size"):
         MLX5_SET("mkc", m, field, new[field])
     MLX5_SET64("mkc", m, "start_addr", new["start_addr"])
     MLX5_SET64("mkc", m, "len", new["len"])
-    pas = MLX5_ADDR_OF("emu_umr_update_mkey_in", in_, "klm_pas_mtt")
-    page = 1 << m["log_page_size"]
-    if -(-((m["start_addr"] & (page - 1)) + m["len"]) // page) > pas.n:
-        raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, "umr_update_mkey_mtt")
     mkey.drop_refs()
     mkey.refs = [pd]
     pd.users += 1

@@ -291,7 +291,8 @@ def test_mlx5_4x_failed_enable_umr_unwinds_the_whole_registration(env49):
 
 def test_umr_update_of_a_cached_mkey_checks_its_pd_and_translation(env49):
     """EMU_UMR_UPDATE_MKEY: BAD_PARAM (EINVAL) for a PD that does not exist, BAD_INP_LEN
-    (EIO) for a translation shorter than the range; the mkey is left as it was."""
+    (EIO) for a translation shorter than the range; the mkey - every field, its PD
+    reference, its translation - is left as it was."""
     from drivers.mlx5_core.cmd import mlx5_cmd_exec
     from drivers.mlx5_core.ifc import (
         MLX5_ADDR_OF,
@@ -301,11 +302,21 @@ def test_umr_update_of_a_cached_mkey_checks_its_pd_and_translation(env49):
         IfcStruct,
     )
     from drivers.mlx5_ib.mlx5_ib import to_mdev
+    from userspace.libibverbs.pyverbs import PD
     fp = env49.peer()
     va = env49.gpu(2 * K64, fp)
     mr = env49.reg_mr(va, 2 * K64)
+    other = env49.p.run(PD, env49.ctx)                 # a second PD of the same context
     index = mr.lkey >> 8
-    before = env49.hca.fw.mkeys[index].mkc.copy()
+    fw = env49.hca.fw
+    mkey = fw.mkeys[index]
+    fields = ("pd", "start_addr", "len", "lw", "lr", "rw", "rr", "a", "free",
+              "log_page_size", "translations_octword_size")
+
+    def snapshot() -> tuple:
+        return ({f: mkey.mkc[f] for f in fields}, [r.num for r in mkey.refs],
+                {n: d.users for n, d in fw.pds.items()}, list(mkey.pas.view[:mkey.pas.n]))
+    before = snapshot()
 
     def update(pd: int, entries: int) -> int:
         in_ = IfcStruct("emu_umr_update_mkey_in", klm_pas_mtt=entries)
@@ -323,7 +334,11 @@ def test_umr_update_of_a_cached_mkey_checks_its_pd_and_translation(env49):
         return 0
     with env49.p.kernel():
         assert update(0x7777, 2) == errno.EINVAL        # no such PD
-        assert update(before["pd"], 1) == errno.EIO     # 2 pages, 1 entry: BAD_INP_LEN
-    after = env49.hca.fw.mkeys[index].mkc
-    assert (after["pd"], after["len"], after["free"]) == (before["pd"], before["len"], 0)
+        assert snapshot() == before
+        # another PD, 2 pages, 1 entry: BAD_INP_LEN, and nothing moved
+        newest = max(fw.pds)                           # the second PD's number
+        assert fw.pds[newest].users == 0
+        assert update(newest, 1) == errno.EIO
+        assert snapshot() == before
+    env49.p.run(other.close)
     env49.dereg(mr)
