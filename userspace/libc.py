@@ -81,10 +81,17 @@ def ioctl_struct(proc, fd: int, cmd: int, fmt: str, fields: list[int], error: ty
 
 
 def reserve_aligned(proc, length: int, align: int, what: str) -> int:
-    """An address with room for `length` bytes at an `align`-aligned spot: reserve one
-    `align` more (PROT_NONE), round up, give the reservation back - how the GPU
-    runtimes place an allocation before they map it there."""
+    """An `align`-aligned range of `length` bytes reserved for the caller (PROT_NONE):
+    reserve one `align` more, give back the misaligned head and tail.  The caller maps
+    over it with MAP_FIXED (which replaces the reservation), or munmaps it; while it is
+    held no other mmap of the process can land there - how the GPU runtimes place an
+    allocation before they map it."""
     hole = check(proc.mmap(0, length + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS),
                  f"{what}: reserve")
-    check(proc.munmap(hole, length + align), f"{what}: unreserve")
-    return -(-hole // align) * align
+    va = -(-hole // align) * align
+    if va > hole:
+        check(proc.munmap(hole, va - hole), f"{what}: trim head")
+    end, hole_end = va + length, hole + length + align
+    if hole_end > end:
+        check(proc.munmap(end, hole_end - end), f"{what}: trim tail")
+    return va

@@ -175,7 +175,13 @@ def _vma_close(vma: Any) -> None:
         bo.bound = False
 
 
-_KFD_VM_OPS = vm_operations_struct(close=_vma_close)
+def _no_split(vma: Any, addr: int) -> None:
+    # EMU: a buffer's CPU mapping is bound whole; a partial munmap is refused rather
+    # than leaving half a buffer bound
+    raise KernelError(EINVAL, "kfd_mmap: a buffer's mapping cannot be split")
+
+
+_KFD_VM_OPS = vm_operations_struct(close=_vma_close, may_split=_no_split)
 
 
 @traced

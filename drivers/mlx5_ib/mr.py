@@ -316,7 +316,9 @@ def reg_user_mr_ticket(pd: mlx5_ib_pd, umem: ib_umem, iova: int,
         try:
             mlx5_ib_update_xlt(mr)
         except KernelError:
-            # 4.x: dereg_mr(dev, mr) - whatever an invalidation did meanwhile
+            # 4.x: dereg_mr(dev, mr), without looking at mr->invalidated: if an
+            # invalidation tore the MR down while the UMR was outstanding, this is a
+            # second teardown (peer_id freed twice) - a 4.x defect, kept (code-derived)
             _dereg_mr_ticket(mr)
             mlx5_mr_cache_free(mr)
             kfree(mr)

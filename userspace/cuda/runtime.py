@@ -7,10 +7,10 @@
     cuda.cudaFree(d)                          # third parties' free callbacks run first
 
 cudaMalloc asks the driver for the memory (ALLOC_MEMORY) and then binds its
-address with an mmap of the GPU file at a 64 KiB-aligned spot it reserved
-first (an anonymous PROT_NONE mapping one GPU page larger, given back), the
-way the real library places its allocations.  The CPU cannot touch that
-address (a load or store faults) and gup cannot pin it.
+address with an mmap of the GPU file over a 64 KiB-aligned range it reserved
+first (an anonymous PROT_NONE mapping, trimmed to the aligned range and held
+until the mmap replaces it), the way the real library places its allocations.
+The CPU cannot touch that address (a load or store faults) and gup cannot pin it.
 
 Failures raise CudaError carrying the errno the driver returned (the real
 API returns cudaError_t codes; cudaErrorInvalidValue is EINVAL here,
@@ -83,6 +83,7 @@ class CudaRuntime:
         va = reserve_aligned(p, length, GPU_PAGE_SIZE, "cudaMalloc")
         ret = p.mmap(va, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, self.fd, handle)
         if ret < 0:
+            p.munmap(va, length)                     # the reservation
             raise CudaError(-ret, "cudaMalloc: map")
         self.allocations[va] = length
         return va

@@ -4,10 +4,10 @@
     d = hip.hipMalloc(1 << 20)        # VRAM at a 64 KiB-aligned virtual address
     hip.hipFree(d)                    # third parties' free callbacks run first
 
-hipMalloc reserves a 64 KiB-aligned VA (an anonymous PROT_NONE mapping one
-page larger, given back), asks KFD for a VRAM buffer there
-(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU) and maps it with an mmap of /dev/kfd at the
-returned offset.  The CPU cannot use that mapping and gup cannot pin it.
+hipMalloc reserves a 64 KiB-aligned VA (an anonymous PROT_NONE mapping,
+trimmed to the aligned range and held), asks KFD for a VRAM buffer there
+(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU) and maps it over the reservation with an mmap
+of /dev/kfd at the returned offset.  The CPU cannot use that mapping and gup cannot pin it.
 
 Failures raise HipError carrying the errno KFD returned.
 """
@@ -60,14 +60,19 @@ class HipRuntime:
         length = -(-size // GPU_PAGE_SIZE) * GPU_PAGE_SIZE
         p = self.proc
         va = reserve_aligned(p, length, GPU_PAGE_SIZE, "hipMalloc")
-        out = self._ioctl(uapi.AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, uapi.KFD_ALLOC_FMT,
-                          [va, length, 0, 0, self.gpu_id, uapi.KFD_IOC_ALLOC_MEM_FLAGS_VRAM],
-                          "hipMalloc")
+        try:
+            out = self._ioctl(uapi.AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, uapi.KFD_ALLOC_FMT,
+                              [va, length, 0, 0, self.gpu_id,
+                               uapi.KFD_IOC_ALLOC_MEM_FLAGS_VRAM], "hipMalloc")
+        except HipError:
+            p.munmap(va, length)                     # the reservation
+            raise
         handle, offset = out[2], out[3]
         ret = p.mmap(va, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, self.fd, offset)
         if ret < 0:
             self._ioctl(uapi.AMDKFD_IOC_FREE_MEMORY_OF_GPU, uapi.KFD_FREE_FMT, [handle],
                         "hipMalloc: undo")
+            p.munmap(va, length)
             raise HipError(-ret, "hipMalloc: map")
         self.allocations[va] = (length, handle)
         return va

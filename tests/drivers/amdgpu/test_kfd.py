@@ -171,3 +171,15 @@ def test_ioctl_struct_sizes_are_the_uapi_ones():
     assert struct.calcsize(uapi.KFD_ALLOC_FMT) == 40
     assert uapi.AMDKFD_IOC_ALLOC_MEMORY_OF_GPU == 0xC0284B16
     assert uapi.AMDKFD_IOC_FREE_MEMORY_OF_GPU == 0x40084B17
+
+
+def test_a_buffer_mapping_cannot_be_split(m):
+    p = m.spawn("app")
+    hip = hiprt(p)
+    d = hip.hipMalloc(2 * GPU_PAGE_SIZE)
+    assert p.munmap(d, GPU_PAGE_SIZE) == -errno.EINVAL        # half of it
+    (bo,) = m.modules["amdgpu"].state.processes[0].bos.values()
+    assert bo.bound
+    hip.hipFree(d)
+    assert not bo.bound
+    p.exit(0)

@@ -342,3 +342,25 @@ def test_umr_update_of_a_cached_mkey_checks_its_pd_and_translation(env49):
         assert snapshot() == before
     env49.p.run(other.close)
     env49.dereg(mr)
+
+
+def test_mlx5_4x_failed_enable_after_an_invalidation_tears_down_twice(env49, monkeypatch):
+    """The 4.x unwind of a failed ENABLE UMR calls dereg_mr without looking at
+    mr->invalidated: if an invalidation already tore the MR down while the UMR was
+    outstanding, the peer_id is freed a second time (kept as 4.x has it)."""
+    from kernel_model.slab import DoubleFree
+    fp = env49.peer()
+    va = env49.gpu(2 * K64, fp)
+
+    def umr_completes_in_error(mdev, in_, out):
+        fp.invalidate(fp.live_ctx[0])         # while the UMR is outstanding
+        raise KernelError(errno.EIO, "mlx5_cmd_exec: UMR completion in error")
+    monkeypatch.setattr(umr_mod, "mlx5_cmd_exec", umr_completes_in_error)
+    with pytest.raises(DoubleFree, match="mlx5_ib_peer_id"):
+        env49.reg_mr(va, 2 * K64)
+    assert fp.names()[-3:] == ["dma_unmap", "put_pages", "release"]
+    monkeypatch.undo()
+    env49.m.leak_check_expected = False
+    with pytest.raises(Exception, match="mlx5_ib_mr"):     # the oops left the MR behind
+        env49.m.check_leaks()
+    env49.peers.clear()
