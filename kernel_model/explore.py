@@ -60,8 +60,8 @@ Program = Callable[[], Any]
 
 @attrs.define
 class Point:
-    """One decision: the runnable task ids, the one that could go on running
-    (None at a block), and the one chosen."""
+    """One decision: the runnable task ids, the one that could go on running (None at
+    a block; at a yield, the task the yield hands the CPU to), and the one chosen."""
 
     cands: list[int]
     cur: int | None
@@ -85,6 +85,11 @@ class Recording(Strategy):
     def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
         i = len(self.points)
         cur = candidates[0].tid if candidates[0] is sched.current else None
+        if cur is None and sched.current in candidates:
+            # a yield (the yielder last): the default hands the CPU on, and taking it
+            # back costs a preemption - CHESS's fairness for spin loops, which would
+            # otherwise spin for free and make every bounded search unbounded
+            cur = candidates[0].tid
         pick = None
         if i < len(self.prefix):
             pick = next((t for t in candidates if t.tid == self.prefix[i]), None)

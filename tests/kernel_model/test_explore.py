@@ -260,3 +260,38 @@ def test_a_task_that_died_of_a_kernel_bug_is_the_verdict():
     run = run_once(program, Recording([]))
     assert run.failure.check == "UseAfterFree"
     assert "oopser" in run.failure.detail and "died of it" in run.failure.detail
+
+
+def spin_until_set() -> None:
+    """A task spins with sched_yield until another sets a flag (a busy poll)."""
+    from kernel_model.sched import SCHED
+    m = Machine(ram_size=16 << 20, name="toy")
+    flag = [False]
+    spins = [0]
+
+    def poller() -> None:
+        while not flag[0]:
+            spins[0] += 1
+            SCHED.yield_("poll")
+
+    def setter() -> None:
+        cond_resched()
+        flag[0] = True
+
+    with m.kernel():
+        a, b = kthread_run(poller, name="poller"), kthread_run(setter, name="setter")
+    a.join()
+    b.join()
+
+
+def test_spinning_again_after_a_yield_costs_a_preemption():
+    """CHESS's fairness for spin loops: a yield hands the CPU on by default, and taking
+    it back is a preemption - so a bounded search of a busy poll is finite and small,
+    instead of spinning for free at every yield."""
+    run = run_once(spin_until_set, Recording([]))
+    assert run.failure is None and not any(p.preempts for p in run.points)
+    # without the rule every yield offers "spin again" for free: 1,000 schedules of
+    # ever longer spins (3,000 decision points at 3,000 schedules)
+    runs = list(explore_dfs(spin_until_set, bound=2, max_schedules=1000))
+    assert all(r.failure is None for r in runs)
+    assert len(runs) < 100 and max(len(r.points) for r in runs) <= len(run.points) + 4
