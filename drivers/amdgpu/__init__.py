@@ -85,6 +85,7 @@ class kfd_process:
         self.mutex = mutex_init("kfd_process.mutex")
         self.bos: dict[int, kgd_mem] = {}      # handle -> buffer
         self.next_handle = 1
+        self.users = 0                         # open /dev/kfd files
 
     def __repr__(self) -> str:
         return f"kfd_process of {self.lead_thread.comm} {len(self.bos)} buffers"
@@ -145,7 +146,6 @@ def kfd_open(inode: Any, f: Any) -> None:
     p = next((q for q in st.processes if q.mm is task.mm), None)
     if p is None:
         p = kfd_process(task.mm, task)
-        p.users = 0
         st.processes.append(p)
     p.users += 1
     f.private_data = p

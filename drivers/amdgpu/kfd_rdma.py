@@ -122,8 +122,9 @@ def get_pages(address: int, length: int, pid: Any, amd_p2p_data: list,
         mutex_unlock(p.mutex)
 
 
-def _put_pages_helper(cb: rdma_cb) -> None:
-    """kfd_rdma.c put_pages_helper(): unlink, unpin and free one entry."""
+@traced
+def put_pages_helper(cb: rdma_cb) -> None:
+    """Mirrors kfd_rdma.c put_pages_helper(): unlink, unpin and free one entry."""
     cb.bo.cb_data_head.remove(cb)
     sg_free_table(cb.amd_p2p_data.pages)
     kfree(cb.amd_p2p_data)
@@ -138,13 +139,7 @@ def put_pages(amd_p2p_data: list) -> int:
     info = amd_p2p_data[0]
     if info is None:
         return -EINVAL
-    bo = info.priv
-    cb = next((c for c in bo.cb_data_head if c.amd_p2p_data is info), None)
-    if cb is None:
-        # released by run_rdma_free_callback: the entry is gone (and so is info)
-        current().machine.report_bug("amd_rdma put_pages", f"{info!r}: not a live pin")
-        return -EINVAL
-    _put_pages_helper(cb)
+    put_pages_helper(next(c for c in info.priv.cb_data_head if c.amd_p2p_data is info))
     amd_p2p_data[0] = None
     return 0
 
@@ -157,7 +152,7 @@ def run_rdma_free_callback(bo: Any) -> None:
         if cb in bo.cb_data_head:
             cb.free_callback(cb.client_priv)
     for cb in list(bo.cb_data_head):        # list_for_each_entry_safe
-        _put_pages_helper(cb)
+        put_pages_helper(cb)
 
 
 class amd_rdma_interface:
@@ -169,6 +164,7 @@ class amd_rdma_interface:
     get_page_size = staticmethod(get_page_size)
 
 
+@traced
 def amdkfd_query_rdma_interface(out: list) -> int:
     """Mirrors amdkfd_query_rdma_interface(): 0 and the table, or -EINVAL (no amdgpu)."""
     if "amdgpu" not in current().machine.modules:

@@ -86,6 +86,17 @@ def mapped_context(m, p, d: int, core_context: int):
     return st, ctx, sgt
 
 
+def free_spying(p, d: int, st, spy) -> None:
+    """cudaFree(d) with ib_core's invalidate callback, as nv_peer_mem calls it, wrapped:
+    spy(real, reg_handle, core_context) runs in its place and returns its result."""
+    real = st.mem_invalidate_callback[0]
+    st.mem_invalidate_callback[0] = lambda reg, cc: spy(real, reg, cc)
+    try:
+        cudart(p).cudaFree(d)
+    finally:
+        st.mem_invalidate_callback[0] = real
+
+
 def state(m):
     return m.modules["nv_peer_mem"].state
 
@@ -585,17 +596,11 @@ def test_free_callback_clears_callback_task():
     st, ctx, sgt = mapped_context(m, p, d, 9)
     seen = []
     from kernel_model.current import current
-    real = st.mem_invalidate_callback[0]
 
-    def spy(reg_handle, core_context):
+    def spy(real, reg_handle, core_context):
         seen.append((ctx.callback_task is current(), core_context, reg_handle))
         return real(reg_handle, core_context)
-
-    st.mem_invalidate_callback[0] = spy
-    try:
-        cudart(p).cudaFree(d)
-    finally:
-        st.mem_invalidate_callback[0] = real
+    free_spying(p, d, st, spy)
     assert seen == [(True, 9, st.reg_handle)]
     assert ctx.callback_task is None
     with p.kernel():
@@ -802,17 +807,11 @@ def test_version_1_0_is_callback_stays_set_and_silences_unmap_and_put_on_any_tas
     d = cudart(p).cudaMalloc(K64)
     st, ctx, sgt = mapped_context(m, p, d, 3)
     seen = []
-    real = st.mem_invalidate_callback[0]
 
-    def spy(reg_handle, core_context):
+    def spy(real, reg_handle, core_context):
         seen.append((ctx.is_callback, ctx.callback_task, core_context))
         return real(reg_handle, core_context)
-
-    st.mem_invalidate_callback[0] = spy
-    try:
-        cudart(p).cudaFree(d)
-    finally:
-        st.mem_invalidate_callback[0] = real
+    free_spying(p, d, st, spy)
     assert seen == [(1, None, 3)] and ctx.is_callback == 1
     with Tracer() as t, p.kernel():           # another task: still nothing reaches RM
         assert st.nv_dma_unmap(sgt, ctx, hca_dma_device(m)) == 0
@@ -837,20 +836,15 @@ def test_version_1_0_holds_the_module_through_its_free_callback():
     d = cudart(p).cudaMalloc(K64)
     mr = MR(pd, K64, ALL_ACCESS, addr=d)
     st = state(m)
-    real = st.mem_invalidate_callback[0]
     tried = []
 
-    def spy(reg_handle, core_context):
+    def spy(real, reg_handle, core_context):
         ret = real(reg_handle, core_context)          # the MR is gone: release() ran
         with pytest.raises(KernelError) as ei:
             m.unload_module("nv_peer_mem")
         tried.append((ei.value.errno, refcnt(m)))
         return ret
-    st.mem_invalidate_callback[0] = spy
-    try:
-        cudart(p).cudaFree(d)
-    finally:
-        st.mem_invalidate_callback[0] = real
+    free_spying(p, d, st, spy)
     assert tried == [(errno.EBUSY, 1)]                # the callback's own reference
     assert refcnt(m) == 0
     mr.close()
