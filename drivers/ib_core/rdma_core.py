@@ -4,7 +4,11 @@ Every verbs object a process creates through uverbs is wrapped in an
 `ib_uobject` and numbered in its file's IDR: the number is the handle
 userspace passes back (pd_handle, cq_handle ...).  Handles are per open
 file, so one process cannot name another's objects - a lookup of a handle
-this file never issued is EINVAL.
+this file never issued is ENOENT (a handle of another type: EINVAL).  The
+write handlers that only read an object (the PD of CREATE_QP, the QP of
+MODIFY_QP) see a failed lookup as NULL and answer EINVAL themselves
+(uobj_get_obj_read); the destroys and the ioctl attributes pass the
+lookup's errno on.
 
 Lifecycle of a new object (what the write handlers do):
     uobj = rdma_alloc_begin_uobject(type, ufile)   # handle reserved, usecnt -1
@@ -39,7 +43,7 @@ from drivers.ib_core.ib_verbs import (
     RDMA_REMOVE_DRIVER_REMOVE,
     ib_udata,
 )
-from kernel_model.errno import EBUSY, EINVAL, KernelError
+from kernel_model.errno import EBUSY, EINVAL, ENOENT, KernelError
 from kernel_model.rwsem import down_read, down_write, init_rwsem, up_read, up_write
 from kernel_model.trace import traced
 
@@ -160,13 +164,19 @@ def rdma_alloc_abort_uobject(uobj: ib_uobject, attrs_: uverbs_attr_bundle) -> No
 def rdma_lookup_get_uobject(type_: uverbs_obj_type, ufile: Any, id_: int, mode: int,
                             attrs_: uverbs_attr_bundle | None = None) -> ib_uobject:
     """Mirrors rdma_lookup_get_uobject(): the uobject behind a handle, locked
-    shared (READ) or exclusive (WRITE/DESTROY).  Unknown handle or wrong type:
-    EINVAL; locked the other way: EBUSY."""
-    ib_uverbs_get_ucontext_file(ufile)
+    shared (READ) or exclusive (WRITE/DESTROY).
+
+    A handle this file does not hold (never issued, destroyed, still being
+    created): ENOENT, as lookup_get_idr_uobject()'s xa_load miss.  A handle of
+    another type: EINVAL.  Locked the other way: EBUSY.  No ucontext check: a
+    file without one has an empty table, so every lookup misses (ENOENT).
+    """
     uobj = ufile.idr.get(id_)
-    if uobj is None or uobj.type is not type_:
-        raise KernelError(EINVAL, f"rdma_lookup_get_uobject: no {type_.name} with handle "
-                          f"{id_} in this file")
+    if uobj is None:
+        raise KernelError(ENOENT, f"rdma_lookup_get_uobject: no handle {id_} in this file")
+    if uobj.type is not type_:
+        raise KernelError(EINVAL, f"rdma_lookup_get_uobject: handle {id_} is a "
+                          f"{uobj.type.name}, not a {type_.name}")
     if mode == UVERBS_LOOKUP_READ:
         if uobj.usecnt < 0:
             raise KernelError(EBUSY, f"rdma_lookup_get_uobject: {uobj} locked exclusively")
@@ -175,6 +185,8 @@ def rdma_lookup_get_uobject(type_: uverbs_obj_type, ufile: Any, id_: int, mode: 
         if uobj.usecnt != 0:
             raise KernelError(EBUSY, f"rdma_lookup_get_uobject: {uobj} in use")
         uobj.usecnt = -1
+    if attrs_ is not None:
+        attrs_.context = uobj.context
     return uobj
 
 

@@ -102,8 +102,18 @@ def uverbs_response(attrs_: uverbs_attr_bundle, resp: UStruct) -> None:
     ib_respond_udata(attrs_.ucore, resp)
 
 
-def _lookup(type_, attrs_: uverbs_attr_bundle, handle: int):
-    return rdma_lookup_get_uobject(type_, attrs_.ufile, handle, UVERBS_LOOKUP_READ, attrs_)
+def uobj_get_obj_read(type_: Any, attrs_: uverbs_attr_bundle, handle: int,
+                      who: str) -> Any:
+    """Mirrors uobj_get_obj_read(): the read-locked uobject behind a handle.
+
+    The C macro turns any lookup failure (ENOENT for a handle the file does not
+    hold, EINVAL for another type, EBUSY for one being destroyed) into NULL,
+    and every write handler answers NULL with EINVAL - so does this.
+    """
+    try:
+        return rdma_lookup_get_uobject(type_, attrs_.ufile, handle, UVERBS_LOOKUP_READ, attrs_)
+    except KernelError as e:
+        raise KernelError(EINVAL, f"{who}: {type_.name} handle {handle}: {e}") from None
 
 
 # -- context, device, port ----------------------------------------------------------
@@ -218,7 +228,7 @@ def ib_uverbs_reg_mr(attrs_: uverbs_attr_bundle) -> None:
     uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_MR, attrs_)
     uobj_finalize_uobj_create(uobj, attrs_)
     ib_check_mr_access(uobj.context.device, cmd.access_flags)
-    pd_uobj = _lookup(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle)
+    pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle, "ib_uverbs_reg_mr")
     try:
         mr = ib_reg_user_mr(pd_uobj.object, cmd.start, cmd.length, cmd.hca_va,
                             cmd.access_flags, attrs_.driver_udata, uobj)
@@ -287,12 +297,14 @@ def ib_uverbs_create_qp(attrs_: uverbs_attr_bundle) -> None:
     uobj.user_handle = cmd.user_handle
     held = []
     try:
-        pd_uobj = _lookup(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle)
+        pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle, "create_qp")
         held.append(pd_uobj)
-        scq_uobj = _lookup(UVERBS_OBJECT_CQ, attrs_, cmd.send_cq_handle)
+        scq_uobj = uobj_get_obj_read(UVERBS_OBJECT_CQ, attrs_, cmd.send_cq_handle,
+                                     "create_qp")
         held.append(scq_uobj)
         if cmd.recv_cq_handle != cmd.send_cq_handle:
-            rcq_uobj = _lookup(UVERBS_OBJECT_CQ, attrs_, cmd.recv_cq_handle)
+            rcq_uobj = uobj_get_obj_read(UVERBS_OBJECT_CQ, attrs_, cmd.recv_cq_handle,
+                                         "create_qp")
             held.append(rcq_uobj)
         else:
             rcq_uobj = scq_uobj
@@ -405,7 +417,7 @@ def modify_qp(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_modify_qp) -> None:
     """Mirrors modify_qp(): look the QP up (EINVAL for a bad handle), check the
     ports and the states' range, copy what attr_mask names into an ib_qp_attr
     (the AVs through copy_ah_attr_from_uverbs), ib_modify_qp_with_udata."""
-    qp_uobj = _lookup(UVERBS_OBJECT_QP, attrs_, cmd.qp_handle)
+    qp_uobj = uobj_get_obj_read(UVERBS_OBJECT_QP, attrs_, cmd.qp_handle, "modify_qp")
     try:
         qp = qp_uobj.object
         _check_ports(qp, cmd)
@@ -442,7 +454,8 @@ def ib_uverbs_query_qp(attrs_: uverbs_attr_bundle) -> None:
     """Mirrors ib_uverbs_query_qp(): ib_query_qp, then every attribute into the
     response (the QP is only read-locked for the query)."""
     cmd = uverbs_request(attrs_, uv.ib_uverbs_query_qp)
-    qp_uobj = _lookup(UVERBS_OBJECT_QP, attrs_, cmd.qp_handle)
+    qp_uobj = uobj_get_obj_read(UVERBS_OBJECT_QP, attrs_, cmd.qp_handle,
+                                "ib_uverbs_query_qp")
     attr, init_attr = ib_qp_attr(), ib_qp_init_attr()
     try:
         ib_query_qp(qp_uobj.object, attr, cmd.attr_mask, init_attr)

@@ -142,6 +142,24 @@ class ib_uverbs_file:
 
 
 # -- write() -----------------------------------------------------------------------
+def uapi_get_method(command: int) -> uverbs_api_write_method:
+    """Mirrors uapi_get_method(): bits outside the command number and the
+    extended flag are EINVAL; a command the table lacks is EOPNOTSUPP.
+
+    EMU: no extended (write_ex) command is modelled, so every command with
+    IB_USER_VERBS_CMD_FLAG_EXTENDED is EOPNOTSUPP.
+    """
+    if command & ~(uv.IB_USER_VERBS_CMD_FLAG_EXTENDED | uv.IB_USER_VERBS_CMD_COMMAND_MASK):
+        raise KernelError(EINVAL, f"uapi_get_method: command word {command:#x} has bits "
+                          "outside the command mask")
+    method = None
+    if not command & uv.IB_USER_VERBS_CMD_FLAG_EXTENDED:
+        method = WRITE_METHODS.get(command & uv.IB_USER_VERBS_CMD_COMMAND_MASK)
+    if method is None:
+        raise KernelError(EOPNOTSUPP, f"uapi_get_method: command {command:#x} not supported")
+    return method
+
+
 def verify_hdr(hdr: uv.ib_uverbs_cmd_hdr, count: int, method: uverbs_api_write_method) -> None:
     """Mirrors verify_hdr() for a legacy command: in_words covers the whole
     write (EINVAL otherwise); request or response too small: ENOSPC."""
@@ -166,9 +184,7 @@ def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
     if copy_from_user(raw, buf, hsize):
         raise KernelError(EFAULT, "ib_uverbs_write: copy_from_user of the header")
     hdr = uv.ib_uverbs_cmd_hdr.unpack(raw)
-    method = WRITE_METHODS.get(hdr.command)
-    if method is None:
-        raise KernelError(EOPNOTSUPP, f"uapi_get_method: command {hdr.command} not supported")
+    method = uapi_get_method(hdr.command)
     verify_hdr(hdr, count, method)
     if ufile.device.ib_dev is None:
         raise KernelError(EIO, "ib_uverbs_write: device removed")

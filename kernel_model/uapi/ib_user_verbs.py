@@ -29,6 +29,10 @@ IB_USER_VERBS_CMD_QUERY_QP = 25
 IB_USER_VERBS_CMD_MODIFY_QP = 26
 IB_USER_VERBS_CMD_DESTROY_QP = 27
 
+# the command word: a command number, plus a flag for the extended (write_ex) table
+IB_USER_VERBS_CMD_COMMAND_MASK = 0xFF
+IB_USER_VERBS_CMD_FLAG_EXTENDED = 0x80000000
+
 # enum ib_uverbs_access_flags
 IB_UVERBS_ACCESS_LOCAL_WRITE = 1 << 0
 IB_UVERBS_ACCESS_REMOTE_WRITE = 1 << 1
