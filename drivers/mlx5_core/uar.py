@@ -8,6 +8,10 @@ doorbells (EQs, kernel CQs).
 
 uar2pfn(): with uar_4k a system page holds PAGE_SIZE / 4 KiB UARs, so the
 page is index >> (PAGE_SHIFT - 12); without it every UAR is a system page.
+One ALLOC_UAR owns a whole system page either way: the firmware answers with
+the page's first UAR and the rest are the caller's too (alloc_uars_page maps
+the page once, sizes its bfreg bitmaps uars_per_sys_page * 4, and a bfreg's
+UAR is up->index + dbi / MLX5_BFREGS_PER_UAR).
 
 # EMU: mlx5_get_uars_page hands out a whole page per call; the kernel shares
 # pages between callers through a list of partially used bfreg bitmaps.
@@ -21,6 +25,7 @@ from drivers.mlx5_core.cmd import mlx5_cmd_exec
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
     MLX5_ADAPTER_PAGE_SHIFT,
+    MLX5_BFREGS_PER_UAR,
     MLX5_CMD_OP_ALLOC_UAR,
     MLX5_CMD_OP_DEALLOC_UAR,
     MLX5_GET,
@@ -36,13 +41,14 @@ if TYPE_CHECKING:
 
 
 class mlx5_uars_page:
-    """Mirrors struct mlx5_uars_page: a mapped UAR (its FW index and __iomem base)."""
+    """Mirrors struct mlx5_uars_page: a mapped system page of UARs (the FW index of
+    its first UAR, the __iomem base, and how many bfregs the page holds)."""
 
-    def __init__(self, index: int, map_: int):
-        self.index, self.map = index, map_
+    def __init__(self, index: int, map_: int, bfregs: int = MLX5_BFREGS_PER_UAR):
+        self.index, self.map, self.bfregs = index, map_, bfregs
 
     def __repr__(self) -> str:
-        return f"mlx5_uars_page index {self.index:#x} map {self.map:#x}"
+        return f"mlx5_uars_page index {self.index:#x} map {self.map:#x} bfregs {self.bfregs}"
 
 
 @traced
@@ -63,6 +69,13 @@ def mlx5_cmd_free_uar(dev: mlx5_core_dev, uarn: int) -> None:
     mlx5_cmd_exec(dev, in_, IfcStruct("dealloc_uar_out"))
 
 
+def uars_per_sys_page(mdev: mlx5_core_dev) -> int:
+    """Mirrors uars_per_sys_page(): the device's num_of_uars_per_page with uar_4k, else 1."""
+    if MLX5_CAP_GEN(mdev, "uar_4k"):
+        return MLX5_CAP_GEN(mdev, "num_of_uars_per_page")
+    return 1
+
+
 def uar2pfn(mdev: mlx5_core_dev, index: int) -> int:
     """Mirrors uar2pfn(): the system page frame of UAR `index` in BAR0."""
     shift = current().machine.page_shift
@@ -73,7 +86,9 @@ def uar2pfn(mdev: mlx5_core_dev, index: int) -> int:
 
 @traced
 def mlx5_get_uars_page(mdev: mlx5_core_dev) -> mlx5_uars_page:
-    """Mirrors mlx5_get_uars_page(): allocate a UAR and ioremap its system page."""
+    """Mirrors mlx5_get_uars_page() / alloc_uars_page(): one ALLOC_UAR, whose system
+    page (uars_per_sys_page UARs from `index`) is ioremapped whole."""
+    bfregs = uars_per_sys_page(mdev) * MLX5_BFREGS_PER_UAR
     index = mlx5_cmd_alloc_uar(mdev)
     machine = current().machine
     try:
@@ -81,7 +96,7 @@ def mlx5_get_uars_page(mdev: mlx5_core_dev) -> mlx5_uars_page:
     except BaseException:
         mlx5_cmd_free_uar(mdev, index)  # err_map:
         raise
-    return mlx5_uars_page(index, map_)
+    return mlx5_uars_page(index, map_, bfregs)
 
 
 @traced

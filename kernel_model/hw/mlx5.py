@@ -259,7 +259,7 @@ class ConnectX:
             hook(self, rec)
 
     def _classify(self, uar: int, off: int, data: bytes) -> UarWrite:
-        valid = self.fw.state == "initialized" and uar in self.fw.uars
+        valid = self.fw.state == "initialized" and self.fw.uar_of(uar) is not None
         bf_size = 1 << self.fw.cap("log_bf_reg_size")
         if off == CQ_DOORBELL and len(data) == 8:
             return UarWrite(uar, off, data, "cq_db", valid=valid)

@@ -146,7 +146,17 @@ class FwObject:
 
 
 class Mlx5Uar(FwObject):
+    """What one ALLOC_UAR handed out: `span` consecutive UARs from `num` (one system
+    page of 4 KiB UARs with uar_4k; a single UAR otherwise)."""
+
     kind = "UAR"
+
+    def __init__(self, num: int, uid: int = 0, span: int = 1):
+        super().__init__(num, uid)
+        self.span = span
+
+    def __repr__(self) -> str:
+        return super().__repr__() + (f" uars={self.span}" if self.span > 1 else "")
 
 
 class Mlx5Pd(FwObject):
@@ -222,7 +232,9 @@ class Firmware:
     def _new_ids(self) -> None:
         """Fresh number spaces: after a reset or teardown, numbering starts over."""
         self._ids = {
-            "uar": IdAllocator(0, 1 << 24, lambda: self.nr_uars - self.first_uar),
+            # numbered in system pages (uars_per_page UARs each), see alloc_uar
+            "uar": IdAllocator(0, 1 << 24,
+                               lambda: (self.nr_uars - self.first_uar) // self.uars_per_page),
             "pd": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_pd")),
             "td": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_transport_domain")),
             "uctx": IdAllocator(1, 1 << 16, lambda: 1 << self.cap("log_max_uctx")),
@@ -260,9 +272,17 @@ class Firmware:
         return ADAPTER_PAGE if self.cap("uar_4k") else ADAPTER_PAGE << self.cap("log_uar_page_sz")
 
     @property
+    def uars_per_page(self) -> int:
+        """UARs in one system page, ALLOC_UAR's granule: 1 << log_uar_page_sz with uar_4k
+        (the driver sets it to PAGE_SHIFT - 12), else 1 (a UAR is a system page)."""
+        return 1 << self.cap("log_uar_page_sz") if self.cap("uar_4k") else 1
+
+    @property
     def first_uar(self) -> int:
-        """UARs overlapping the initialisation segment are never handed out."""
-        return -(-INIT_SEG_SIZE // self.uar_page_size)
+        """UARs of a system page overlapping the initialisation segment are never handed
+        out (a process mapping that page would reach the command doorbell)."""
+        page = self.uar_page_size * self.uars_per_page
+        return -(-INIT_SEG_SIZE // page) * self.uars_per_page
 
     @property
     def nr_uars(self) -> int:
@@ -327,6 +347,14 @@ class Firmware:
         if obj is None or obj.uid not in ((0, uid) if shared else (uid,)):
             raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, check)
         return obj
+
+    def uar_of(self, index: int) -> Mlx5Uar | None:
+        """The ALLOC_UAR object owning UAR `index`, if any (any UAR of its system page)."""
+        return self.uars.get(index - index % self.uars_per_page)
+
+    def ref_uar(self, index: int, uid: int, check: str, shared: bool = True) -> FwObject:
+        """ref() for a UAR a context names (uar_page): any UAR of an allocated page."""
+        return self.ref(self.uars, index - index % self.uars_per_page, uid, check, shared)
 
     def release(self, obj: FwObject, what: str) -> None:
         if obj.users:
@@ -404,15 +432,24 @@ def _alloc(fw: Firmware, kind: str, table: dict, cls: type, in_: IfcStruct) -> i
 
 @fw_command(MLX5_CMD_OP_ALLOC_UAR, "alloc_uar")
 def alloc_uar(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
-    ids = fw._ids["uar"]
-    ids.start = max(ids.start, fw.first_uar)
-    ids.end = fw.nr_uars
+    """A whole system page of UARs; the answer is its first UAR.  With uar_4k the
+    caller owns uars_per_page consecutive 4 KiB UARs from that (aligned) index:
+    mlx5_core's alloc_uars_page maps the page once and numbers its bfregs
+    up->index + dbi / 4, mlx5_ib puts sys_pages[i] + n in a QPC, and no two
+    callers can ever map the same system page."""
+    per = fw.uars_per_page
+    ids = fw._ids["uar"]  # in system pages; the granule is fixed once INIT_HCA ran
+    ids.start = max(ids.start, fw.first_uar // per)
+    ids.end = fw.nr_uars // per
     ids.next = max(ids.next, ids.start)
-    MLX5_SET("alloc_uar_out", out, "uar", _alloc(fw, "uar", fw.uars, Mlx5Uar, in_))
+    num = ids.alloc({n // per for n in fw.uars}, "uar") * per
+    fw.uars[num] = Mlx5Uar(num, _uid(in_), per)
+    MLX5_SET("alloc_uar_out", out, "uar", num)
 
 
 @fw_command(MLX5_CMD_OP_DEALLOC_UAR, "dealloc_uar")
 def dealloc_uar(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    """Frees what ALLOC_UAR gave: it must be named by the page's first UAR."""
     uar = fw.lookup(fw.uars, MLX5_GET("dealloc_uar_in", in_, "uar"), _uid(in_), "uar")
     fw.release(uar, "uar")
     del fw.uars[uar.num]

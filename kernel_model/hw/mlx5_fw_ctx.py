@@ -177,7 +177,7 @@ def create_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
         raise _bad("create_eq_uid")
     if eqc["log_eq_size"] > fw.cap("log_max_eq_sz"):
         raise _bad("create_eq_log_size")
-    uar = fw.ref(fw.uars, eqc["uar_page"], 0, "create_eq_uar")
+    uar = fw.ref_uar(eqc["uar_page"], 0, "create_eq_uar")
     pas = MLX5_ADDR_OF("create_eq_in", in_, "pas")
     _check_pas(pas, eqc["log_page_size"], eqc["page_offset"], 64 << eqc["log_eq_size"],
                "create_eq_pas")
@@ -205,7 +205,7 @@ def create_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
         raise _bad("create_cq_log_size")
     if cqc["cqe_sz"] > 2:  # 0: 64 B, 1: 128 B, 2: 128 B padded (cqe_128_always)
         raise _bad("create_cq_cqe_sz")
-    uar = fw.ref(fw.uars, cqc["uar_page"], uid, "create_cq_uar", shared=False)
+    uar = fw.ref_uar(cqc["uar_page"], uid, "create_cq_uar", shared=False)
     eq = fw.ref(fw.eqs, cqc["c_eqn_or_apu_element"], uid, "create_cq_eqn")
     pas = MLX5_ADDR_OF("create_cq_in", in_, "pas")
     _check_pas(pas, cqc["log_page_size"], cqc["page_offset"],
@@ -251,7 +251,7 @@ def _qp_buffer_bytes(fw: Firmware, qpc: IfcStruct) -> int:
 
 def _qp_refs(fw: Firmware, qpc: IfcStruct, uid: int) -> list[FwObject]:
     refs = [fw.ref(fw.pds, qpc["pd"], uid, "create_qp_pd"),
-            fw.ref(fw.uars, qpc["uar_page"], uid, "create_qp_uar", shared=False)]
+            fw.ref_uar(qpc["uar_page"], uid, "create_qp_uar", shared=False)]
     if not qpc["no_sq"]:
         refs.append(fw.ref(fw.cqs, qpc["cqn_snd"], uid, "create_qp_cqn_snd"))
     if qpc["rq_type"] in (MLX5_NON_ZERO_RQ, MLX5_SRQ_RQ) or (

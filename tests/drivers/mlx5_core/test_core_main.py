@@ -101,8 +101,9 @@ def test_uar_4k_is_turned_on_only_on_hosts_with_bigger_pages():
     assert MLX5_CAP_GEN(mdev, "uar_4k") == 1 and MLX5_CAP_GEN(mdev, "log_uar_page_sz") == 4
     assert MLX5_CAP_GEN(mdev, "num_of_uars_per_page") == 16
     assert hca.fw.uar_page_size == 4096
-    # UAR 3 lives in the first 64 KiB system page of the BAR
-    assert mdev.priv.uar.map == hca.bar.start
+    # ALLOC_UAR gives a whole 64 KiB system page (16 UARs); page 0 holds the init segment
+    assert mdev.priv.uar.index == 16 and mdev.priv.uar.map == hca.bar.start + 65536
+    assert hca.fw.uars[16].span == 16 and mdev.priv.uar.bfregs == 16 * 4
     m2 = rdma_host(page_size=65536, hca=Mlx5Config(caps={"uar_4k": 0}))
     mdev2 = mdev_of(m2.hcas[0])
     assert MLX5_CAP_GEN(mdev2, "uar_4k") == 0 and m2.hcas[0].fw.uar_page_size == 65536

@@ -151,7 +151,7 @@ def test_uar_page_size_follows_uar_4k_and_log_uar_page_sz(m, hca, uar_4k, stride
     assert hca.fw.uar_page_size == stride
     assert hca.fw.cap("num_of_uars_per_page") == (16 if uar_4k else 1)
     uar = MLX5_GET("alloc_uar_out", ok(hca, "alloc_uar"), "uar")
-    assert uar == (3 if uar_4k else 1)  # the first UAR past the init segment
+    assert uar == (16 if uar_4k else 1)  # the first system page past the init segment
     m.phys_write(hca.bar.start + uar * stride + 0x20, bytes(8))
     assert (hca.uar_log[-1].uar, hca.uar_log[-1].kind) == (uar, "cq_db")
 

@@ -131,6 +131,47 @@ def test_uar_pd_and_transport_domain_allocation(up):
     assert sorted(up.fw.uars) == [4, 5] and list(up.fw.pds) == [2]
 
 
+def test_with_uar_4k_alloc_uar_hands_out_a_whole_system_page(hca, new_hca):
+    """mlx5_core's alloc_uars_page maps one system page per ALLOC_UAR and numbers its
+    bfregs up->index + dbi / 4: with 64 KiB pages the answer is a page's first UAR and
+    all 16 are the caller's (never a page holding the init segment or another's UARs)."""
+    ok(hca, "enable_hca")
+    ok(hca, "set_hca_cap", capability__uar_4k=1, capability__log_uar_page_sz=4)
+    ok(hca, "init_hca")
+    assert hca.fw.uars_per_page == 16 and hca.fw.first_uar == 16
+    objs = ladder(hca)                        # its UAR: page 1 (UARs 0x10..0x1f)
+    other = MLX5_GET("alloc_uar_out", ok(hca, "alloc_uar"), "uar")
+    assert (objs["uar"], other) == (16, 32) and sorted(hca.fw.uars) == [16, 32]
+    assert repr(hca.fw.uars[16]) == "UAR 0x10 uid=0 users=2 uars=16"
+    # any UAR of an allocated page may go in a context, and counts on the page
+    ok(hca, "create_cq", pas=1, cq_context__log_cq_size=6, cq_context__uar_page=16 + 15,
+       cq_context__c_eqn_or_apu_element=objs["eqn"])
+    qpn = MLX5_GET("create_qp_out", ok(hca, "create_qp", pas=5,
+                                       **qp_fields(objs, qpc__uar_page=16 + 2)), "qpn")
+    assert hca.fw.qps[qpn].qpc["uar_page"] == 18 and hca.fw.uars[16].users == 4
+    fails(hca, "create_cq", BAD_PARAM, "create_cq_uar", pas=1, cq_context__log_cq_size=6,
+          cq_context__uar_page=48 + 1, cq_context__c_eqn_or_apu_element=objs["eqn"])
+    # a doorbell in any UAR of the page is the device's; past it, a device error
+    hca.machine.phys_write(hca.bar.start + 18 * 4096 + 0x800, bytes(8))
+    assert (hca.uar_log[-1].uar, hca.uar_log[-1].valid) == (18, True)
+    hca.machine.phys_write(hca.bar.start + 50 * 4096 + 0x800, bytes(8))
+    assert (hca.uar_log[-1].uar, hca.uar_log[-1].valid) == (50, False)
+    hca.device_errors.clear()
+    # DEALLOC_UAR names the page by its first UAR, and only once nothing uses it
+    fails(hca, "dealloc_uar", BAD_RES, "uar_not_found", uar=17)
+    fails(hca, "dealloc_uar", BUSY, "uar_busy", uar=16)
+    ok(hca, "dealloc_uar", uar=32)
+    assert MLX5_GET("alloc_uar_out", ok(hca, "alloc_uar"), "uar") == 48  # cyclic, by page
+    # the table holds the BAR's system pages but the first: 1 MiB = 16 pages, 15 UARs
+    small = new_hca(Mlx5Config(bar_size=1 << 20))
+    ok(small, "enable_hca")
+    ok(small, "set_hca_cap", capability__uar_4k=1, capability__log_uar_page_sz=4)
+    ok(small, "init_hca")
+    got = [MLX5_GET("alloc_uar_out", ok(small, "alloc_uar"), "uar") for _ in range(15)]
+    assert got == [16 * i for i in range(1, 16)]
+    fails(small, "alloc_uar", MLX5_CMD_STAT_LIM_ERR, "uar_table_full")
+
+
 def test_user_contexts_own_their_objects(up):
     uid = MLX5_GET("create_uctx_out", ok(up, "create_uctx"), "uid")
     assert uid == 1 and repr(up.fw.uctxs[1]) == "UCTX 0x1 uid=1"
