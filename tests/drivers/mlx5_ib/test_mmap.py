@@ -46,6 +46,7 @@ from tests.drivers.mlx5_ib.ladder import (
     open_ctx,
     qp_cmd,
     qp_ucmd,
+    rc_qp,
     ucontext,
     ucontext_req,
 )
@@ -303,3 +304,37 @@ def test_bf_uar_object_needs_write_combining():
     with p.kernel():
         mlx5_ib_uar_obj_destroy(ucontext(p, ctx), 0x900 * PS)
     p.exit(0)
+
+
+# -- no two processes share a UAR page, whatever the system page size -------------------------
+def bar_pages(p, hca) -> set[int]:
+    """The physical pages of the HCA's BAR the process has mapped (its UAR mmaps)."""
+    pages = set()
+    for vma in p.mm.vmas:
+        if vma.vm_file is None:
+            continue
+        for va in range(vma.vm_start, vma.vm_end, p.machine.page_size):
+            pte = p.mm.pgtable.get(va)
+            if pte_present(pte) and hca.bar.start <= pte_addr(pte) <= hca.bar.end:
+                pages.add(pte_addr(pte))
+    return pages
+
+
+@pytest.mark.parametrize("page_size", [4096, 16384, 65536])
+@pytest.mark.parametrize("dyn_uar", [False, True], ids=["static", "dyn_uar"])
+def test_two_processes_never_map_the_same_uar_page(page_size, dyn_uar):
+    """Each system page of UARs is one ALLOC_UAR: on 16/64 KiB hosts the firmware
+    used to hand out single 4 KiB UARs, so two contexts' UARs (and the kernel's,
+    and the init segment) could sit in, and be mapped as, one system page."""
+    m = host(page_size=page_size, dyn_uar=dyn_uar)
+    hca, procs = m.hcas[0], [m.spawn("a"), m.spawn("b")]
+    for p in procs:
+        rc_qp(open_ctx(p))  # a QP: a dyn-UAR context maps its BF page now
+    a, b = (bar_pages(p, hca) for p in procs)
+    kernel = ib_dev(m).mdev.priv.uar.map  # the core's own UAR page (ioremap is 1:1 here)
+    assert a and b and not a & b
+    assert not (a | b) & {hca.bar.start, kernel - kernel % page_size}
+    assert len(a) == {(4096, False): 8, (16384, False): 2, (65536, False): 1}.get(
+        (page_size, dyn_uar), 2)  # static pages; or the NC page and one BF page
+    for p in procs:
+        p.exit(0)

@@ -66,6 +66,7 @@ from tests.drivers.mlx5_ib.ladder import (
     qp_ucmd,
     raw_cq,
     raw_pd,
+    rc_qp,
     response_at_edge,
     state,
     ucontext,
@@ -75,6 +76,8 @@ from tests.drivers.mlx5_ib.ladder import (
 )
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs import verbs as v
+from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr, SendWR
+from userspace.tools.write_bw import Endpoint, connect
 
 IBV_QPT_GSI = 1
 
@@ -501,3 +504,79 @@ def test_create_flags_are_eopnotsupp_before_anything_is_allocated(m, rig):
         mlx5_ib_create_qp(qp, ib_qp_init_attr(create_flags=1 << 1),
                           ib_udata(addr, 0, abi.mlx5_ib_create_qp.SIZE, 0))
     assert e.value.errno == errno.EOPNOTSUPP and state(p, ctx) == before
+
+
+# -- hosts with pages larger than 4 KiB: one ALLOC_UAR is a system page of 4 KiB UARs ----------
+# rdma-core asks for max(16, 2 * UARs per page) bfregs, max(4, total - 12) of them low latency,
+# and the first QP gets the first high-class bfreg, first_hi_bfreg = total - low = 12:
+#   16 KiB: 16 bfregs in 2 system pages of 8 -> page 12 // 8 = 1, UAR 12 % 8 // 2 = 2
+#   64 KiB: 32 bfregs in 1 system page of 32 -> page 0, UAR 12 // 2 = 6
+@pytest.mark.parametrize("page_size,page,uar", [(16384, 1, 2), (65536, 0, 6)])
+def test_first_qp_on_big_pages_names_its_uar_in_a_static_system_page(page_size, page, uar):
+    m = host(page_size=page_size)
+    p = m.spawn("app")
+    ctx = open_ctx(p)
+    b, per = ucontext(p, ctx).bfregi, page_size // 4096
+    qp = rc_qp(ctx)
+    with m.kernel():
+        assert mqp_of(m, qp.qp_num).bfregn == 12 == first_hi_bfreg(ib_dev(m), b)
+    assert fw(m).qps[qp.qp_num].qpc["uar_page"] == b.sys_pages[page] + uar
+    # each static page is one ALLOC_UAR of the context: aligned, all its UARs the context's
+    static = b.sys_pages[:b.num_static_sys_pages]
+    assert len(static) == {16384: 2, 65536: 1}[page_size]
+    assert all(u % per == 0 and fw(m).uars[u].span == per for u in static)
+    p.exit(0)
+
+
+@pytest.mark.parametrize("page_size", [16384, 65536])
+def test_dyn_uar_qps_on_big_pages_name_the_uars_of_their_bf_page(page_size):
+    m = host(page_size=page_size, dyn_uar=True)
+    p = m.spawn("app")
+    ctx = open_ctx(p)
+    pd, cq = v.ibv_alloc_pd(ctx), v.ibv_create_cq(ctx, 16)
+    qps = [rc_qp(ctx, pd, cq) for _ in range(3)]
+    page_id = qps[0].bf.page_id  # the BF UAR object: two registers per 4 KiB UAR of it
+    assert page_id % (page_size // 4096) == 0 and fw(m).uars[page_id].uid == \
+        ucontext(p, ctx).devx_uid
+    assert [fw(m).qps[q.qp_num].qpc["uar_page"] for q in qps] == \
+        [page_id, page_id, page_id + 1]
+    p.exit(0)
+
+
+def _endpoint(p: object, psn: int) -> Endpoint:
+    ctx = Context(p)
+    pd = PD(ctx)
+    cq = CQ(ctx, 16)
+    mr = MR(pd, 16384, v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE)
+    qp = QP(pd, QPInitAttr(cq, cq, cap=QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1,
+                                             max_recv_sge=1, max_inline_data=64)))
+    return Endpoint(ctx, pd, cq, mr, qp, ctx.query_gid(1, 0), psn)
+
+
+@pytest.mark.parametrize("page_size", [16384, 65536])
+@pytest.mark.parametrize("dyn_uar", [False, True], ids=["static", "dyn_uar"])
+def test_rdma_write_on_big_pages_moves_the_bytes(page_size, dyn_uar):
+    m = host(page_size=page_size, dyn_uar=dyn_uar)
+    pa, pb = m.spawn("requester"), m.spawn("responder")
+    a, b = _endpoint(pa, 0x111), _endpoint(pb, 0x222)
+    connect(b, a.dest())
+    connect(a, b.dest())
+    src = bytes(i * 7 & 0xFF for i in range(16384))
+    a.mr.write(src)
+    b.mr.write(b"\xee" * 16384)
+    hca, since = m.hcas[0], len(m.hcas[0].uar_log)
+    for wr_id, (off, n) in enumerate([(0, 8), (100, 5000)]):   # BlueFlame, then a doorbell
+        a.qp.post_send(SendWR(wr_id=wr_id, sg_list=[v.ibv_sge(a.mr.buf + off, n, a.mr.lkey)],
+                              opcode=v.IBV_WR_RDMA_WRITE, send_flags=v.IBV_SEND_SIGNALED,
+                              remote_addr=b.mr.buf + off, rkey=b.mr.rkey))
+        [wc] = a.cq.poll_until(1)
+        assert (wc.wr_id, v.ibv_wc_status_str(wc.status)) == (wr_id, "SUCCESS")
+    got = b.mr.read(16384)
+    assert got[:8] == src[:8] and got[100:5100] == src[100:5100]
+    assert got[8:100] == b"\xee" * 92 and got[5100:] == b"\xee" * (16384 - 5100)
+    # the send doorbells landed in the QP's own 4 KiB UAR, one the firmware gave out
+    rings = [r for r in list(hca.uar_log)[since:] if r.kind in ("db", "bf")]
+    assert rings and {r.uar for r in rings} == {fw(m).qps[a.qp.qp_num].qpc["uar_page"]}
+    assert all(r.valid for r in rings) and hca.device_errors == []
+    for p in (pa, pb):
+        p.exit(0)
