@@ -32,6 +32,18 @@ outstanding WQE of both its queues completes with "work request flushed".
 No byte outside a memory key's range is ever read or written: every access
 is translated through an mkey or the QP's own PAS first.
 
+Whatever a process writes - its rings, its doorbell record, its UAR page -
+at worst errs its own QP; the engine task serves every other QP on.  A WQE
+the device cannot parse completes with a local QP operation error (0x02):
+ds 0, an RDMA opcode without its remote address segment, a WQE running past
+the doorbell record's counter, a record more WQEBBs ahead than the send
+queue holds, an unknown opcode.  A length it cannot honour is a local length
+error (0x01): inline data overrunning the WQE, a message beyond 2^log_max_msg.
+Every loop over a ring is bounded by the ring's size (a flush completes at
+most one ring's worth).  A UAR store of any width is taken: a BlueFlame copy
+is assembled from contiguous stores and a torn one dropped (hca_doorbell).
+An exception that still escapes a step is a model bug: a kernel WARN.
+
 Bulk data moves with c_ext's dma_copy between the DMA pieces (after the
 IOMMU) and a frame's payload; pieces outside RAM (a peer device's BAR) go
 through the machine's physical-address decoder instead.
@@ -49,18 +61,20 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
 from c_ext import U64Array
 from kernel_model import trace
+from kernel_model.errno import KernelBug
 from kernel_model.hw.fabric import route
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_SET
 from kernel_model.iommu import IommuFault, dma_to_phys
 from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
 from kernel_model.machine import MachineCheck
-from kernel_model.sched import SCHED, Task
+from kernel_model.sched import SCHED, DeadlockError, ReplayDivergence, Task
 from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
@@ -164,8 +178,8 @@ class QpHw:
     sq_psn: int = 0
     outstanding: deque = attrs.Factory(deque)
     stalled: bool = False               # a failed WQE waits for earlier answers
-    bf: dict[int, bytes] = attrs.Factory(dict)   # WQE counter -> BlueFlame copy
-    bf_partial: bytearray | None = None
+    # SQ slot -> (WQE counter, BlueFlame copy): at most one copy per slot
+    bf: dict[int, tuple[int, bytes]] = attrs.Factory(dict)
 
 
 def _be32(b: bytes, off: int) -> int:
@@ -174,6 +188,23 @@ def _be32(b: bytes, off: int) -> int:
 
 def _be64(b: bytes, off: int) -> int:
     return struct.unpack_from(">Q", b, off)[0]
+
+
+def _wqe_bbs(wqe: bytes) -> int:
+    """The WQEBBs a WQE occupies by its ctrl segment's ds (at least one)."""
+    return max(1, -(-(wqe[7] & 0x3F) // 4))
+
+
+def _wqe_check(wqe: bytes, pending: int, nbb: int) -> None:
+    """A WQE the device refuses to parse: a local QP operation error."""
+    if pending > nbb:
+        raise WqeError(SYND_LOCAL_QP_OP, f"doorbell record {pending} WQEBBs ahead, the send "
+                                         f"queue holds {nbb}")
+    if not wqe[7] & 0x3F:
+        raise WqeError(SYND_LOCAL_QP_OP, "WQE with ds 0")
+    if _wqe_bbs(wqe) > pending:
+        raise WqeError(SYND_LOCAL_QP_OP, f"WQE of {_wqe_bbs(wqe)} WQEBBs runs past the "
+                                         f"doorbell record ({pending} posted)")
 
 
 class Mlx5Engine:
@@ -230,15 +261,9 @@ class Mlx5Engine:
     def _run(self) -> None:
         while not self.stopping:
             if self.rx:
-                try:
-                    self.hca_rx(self.rx.popleft())
-                finally:
-                    self._release_held()
+                self._step(self.hca_rx, self.rx.popleft())
             elif self.work:
-                try:
-                    self.hca_sq_process(self.work.popleft())
-                finally:
-                    self._release_held()
+                self._step(self.hca_sq_process, self.work.popleft())
             elif self.retry:
                 SCHED.yield_("hca_rnr_retry")  # let the responder's CPU post a receive
                 if self.retry and not self.rx and not self.work:
@@ -246,6 +271,20 @@ class Mlx5Engine:
             else:
                 SCHED.block(self)
         self.task = None
+
+    def _step(self, fn: Callable, arg: object) -> None:
+        """One step of the engine.  Whatever a process wrote ends in a
+        completion or an async event before it gets here; an exception that
+        does is a bug of this model: reported as a kernel WARN (the leak check
+        fails on it) while the engine keeps serving every other QP."""
+        try:
+            fn(arg)
+        except (KernelBug, DeadlockError, ReplayDivergence):
+            raise
+        except Exception as e:  # noqa: BLE001 - reported, see above
+            self.machine.report_bug("mlx5 engine", f"{fn.__name__}({arg!r}) raised {e!r}")
+        finally:
+            self._release_held()
 
     def _release_held(self) -> None:
         """A step is over: its DMA is done; wake anyone draining those mkeys."""
@@ -282,37 +321,67 @@ class Mlx5Engine:
         segment) or a BlueFlame copy (the WQE itself, in 64-byte chunks)."""
         if rec.kind not in ("db", "bf"):
             return
-        if rec.kind == "db":
-            qpn = _be32(rec.data, 4) >> 8
-            if self._owns(qpn, rec.uar):
-                self._queue(qpn)
-            return
-        half = (1 << self.hca.fw.cap("log_bf_reg_size")) // 2
-        first = (rec.offset - 0x800) % half == 0
         key = (rec.uar, rec.bfreg, rec.buf)
-        if first:
-            self._bf_chunks[key] = bytearray(rec.data)
-        elif key in self._bf_chunks:
-            self._bf_chunks[key] += rec.data
-        else:
+        if rec.kind == "db":
+            self._bf_chunks.pop(key, None)
+            self._ring(_be32(rec.data, 4) >> 8, rec.uar)
             return
-        buf = self._bf_chunks[key]
+        buf = self._bf_assemble(key, rec)
+        if buf is None:
+            return                                # incomplete, torn or overrun: nothing yet
         word = _be32(buf, 4)
-        if len(buf) < -(-(word & 0x3F) * 16 // 64) * 64:
-            return                                    # more 64-byte chunks to come
-        del self._bf_chunks[key]
-        qpn = word >> 8
+        qpn, ds = word >> 8, word & 0x3F
+        if not ds or len(buf) < ds * 16:
+            self._ring(qpn, rec.uar)              # no usable copy: the ctrl dword rings
+            return
         if not self._owns(qpn, rec.uar):
             return
-        state = self.hca.fw.qps[qpn].state
-        if state in (QPS_RTS, QPS_SQD):
-            self._qphw(qpn).bf[_be32(buf, 0) >> 8 & 0xFFFF] = bytes(buf[:(word & 0x3F) * 16])
-        elif state != QPS_ERR:
+        qp = self.hca.fw.qps[qpn]
+        if qp.state in (QPS_RTS, QPS_SQD):
+            counter = _be32(buf, 0) >> 8 & 0xFFFF
+            slot = counter & ((1 << self._c(qp)["log_sq_size"]) - 1)
+            self._qphw(qpn).bf[slot] = (counter, bytes(buf[:ds * 16]))
+        elif qp.state != QPS_ERR:
             # the send queue is not running: the copy is not kept, so it can
             # never stand in for a WQE posted later with the same counter
             self.async_events.append(("bf_qp_not_ready", qpn, rec.uar))
             return
         self._queue(qpn)      # (in ERR: the doorbell makes the WQE flush)
+
+    def _ring(self, qpn: int, uar: int) -> None:
+        if self._owns(qpn, uar):
+            self._queue(qpn)
+
+    def _bf_assemble(self, key: tuple, rec: UarWrite) -> bytearray | None:
+        """Collect a BlueFlame copy from stores of any width: a store at the
+        buffer's start begins one, each next store must continue where the
+        last ended; the copy is whole once it holds the 64-byte chunks its
+        ctrl segment's ds asks for.
+
+        # EMU: a store that neither starts the buffer nor continues the copy
+        # in progress (a torn write-combining burst) drops the copy, as does
+        # one running past the buffer; the part never rings.  The doorbell
+        # record was written first, so the process's next doorbell has the
+        # device fetch the WQE from the ring instead.
+        """
+        half = (1 << self.hca.fw.cap("log_bf_reg_size")) // 2
+        at = (rec.offset - 0x800) % half
+        have = self._bf_chunks.get(key)
+        if at == 0:
+            have = self._bf_chunks[key] = bytearray(rec.data)
+        elif have is not None and len(have) == at:
+            have += rec.data
+        else:
+            self._bf_chunks.pop(key, None)
+            return None
+        if at + len(rec.data) > half:
+            del self._bf_chunks[key]
+            self.async_events.append(("bf_overrun", rec.uar, rec.offset, len(rec.data)))
+            return None
+        if len(have) < 8 or len(have) < min(max(1, -(-(have[7] & 0x3F) // 4)) * 64, half):
+            return None                               # more chunks to come
+        del self._bf_chunks[key]
+        return have
 
     def _owns(self, qpn: int, uar: int) -> bool:
         """The device acts only on a doorbell for a QP bound to that UAR page."""
@@ -483,21 +552,27 @@ class Mlx5Engine:
         return c
 
     @traced
-    def hca_wqe_fetch(self, qp: Mlx5Qp, counter: int) -> bytes:
+    def hca_wqe_fetch(self, qp: Mlx5Qp, counter: int, ctrl_only: bool = False) -> bytes:
         """The WQE at a send-queue counter: its BlueFlame copy if it came with
-        the doorbell, else a DMA read through the QP's PAS (wrapping at the end)."""
+        the doorbell, else a DMA read through the QP's PAS (wrapping at the
+        end) of ds * 16 bytes - at least the 16-byte control segment, at most
+        63 * 16 - or of the control segment alone (ctrl_only: a flush)."""
         hw = self._qphw(qp.num)
-        bf = hw.bf.pop(counter & 0xFFFF, None)
+        c = self._c(qp)
+        nbb = 1 << c["log_sq_size"]
+        idx = counter & (nbb - 1)
+        bf = hw.bf.pop(idx, None)
+        if bf is not None and bf[0] != counter & 0xFFFF:
+            bf = None                     # a copy for another pass over this slot
         if trace.enabled:
             trace_hca_wqe(hex(qp.num), counter & 0xFFFF, "dma" if bf is None else "blueflame")
         if bf is not None:
-            return bf
-        c = self._c(qp)
-        nbb = 1 << c["log_sq_size"]
+            return bf[1]
         sq = c["rq_bytes"]
-        idx = counter & (nbb - 1)
         ctrl = self._read_queue(qp, sq + idx * SEND_WQE_BB, 16)
-        size = (_be32(ctrl, 4) & 0x3F) * 16
+        if ctrl_only:
+            return ctrl
+        size = max(16, (ctrl[7] & 0x3F) * 16)
         out = bytearray()
         while len(out) < size:
             chunk = min(SEND_WQE_BB, size - len(out))
@@ -582,21 +657,30 @@ class Mlx5Engine:
         hw = self._qphw(qpn)
         if hw.stalled:
             return
-        _rcv, snd = self._dbrec(qp)
+        try:
+            _rcv, snd = self._dbrec(qp)
+        except WqeError as e:
+            self.hca_qp_error(qp, f"doorbell record: {e}")
+            return
         if trace.enabled:
             trace_hca_dbrec(hex(qpn), snd & 0xFFFF)
-        while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF) and qp.state == QPS_RTS:
-            counter = hw.sq_ci
-            wqe = self.hca_wqe_fetch(qp, counter)
-            ds = _be32(wqe, 4) & 0x3F
-            hw.sq_ci += max(1, -(-ds * 16 // SEND_WQE_BB))
+        nbb = 1 << self._c(qp)["log_sq_size"]
+        # each pass consumes at least one posted WQEBB and a record more than
+        # the ring ahead is an error: at most one ring's worth of passes
+        while qp.state == QPS_RTS and (snd - hw.sq_ci) & 0xFFFF:
+            pending = (snd - hw.sq_ci) & 0xFFFF
+            counter, wqe = hw.sq_ci, b""
             self.stats["wqes"] += 1
             try:
+                wqe = self.hca_wqe_fetch(qp, counter)
+                hw.sq_ci += min(_wqe_bbs(wqe), pending)
+                _wqe_check(wqe, pending, nbb)
                 self.hca_execute(qp, hw, wqe)
             except WqeError as e:
                 # completions stay in order: the error waits for the answers
                 # to the WQEs before it, then the QP goes to ERR
-                op = _be32(wqe, 0) & 0xFF
+                hw.sq_ci += hw.sq_ci == counter         # (the ring could not be read)
+                op = wqe[3] if wqe else 0
                 hw.outstanding.append(Sent(counter, op, True, 0, None, [], error=e.syndrome,
                                            why=str(e)))
                 hw.stalled = True
@@ -624,6 +708,9 @@ class Mlx5Engine:
         off = 16
         raddr = rkey = 0
         if opcode in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
+            if len(wqe) < off + 16:
+                raise WqeError(SYND_LOCAL_QP_OP, f"{OP_NAMES[opcode]} WQE of {len(wqe)} "
+                                                 "bytes has no remote address segment")
             raddr, rkey = _be64(wqe, off), _be32(wqe, off + 8)
             off += 16
         sges, inline = [], None
@@ -631,6 +718,9 @@ class Mlx5Engine:
             word = _be32(wqe, off)
             if word & INLINE_SEG:
                 n = word & ~INLINE_SEG
+                if off + 4 + n > len(wqe):
+                    raise WqeError(SYND_LOCAL_LENGTH, f"{n} bytes of inline data overrun the "
+                                                      f"{len(wqe)}-byte WQE")
                 inline = bytearray(wqe[off + 4:off + 4 + n])
                 break
             lkey, addr = _be32(wqe, off + 4), _be64(wqe, off + 8)
@@ -639,6 +729,9 @@ class Mlx5Engine:
             sges.append((lkey, addr, word))
             off += 16
         length = len(inline) if inline is not None else sum(n for _, _, n in sges)
+        if length > 1 << self.hca.fw.cap("log_max_msg"):
+            raise WqeError(SYND_LOCAL_LENGTH, f"message of {length} bytes, the port's "
+                                              f"maximum is {1 << self.hca.fw.cap('log_max_msg')}")
         frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=qpc["rmac"],
                       opcode=opcode, wqe_index=counter, raddr=raddr, rkey=rkey,
                       length=length, imm=imm)
@@ -818,13 +911,12 @@ class Mlx5Engine:
             return
         if kind == "read_resp":
             try:
-                pieces = self._sges(qp, sent.local, "lw")
+                self.hca_dma_scatter(self._sges(qp, sent.local, "lw"), frame.payload)
             except WqeError as e:
                 self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index,
                                    opcode=sent.opcode, syndrome=e.syndrome)
                 self.hca_qp_error(qp, str(e))
                 return
-            self.hca_dma_scatter(pieces, frame.payload)
         if sent.signaled:
             self.hca_cqe_write(qp, "req", wqe_index=sent.wqe_index, opcode=sent.opcode,
                                byte_cnt=sent.length)
@@ -861,20 +953,34 @@ class Mlx5Engine:
             self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index, opcode=sent.opcode,
                                syndrome=SYND_WR_FLUSH)
         qpc = self._c(qp)
-        rcv, snd = self._dbrec(qp)
+        try:
+            rcv, snd = self._dbrec(qp)
+        except WqeError as e:
+            self.async_events.append(("dbrec_fault", qp.num, str(e)))
+            return
+        # EMU: a counter more than a ring ahead flushes one ring's worth; the
+        # rest was never a WQE.  Each loop is bounded by its ring's size.
         if not qpc["no_sq"]:
-            while (hw.sq_ci & 0xFFFF) != (snd & 0xFFFF):
+            pending, budget = (snd - hw.sq_ci) & 0xFFFF, 1 << qpc["log_sq_size"]
+            while pending and budget:
                 counter = hw.sq_ci
-                wqe = self.hca_wqe_fetch(qp, counter)
-                ds = _be32(wqe, 4) & 0x3F
-                hw.sq_ci += max(1, -(-ds * 16 // SEND_WQE_BB))
-                self.hca_cqe_write(qp, "req_err", wqe_index=counter,
-                                   opcode=_be32(wqe, 0) & 0xFF, syndrome=SYND_WR_FLUSH)
+                try:
+                    ctrl = self.hca_wqe_fetch(qp, counter, ctrl_only=True)
+                except WqeError:
+                    ctrl = bytes(16)
+                step = min(_wqe_bbs(ctrl), pending)
+                hw.sq_ci, pending, budget = hw.sq_ci + step, pending - step, budget - 1
+                self.hca_cqe_write(qp, "req_err", wqe_index=counter, opcode=ctrl[3],
+                                   syndrome=SYND_WR_FLUSH)
+            hw.sq_ci += pending
         if qpc["rq_bytes"]:
-            while (hw.rq_ci & 0xFFFF) != (rcv & 0xFFFF):
+            pending = (rcv - hw.rq_ci) & 0xFFFF
+            for _ in range(min(pending, 1 << qpc["log_rq_size"])):
                 idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
                 hw.rq_ci += 1
+                pending -= 1
                 self.hca_cqe_write(qp, "resp_err", wqe_index=idx, syndrome=SYND_WR_FLUSH)
+            hw.rq_ci += pending
 
     # -- completions ----------------------------------------------------------------------
     @traced
@@ -891,7 +997,13 @@ class Mlx5Engine:
         cqc = self._c(cq)
         log = cqc["log_cq_size"]
         pi = self.cq_pi.get(cqn, 0)
-        ci = _be32(self.dma_read(cqc["dbr_addr"], 4), 0) & 0xFFFFFF
+        try:
+            ci = _be32(self.dma_read(cqc["dbr_addr"], 4), 0) & 0xFFFFFF
+            at = (pi & ((1 << log) - 1)) * cqc["cqe_size"] + (cqc["cqe_size"] - 64)
+            pieces = self._pas_pieces(cq, at, 64)
+        except WqeError as e:             # the CQ's memory is not reachable: a CQ error
+            self.async_events.append(("cq_error", cqn, str(e)))
+            return
         if (pi - ci) & 0xFFFFFF >= 1 << log:
             self.async_events.append(("cq_overrun", cqn, qp.num))
             return
@@ -910,11 +1022,13 @@ class Mlx5Engine:
             struct.pack_into(">I", cqe, 56, sop | qp.num)
         struct.pack_into(">H", cqe, 60, wqe_index & 0xFFFF)
         cqe[63] = op << 4 | (pi >> log & 1)
-        size = cqc["cqe_size"]
-        at = (pi & ((1 << log) - 1)) * size + (size - 64)
-        for dma, n in self._pas_pieces(cq, at, 64):
-            self.dma_write(dma, bytes(cqe[:n]))
-            cqe = cqe[n:]
+        try:
+            for dma, n in pieces:
+                self.dma_write(dma, bytes(cqe[:n]))
+                cqe = cqe[n:]
+        except WqeError as e:
+            self.async_events.append(("cq_error", cqn, str(e)))
+            return
         self.cq_pi[cqn] = pi + 1
         self.stats["cqes"] += 1
 
