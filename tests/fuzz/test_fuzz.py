@@ -1,0 +1,87 @@
+"""The stateful fuzzer's short profile: hypothesis drives peermem_testing.fuzz's operations.
+
+Each example is a fresh pair of hosts and a sequence of operations over the
+whole syscall and verbs surface (see the fuzz module); after every step the
+world checks that the call succeeded or failed with an errno, that no WARN
+was recorded and no kernel task died, and the teardown runs check_leaks() on
+both hosts.  Hypothesis shrinks a failing sequence and prints it as
+`state.<op>(...)` calls on FuzzMachine; `peermem fuzz --seconds N` runs the
+same operations as a long random campaign.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, rule
+
+from peermem_testing.fuzz import OPS, FuzzFailure, FuzzWorld, run_sequence
+
+
+def _make_rule(name: str):
+    def step(self, **kw) -> None:
+        self.world.apply(name, kw)
+    step.__name__ = name
+    return rule(**{k: d.strategy() for k, d in OPS[name].items()})(step)
+
+
+class FuzzMachine(RuleBasedStateMachine):
+    """Every fuzz operation as a hypothesis rule on one FuzzWorld."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = FuzzWorld()
+
+    def teardown(self) -> None:
+        try:
+            self.world.finish()
+        except BaseException:
+            self.world.close()
+            raise
+
+
+for _name in OPS:
+    setattr(FuzzMachine, _name, _make_rule(_name))
+
+FuzzMachine.TestCase.settings = settings(
+    max_examples=12, stateful_step_count=60, deadline=None, derandomize=True, database=None,
+    suppress_health_check=list(HealthCheck))
+TestFuzz = FuzzMachine.TestCase
+
+
+def test_a_hostile_sequence_is_reported_with_its_step():
+    """The invariants can fail: a step that leaves a WARN behind is a FuzzFailure naming
+    the operation, and the world still tears down."""
+    w = FuzzWorld()
+    w.apply("spawn", {"host": 0})
+    w.hosts[0].report_bug("fuzz_selftest", "planted")
+    with pytest.raises(FuzzFailure, match="spawn: host-a: WARNING: fuzz_selftest: planted"):
+        w.check("spawn")
+    w.close()
+
+
+def test_an_operation_reaches_the_kernel_and_the_leak_check_sees_its_pins():
+    """Operations really act: reg_mr over an mmap pins its pages until exit."""
+    w = FuzzWorld()
+    for name, kw in [("spawn", {"host": 0}), ("open_device", {"proc": 0}),
+                     ("alloc_pd", {"ctx": 0}),
+                     ("mmap", {"proc": 0, "length": 8192, "where": 0, "off": 0, "fixed": 0,
+                               "prot": 3})]:
+        w.apply(name, kw)
+    anon = next(i for i, r in enumerate(w.objs["region"]) if r.extra["what"] == "anon")
+    pinned = w.hosts[0].vmstat["nr_foll_pin_acquired"]
+    w.apply("reg_mr", {"pd": 0, "region": anon, "off": 0, "length": 8192, "access": 7})
+    assert [o.live for o in w.objs["mr"]] == [True]
+    assert w.hosts[0].vmstat["nr_foll_pin_acquired"] - pinned == 2
+    w.apply("exit", {"proc": 0})
+    assert w.hosts[0].vmstat["nr_foll_pin_released"] >= 2
+    w.finish()
+
+
+def test_run_sequence_returns_the_failure_of_a_sequence():
+    """run_sequence (the shrinker's oracle) replays a sequence on a fresh world and
+    returns its failure: a clean one gives None, an unknown operation a failure."""
+    ops = [("spawn", {"host": 1}), ("open_device", {"proc": 0}), ("exit", {"proc": 0})]
+    assert run_sequence(ops) is None
+    failure = run_sequence(ops + [("spawn", {"host": 5, "bogus": 1})])
+    assert isinstance(failure, FuzzFailure) and "spawn" in str(failure)
