@@ -552,11 +552,11 @@ class Mlx5Engine:
         return c
 
     @traced
-    def hca_wqe_fetch(self, qp: Mlx5Qp, counter: int, ctrl_only: bool = False) -> bytes:
+    def hca_wqe_fetch(self, qp: Mlx5Qp, counter: int) -> bytes:
         """The WQE at a send-queue counter: its BlueFlame copy if it came with
         the doorbell, else a DMA read through the QP's PAS (wrapping at the
         end) of ds * 16 bytes - at least the 16-byte control segment, at most
-        63 * 16 - or of the control segment alone (ctrl_only: a flush)."""
+        63 * 16."""
         hw = self._qphw(qp.num)
         c = self._c(qp)
         nbb = 1 << c["log_sq_size"]
@@ -570,8 +570,6 @@ class Mlx5Engine:
             return bf[1]
         sq = c["rq_bytes"]
         ctrl = self._read_queue(qp, sq + idx * SEND_WQE_BB, 16)
-        if ctrl_only:
-            return ctrl
         size = max(16, (ctrl[7] & 0x3F) * 16)
         out = bytearray()
         while len(out) < size:
@@ -965,7 +963,7 @@ class Mlx5Engine:
             while pending and budget:
                 counter = hw.sq_ci
                 try:
-                    ctrl = self.hca_wqe_fetch(qp, counter, ctrl_only=True)
+                    ctrl = self.hca_wqe_fetch(qp, counter)
                 except WqeError:
                     ctrl = bytes(16)
                 step = min(_wqe_bbs(ctrl), pending)
