@@ -25,8 +25,15 @@ rdma-core mlx5.h):
     0x800  four BlueFlame registers of bf_reg_size bytes (512): two regular,
            two fast path; each holds two buffers of bf_reg_size / 2 that
            posters alternate between.  An 8-byte write at a buffer's start is
-           a send doorbell; a longer (64-byte chunk) write is a BlueFlame copy
-           of the WQE itself.
+           a send doorbell; any other write there (64-byte chunks from
+           libmlx5, but the CPU may store 1, 2, 4, 8 bytes or any memcpy) is
+           part of a BlueFlame copy of the WQE itself, which the engine
+           assembles (mlx5_engine.hca_doorbell; a torn copy is dropped).
+
+A store of any width at any offset is accepted: it is logged and classified,
+never refused.  A uverbs response that copy_to_user() writes into a mapped
+UAR page goes to the device the same way, as on Linux, where the page is a
+present VM_IO|VM_PFNMAP mapping and the copy's stores reach the BAR.
 
 Every write to a UAR page is logged (`uar_log`, UarWrite records) and handed
 to `doorbell_hooks` - the data path's engine subscribes there.  A write to a
