@@ -721,6 +721,8 @@ class Mlx5Engine:
                                                       f"{len(wqe)}-byte WQE")
                 inline = bytearray(wqe[off + 4:off + 4 + n])
                 break
+            # EMU: a byte_count of 0 is an empty piece (rdma-core never posts one;
+            # how the device reads it is not modelled)
             lkey, addr = _be32(wqe, off + 4), _be64(wqe, off + 8)
             if lkey == INVALID_LKEY and word == 0:
                 break
