@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from kernel_model.current import current
-from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelError
+from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelBug, KernelError
 from kernel_model.module import module_put, try_module_get
 from kernel_model.trace import traced
 
@@ -116,15 +116,26 @@ def get_file(f: file) -> file:
 
 @traced
 def fput(f: file) -> None:
-    """Mirrors fput(): drop a reference; the last one calls ->release (__fput)."""
+    """Mirrors fput(): drop a reference; the last one calls ->release (__fput).
+
+    __fput ignores what ->release returns, so nothing fails a close, a munmap
+    or an exit: a release that raises a kernel error is recorded as a WARN
+    (a driver bug), and the module reference goes either way.
+    """
     if f.f_count <= 0:
         current().machine.report_bug("fput", f"{f} put below zero")
         return
     f.f_count -= 1
     if f.f_count == 0:  # __fput()
-        if f.f_op.release is not None:
-            f.f_op.release(f.f_inode, f)
-        module_put(f.f_op.owner)
+        try:
+            if f.f_op.release is not None:
+                f.f_op.release(f.f_inode, f)
+        except KernelBug:
+            raise
+        except Exception as e:  # noqa: BLE001 - the result of ->release is not looked at
+            current().machine.report_bug("__fput", f"{f.f_path}: ->release failed: {e!r}")
+        finally:
+            module_put(f.f_op.owner)
 
 
 @traced
@@ -182,11 +193,25 @@ class files_struct:
         fput(f)
 
     def close_all(self) -> None:
-        """Mirrors close_files(): every open fd, in fd order."""
+        """Mirrors close_files(): every open fd, in fd order.
+
+        Every file is put even if an earlier release failed: a failure is a
+        WARN on the machine (release is void in the kernel); a KernelBug (a
+        debug check's oops) is raised again once every fd is closed.
+        """
+        oops: list[KernelBug] = []
         for fd, f in enumerate(self.fdt):
-            if f is not None:
-                self.fdt[fd] = None
+            if f is None:
+                continue
+            self.fdt[fd] = None
+            try:
                 fput(f)
+            except KernelBug as e:
+                oops.append(e)
+            except Exception as e:  # noqa: BLE001 - close_files goes on regardless
+                current().machine.report_bug("close_files", f"fd {fd} {f!r}: {e!r}")
+        if oops:
+            raise oops[0]
 
     def open_fds(self) -> list[int]:
         return [fd for fd, f in enumerate(self.fdt) if f is not None]

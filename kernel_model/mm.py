@@ -172,8 +172,10 @@ def mmput(mm: mm_struct) -> None:
     """Mirrors mmput(): the last user tears down every mapping (exit_mmap)."""
     mm.mm_users -= 1
     if mm.mm_users == 0:
-        exit_mmap(mm)
-        mmdrop(mm)
+        try:
+            exit_mmap(mm)
+        finally:
+            mmdrop(mm)
 
 
 def mmgrab(mm: mm_struct) -> None:
@@ -193,19 +195,44 @@ def mmdrop(mm: mm_struct) -> None:
 
 @traced
 def exit_mmap(mm: mm_struct) -> None:
-    """Mirrors exit_mmap(): unmap every VMA, then free the page tables."""
+    """Mirrors exit_mmap(): unmap every VMA, then free the page tables.
+
+    Every VMA goes even if a debug check (KernelBug) fires in one of them;
+    the first such oops is raised again at the end.
+    """
+    from kernel_model.errno import KernelBug
     from kernel_model.memory import unmap_vmas
+    oops: list[KernelBug] = []
     for vma in list(mm.vmas):
-        unmap_vmas(vma, vma.vm_start, vma.vm_end)
-        remove_vma(vma)
+        try:
+            unmap_vmas(vma, vma.vm_start, vma.vm_end)
+            remove_vma(vma)
+        except KernelBug as e:
+            oops.append(e)
+            if vma in mm.vmas:
+                mm.unlink(vma)
     mm.pgtable.free_all()
+    if oops:
+        raise oops[0]
 
 
 def remove_vma(vma: vm_area_struct) -> None:
-    """Mirrors remove_vma(): ->close, drop the file reference, unlink."""
+    """Mirrors remove_vma(): ->close, drop the file reference, unlink.
+
+    ->close returns void in the kernel: nothing it does can stop the VMA from
+    going, so munmap and exit never fail because of a driver.  A close that
+    raises anyway is a driver bug, recorded as a WARN; the VMA still goes.
+    """
+    from kernel_model.errno import KernelBug
     from kernel_model.fs import fput
     if vma.vm_ops is not None and vma.vm_ops.close is not None:
-        vma.vm_ops.close(vma)
+        try:
+            vma.vm_ops.close(vma)
+        except KernelBug:
+            raise
+        except Exception as e:  # noqa: BLE001 - a void callback failed: WARN, go on
+            vma.vm_mm.machine.report_bug("remove_vma", f"vm_ops->close of {vma!r} "
+                                         f"failed: {e}")
     if vma.vm_file is not None:
         fput(vma.vm_file)
         vma.vm_file = None
@@ -269,15 +296,23 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
             raise KernelError(ENODEV, "do_mmap: file has no mmap operation")
         if flags & MAP_SHARED and prot & PROT_WRITE and not f.f_mode & FMODE_WRITE:
             raise KernelError(EACCES, "do_mmap: shared writable map of a read-only file")
+    old: list[vm_area_struct] = []
     if flags & MAP_FIXED:
         # __get_unmapped_area(): the range check comes first and is ENOMEM
         if addr < 0 or addr > mm.task_size - length:
             raise KernelError(ENOMEM, "__get_unmapped_area: MAP_FIXED range beyond TASK_SIZE")
         if addr % ps:
             raise KernelError(EINVAL, "__get_unmapped_area: MAP_FIXED address not page aligned")
-        do_munmap(mm, addr, length)
+        # mmap_region(): every VMA to be replaced is checked before anything changes
+        old = munmap_gather(mm, addr, addr + length)
     else:
         addr = get_unmapped_area(mm, length)
+    if old:
+        # mmap_region() since 6.12: the old VMAs' PTEs are cleared and their ->close
+        # runs before the new file's ->mmap (vms_clean_up_area), so a failing ->mmap
+        # leaves a hole (vms_abort_munmap_vmas cannot re-open them); an anonymous
+        # MAP_FIXED cannot fail past this point.
+        munmap_complete(mm, addr, addr + length, old)
     vma = vm_area_struct(mm, addr, addr + length, vm_flags, vm_get_page_prot(vm_flags), pgoff)
     if f is not None:
         vma.vm_file = get_file(f)
@@ -313,10 +348,57 @@ def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
     return new
 
 
+def munmap_gather(mm: mm_struct, start: int, end: int) -> list[vm_area_struct]:
+    """Mirrors the checks of vms_gather_munmap_vmas(): the VMAs [start, end) touches.
+
+    Only the edge VMAs are split, so only they are asked (vm_ops->may_split)
+    and only a split that adds a VMA checks max_map_count (ENOMEM).  Every
+    check runs before anything changes: a refused split fails the whole call
+    with every mapping as it was.
+    """
+    vmas = mm.overlapping(start, end)
+    if not vmas:
+        return vmas
+    first, last = vmas[0], vmas[-1]
+    if first.vm_start < start:
+        if end < first.vm_end and len(mm.vmas) >= DEFAULT_MAX_MAP_COUNT:
+            raise KernelError(ENOMEM, "vms_gather_munmap_vmas: max_map_count reached")
+        _may_split(first, start)
+    if last.vm_end > end:
+        _may_split(last, end)
+    return vmas
+
+
+def _may_split(vma: vm_area_struct, addr: int) -> None:
+    """The driver's veto of a split at addr (__split_vma's first check)."""
+    if vma.vm_ops is not None and vma.vm_ops.may_split is not None:
+        vma.vm_ops.may_split(vma, addr)
+
+
+def munmap_complete(mm: mm_struct, start: int, end: int, vmas: list[vm_area_struct]) -> None:
+    """Mirrors the rest of do_vmi_align_munmap(): split the edges, queue the
+    userfaultfd unmap events, zap and remove.  Nothing here fails: munmap_gather
+    asked every question first."""
+    from kernel_model.memory import unmap_vmas
+    from kernel_model.userfaultfd import userfaultfd_unmap_prep
+    first, last = vmas[0], vmas[-1]
+    if first.vm_start < start:
+        upper = split_vma(first, start)
+        if last is first:
+            last = upper
+        vmas = [upper, *vmas[1:]]
+    if last.vm_end > end:
+        split_vma(last, end)
+    userfaultfd_unmap_prep(mm, start, end)
+    for vma in vmas:
+        unmap_vmas(vma, vma.vm_start, vma.vm_end)
+        remove_vma(vma)
+
+
 @traced
 def do_munmap(mm: mm_struct, start: int, length: int) -> None:
-    """Mirrors do_vmi_munmap(): split the edge VMAs, zap and remove what is inside."""
-    from kernel_model.memory import unmap_vmas
+    """Mirrors do_vmi_munmap(): all or nothing - munmap_gather() checks every
+    split first, then munmap_complete() splits, zaps and removes."""
     ps = mm.machine.page_size
     if start % ps or start > mm.task_size or length > mm.task_size - start:
         raise KernelError(EINVAL, "do_munmap: start unaligned or range out of TASK_SIZE")
@@ -324,12 +406,6 @@ def do_munmap(mm: mm_struct, start: int, length: int) -> None:
     if length == 0:
         raise KernelError(EINVAL, "do_munmap: length is 0")
     end = start + length
-    from kernel_model.userfaultfd import userfaultfd_unmap_prep
-    userfaultfd_unmap_prep(mm, start, end)
-    for vma in mm.overlapping(start, end):
-        if vma.vm_start < start:
-            vma = split_vma(vma, start)
-        if vma.vm_end > end:
-            split_vma(vma, end)
-        unmap_vmas(vma, vma.vm_start, vma.vm_end)
-        remove_vma(vma)
+    vmas = munmap_gather(mm, start, end)
+    if vmas:
+        munmap_complete(mm, start, end, vmas)

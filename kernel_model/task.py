@@ -14,9 +14,11 @@ the test's to choose and the same every run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import current, running
+from kernel_model.errno import KernelBug
 
 if TYPE_CHECKING:
     from kernel_model.fs import files_struct
@@ -72,18 +74,39 @@ class task_struct:
         return f"task {self.pid} {self.comm} {state}"
 
     def do_exit(self, code: int) -> None:
-        """Mirrors do_exit(): exit_mm(), then exit_files() in fd order."""
+        """Mirrors do_exit(): exit_mm(), then exit_files() in fd order.
+
+        do_exit never returns an error and never stops half-way: each step runs
+        even if one before it failed.  A step that raises a kernel error is a
+        kernel bug (every teardown callback is void in the kernel) and is
+        recorded as a WARN (machine.bugs, which the leak check reports).  A
+        debug check's KernelBug (use-after-free, lockdep) is the model's oops:
+        the remaining steps still run, then the first one is raised again.
+        """
         from kernel_model.mm import mmput
+        oops: list[KernelBug] = []
         with running(self):
             self.flags |= PF_EXITING
             mm, self.mm = self.mm, None
             if mm is not None:
-                mmput(mm)  # exit_mm()
+                self.ExitStep("exit_mm", mmput, mm, oops)
             files, self.files = self.files, None
             if files is not None:
-                files.close_all()  # exit_files()
+                self.ExitStep("exit_files", files.close_all, None, oops)
             self.exit_code = code
             self.machine.tasks.pop(self.pid, None)
+        if oops:
+            raise oops[0]
+
+    def ExitStep(self, step: str, fn: Callable[..., None], arg: Any,
+                 oops: list[KernelBug]) -> None:
+        """Run one do_exit step; a failure is recorded, never propagated (see do_exit)."""
+        try:
+            fn() if arg is None else fn(arg)
+        except KernelBug as e:
+            oops.append(e)
+        except Exception as e:  # noqa: BLE001 - do_exit goes on whatever a step did
+            self.machine.report_bug(f"do_exit: {step}", f"pid {self.pid}: {e!r}")
 
 
 def init_task(machine: Machine) -> task_struct:

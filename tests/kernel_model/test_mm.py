@@ -267,3 +267,56 @@ def test_exit_releases_every_page(p, m):
     assert m.zone.nr_free < free
     p.exit()
     assert m.zone.nr_free == free + 1  # the pgd spawn took comes back too
+
+
+# -- munmap and MAP_FIXED are all or nothing (do_vmi_align_munmap) ---------------------------
+def _refuse_split(vma, addr):
+    raise KernelError(EINVAL, "refuse_split: this mapping cannot be split")
+
+
+def unsplittable_below_anon(p, m):
+    """An anonymous page holding bytes just below a 2-page mapping whose driver refuses
+    splits (as a GPU mapping does); returns (anon, top)."""
+    ps = m.page_size
+    events: list = []
+    add_device(m, "/dev/nosplit", events)
+    fd = p.open("/dev/nosplit")
+    top = p.mmap(0, 2 * ps, RW, MAP_SHARED, fd)
+    p.mm.vma_lookup(top).vm_ops = vm_operations_struct(may_split=_refuse_split)
+    anon = p.mmap(top - ps, ps, RW, ANON | MAP_FIXED)
+    assert anon == top - ps
+    p.store(anon, b"keep me!")
+    assert p.close(fd) == 0
+    return anon, top
+
+
+def test_munmap_refused_by_may_split_changes_nothing(p, m):
+    anon, top = unsplittable_below_anon(p, m)
+    before = spans(p)
+    assert p.munmap(anon, 2 * m.page_size) == -EINVAL  # would cut the device mapping
+    assert "cannot be split" in str(p.task.last_error)
+    assert spans(p) == before and p.load(anon, 8) == b"keep me!"
+    assert p.munmap(anon, 3 * m.page_size) == 0  # whole VMAs need no split
+    assert p.mm.vmas == []
+
+
+def test_map_fixed_refused_by_may_split_keeps_the_old_mappings(p, m):
+    anon, top = unsplittable_below_anon(p, m)
+    before = spans(p)
+    assert p.mmap(anon, 2 * m.page_size, RW, ANON | MAP_FIXED) == -EINVAL
+    assert spans(p) == before and p.load(anon, 8) == b"keep me!"
+    assert p.mmap(anon, 3 * m.page_size, RW, ANON | MAP_FIXED) == anon
+    assert spans(p) == [(anon, anon + 3 * m.page_size)] and p.load(anon, 8) == bytes(8)
+
+
+def test_munmap_never_fails_because_of_vm_ops_close(p, m):
+    def failing_close(vma):
+        raise KernelError(EINVAL, "failing_close: a driver bug")
+
+    a = p.mmap(0, m.page_size, RW, ANON)
+    p.mm.vma_lookup(a).vm_ops = vm_operations_struct(close=failing_close)
+    assert p.munmap(a, m.page_size) == 0 and p.mm.vmas == []
+    assert m.bugs == ["WARNING: remove_vma: vm_ops->close of "
+                      f"{a:012x}-{a + m.page_size:012x} rw-p 00000000 [anon] failed: "
+                      "failing_close: a driver bug (-EINVAL)"]
+    m.bugs.clear()

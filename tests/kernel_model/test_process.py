@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import current, running
-from kernel_model.errno import EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, KernelError
+from kernel_model.errno import EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, KernelBug, KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
 from kernel_model.machine import Machine, MachineCheck, MmioRegion
 from kernel_model.memory import remap_pfn_range
@@ -203,6 +203,48 @@ def test_exit_frees_everything(m, log, p):
     p.exit()
     assert m.zone.nr_free == free + 1  # and the pgd spawn() allocated
     assert all(mm.owner_pid != p.pid for mm in m.mms)  # the mm struct is gone too
+
+
+def test_exit_goes_on_past_a_failing_release_and_vma_close(m, log, p):
+    """do_exit never raises and never stops half-way: a ->close and a ->release that
+    fail (driver bugs: both are void in the kernel) are WARNs, and every other
+    mapping and fd is still torn down."""
+    def fail(what):
+        def cb(*args):
+            log.append(("fail", what))
+            raise KernelError(EBADF, f"{what}: a driver bug")
+        return cb
+
+    for path in ("/dev/a", "/dev/b"):
+        TestDev(m, path, log)
+    fa, fb = p.open("/dev/a"), p.open("/dev/b")
+    p.task.files.fdt[fa].f_op = file_operations(release=fail("release_a"))
+    va = p.mmap(0, m.page_size, RW, MAP_SHARED, fb)
+    p.mm.vma_lookup(va).vm_ops = vm_operations_struct(close=fail("close_b"))
+    anon = p.mmap(0, 4 * m.page_size)
+    p.store(anon, b"x" * 4 * m.page_size)
+    del log[:]
+    p.exit(0)
+    assert log == [("fail", "close_b"), ("fail", "release_a"), ("release", "/dev/b", True)]
+    assert not p.alive and all(mm.owner_pid != p.pid for mm in m.mms)
+    assert [b.split(":")[1].strip() for b in m.bugs] == ["remove_vma", "__fput"]
+    m.bugs.clear()
+
+
+def test_exit_finishes_before_a_debug_check_s_oops_is_raised(m, log, p):
+    """A KernelBug (here a UAF report from a ->release) is the model's oops: the
+    remaining fds are still closed, then it is raised."""
+    def oops(inode, f):
+        raise KernelBug("BUG: KASAN: slab-use-after-free in oops_release")
+
+    for path in ("/dev/a", "/dev/b"):
+        TestDev(m, path, log)
+    fa, _ = p.open("/dev/a"), p.open("/dev/b")
+    p.task.files.fdt[fa].f_op = file_operations(release=oops)
+    del log[:]
+    with pytest.raises(KernelBug, match="use-after-free"):
+        p.exit(0)
+    assert log == [("release", "/dev/b", True)] and not p.alive
 
 
 def test_syscalls_after_exit_raise(p):
