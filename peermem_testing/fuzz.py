@@ -159,6 +159,7 @@ class FuzzWorld:
         self.steps = 0
         self.log: list[tuple[str, dict]] = []
         self._bugs = [0, 0]
+        self._actor: Any = None
         self.spawn_count = 0
 
     # -- driving ---------------------------------------------------------------------
@@ -167,6 +168,7 @@ class FuzzWorld:
         self.log.append((name, dict(kwargs)))
         self.steps += 1
         fn = getattr(self, "op_" + name)
+        self._actor = None                     # the process the op acts as (its first pick)
         old = None
         if self.watchdog:
             old = signal.signal(signal.SIGALRM, _alarm)
@@ -175,8 +177,10 @@ class FuzzWorld:
             fn(**kwargs)
         except _EXPECTED:
             pass
-        except SegmentationFault:
-            pass                               # the op already killed the process
+        except SegmentationFault as e:        # SIGSEGV's default action kills the process
+            pid = int(str(e).split(":")[0].split()[-1])
+            if self._actor is not None and self._actor.pid == pid:
+                self._segv(self._actor)
         except StepTimeout:
             raise FuzzFailure(f"{name}: hang - still running after "
                               f"{self.STEP_SECONDS:.0f} s") from None
@@ -239,7 +243,14 @@ class FuzzWorld:
         o = lst[i % len(lst)]
         if live and (not o.live or not o.proc.alive):
             return None
+        if self._actor is None:
+            self._actor = o.proc
         return o
+
+    def _mine(self, kind: str, i: int, proc: Any, live: bool = True) -> Obj | None:
+        """Like _pick, among the objects `proc` made (what a program mostly names)."""
+        lst = [o for o in self.objs[kind] if o.proc is proc and (o.live or not live)]
+        return lst[i % len(lst)] if lst else None
 
     def _add(self, kind: str, proc: Any, ref: Any, **extra: Any) -> Obj:
         o = Obj(kind, proc, ref, extra=extra)
@@ -277,6 +288,20 @@ class FuzzWorld:
         p = self.hosts[host % 2].spawn(f"fz{self.spawn_count}")
         self._add("proc", p, p, host=host % 2)
 
+    @op(host=Num(0, 1), qp_type=Num(2, 4, (2, 2, 3)))
+    def op_ladder(self, host: int, qp_type: int) -> None:
+        """A well-behaved program's start, as one step: a process with a context, a PD,
+        a CQ, a QP of `qp_type`, and 64 KiB of memory registered with every access
+        (pyverbs tests' resource ladder); it keeps the world populated."""
+        self.op_spawn(host)
+        n = lambda kind: len(self.objs[kind]) - 1          # noqa: E731 - the newest
+        self.op_open_device(n("proc"))
+        self.op_alloc_pd(n("ctx"))
+        self.op_create_cq(n("ctx"), 64)
+        self.op_create_qp(n("pd"), 0, 0, qp_type, 16, 16, 2, 2, 64, 0)
+        self.op_mmap(n("proc"), 1 << 16, 0, 0, 0, 3)
+        self.op_reg_mr(n("pd"), -1, 0, 1 << 16, 0xF, 1)
+
     @op(proc=PICK)
     def op_exit(self, proc: int) -> None:
         po = self._pick("proc", proc)
@@ -304,8 +329,8 @@ class FuzzWorld:
         addr = 0
         flags = MAP_PRIVATE | MAP_ANONYMOUS
         if fixed:
-            r = self._pick("region", where, live=False)
-            if r is None or r.proc is not po.ref:
+            r = self._mine("region", where, po.ref, live=False)
+            if r is None:
                 return
             addr = (r.extra["addr"] + off) & ~0xFFF
             flags |= MAP_FIXED
@@ -326,15 +351,12 @@ class FuzzWorld:
     @op(region=PICK, off=OFFSET, data=Blob(72))
     def op_store(self, region: int, off: int, data: bytes) -> None:
         """A plain CPU store into a region the process knows: anonymous memory, its SQ/RQ
-        ring, its CQ ring, a doorbell record, a UAR page (doorbell and BlueFlame)."""
-        r = self._pick("region", region, live=False)
+        ring, its CQ ring, a doorbell record, a UAR page (doorbell and BlueFlame); one in
+        eight into a region that may be gone (SIGSEGV)."""
+        r = self._pick("region", region, live=region % 8 != 0)
         if r is None or not r.proc.alive:
             return
-        try:
-            r.proc.store((r.extra["addr"] + off % max(r.extra["length"], 1)) & U64, data)
-        except SegmentationFault:
-            self._segv(r.proc)
-            raise
+        r.proc.store((r.extra["addr"] + off % max(r.extra["length"], 1)) & U64, data)
 
     @op(proc=PICK, size=LENGTH)
     def op_cuda_malloc(self, proc: int, size: int) -> None:
@@ -421,11 +443,11 @@ class FuzzWorld:
     def op_create_qp(self, pd: int, scq: int, rcq: int, qp_type: int, swr: int, rwr: int,
                      ssge: int, rsge: int, inline: int, sig_all: int) -> None:
         o = self._pick("pd", pd)
-        s, r = self._pick("cq", scq, live=False), self._pick("cq", rcq, live=False)
-        if o is None or s is None or r is None or not (s.live and r.live):
+        if o is None:
+            return      # (a foreign CQ is another process's memory: cmd_mangle names one)
+        s, r = self._mine("cq", scq, o.proc), self._mine("cq", rcq, o.proc)
+        if s is None or r is None:
             return
-        if s.proc is not o.proc or r.proc is not o.proc:
-            return      # a foreign CQ object is another process's memory: raw_cmd covers it
         cap = v.ibv_qp_cap(swr, rwr, ssge, rsge, inline)
         qp = v.ibv_create_qp(o.ref, v.ibv_qp_init_attr(send_cq=s.ref, recv_cq=r.ref, cap=cap,
                                                        qp_type=qp_type, sq_sig_all=sig_all))
@@ -454,10 +476,12 @@ class FuzzWorld:
             return
         gid = v.ibv_query_gid(p.extra["owner"].extra["owner"].ref, 1, 0) if p.live else bytes(16)
         from userspace.libibverbs.pyverbs import QP as PyQP
+        v.ibv_modify_qp(o.ref, v.ibv_qp_attr(qp_state=v.IBV_QPS_RESET), v.IBV_QP_STATE)
         shim = PyQP.__new__(PyQP)
         shim.qp = o.ref
         shim.to_rts(gid, p.ref.qp_num, sq_psn=psn, rq_psn=psn, path_mtu=mtu, access=access,
                     port_num=port, retry_cnt=1, rnr_retry=1)
+        o.extra["peer"] = p
 
     @op(qp=PICK, state=Num(0, 7), mask=Num(0, (1 << 26) - 1, (1, 0x31, 0x39, 0x1E1, 0x12E01)),
         value=Num(0, U32, (0, 1, 7, 255, U32)))
@@ -478,20 +502,24 @@ class FuzzWorld:
                 setattr(attr, name, b)
         v.ibv_modify_qp(o.ref, attr, mask)
 
-    @op(pd=PICK, region=PICK, off=OFFSET, length=LENGTH, access=ACCESS)
-    def op_reg_mr(self, pd: int, region: int, off: int, length: int, access: int) -> None:
+    @op(pd=PICK, region=PICK, off=OFFSET, length=LENGTH, access=ACCESS, foreign=Num(0, 7))
+    def op_reg_mr(self, pd: int, region: int, off: int, length: int, access: int,
+                  foreign: int) -> None:
+        """ibv_reg_mr over one of the process's regions (or, 1 in 8, anyone's)."""
         o = self._pick("pd", pd)
-        r = self._pick("region", region, live=False)
         if o is None:
             return
+        r = (self._pick("region", region, live=False) if foreign == 0
+             else self._mine("region", region, o.proc, live=False))
         addr = (r.extra["addr"] + off) & U64 if r is not None else off & U64
         mr = v.ibv_reg_mr(o.ref, addr, length & U64, access & U32)
         self._add("mr", o.proc, mr, owner=o, addr=addr, length=length)
 
     @op(gpu=PICK, pd=PICK, off=OFFSET, length=LENGTH, access=ACCESS)
     def op_reg_dmabuf_mr(self, gpu: int, pd: int, off: int, length: int, access: int) -> None:
-        g, o = self._pick("gpu", gpu), self._pick("pd", pd)
-        if g is None or o is None or g.proc is not o.proc:
+        g = self._pick("gpu", gpu)
+        o = self._mine("pd", pd, g.proc) if g is not None else None
+        if g is None or o is None:
             return
         fd = g.ref.cuMemGetHandleForAddressRange(g.extra["addr"], g.extra["length"], 1, 0)
         try:
@@ -515,9 +543,13 @@ class FuzzWorld:
                      roff: int, flags: int, keys: int, nsge: int) -> None:
         """A send WR with keys of any MR in the world: own, foreign, stale or random."""
         o = self._pick("qp", qp)
-        lm, rm = self._pick("mr", lmr, live=False), self._pick("mr", rmr, live=False)
         if o is None:
             return
+        peer = o.extra.get("peer")
+        lm = (self._mine("mr", lmr, o.proc, live=False) if keys != 3
+              else self._pick("mr", lmr, live=False))
+        rm = (self._mine("mr", rmr, peer.proc, live=False) if peer is not None and keys != 3
+              else self._pick("mr", rmr, live=False))
         lkey = lm.ref.lkey if lm else 0
         rkey = rm.ref.rkey if rm else 0
         if keys == 1:
@@ -535,9 +567,10 @@ class FuzzWorld:
 
     @op(qp=PICK, mr=PICK, off=OFFSET, length=LENGTH, nsge=Num(0, 3, (1, 1)))
     def op_post_recv(self, qp: int, mr: int, off: int, length: int, nsge: int) -> None:
-        o, m = self._pick("qp", qp), self._pick("mr", mr, live=False)
+        o = self._pick("qp", qp)
         if o is None:
             return
+        m = self._mine("mr", mr, o.proc, live=False)
         addr = ((m.ref.addr if m else 0) + off) & U64
         wr = v.ibv_recv_wr(wr_id=self.steps,
                            sg_list=[v.ibv_sge(addr, length & U32, m.ref.lkey if m else 0)] * nsge)
@@ -627,7 +660,7 @@ class FuzzWorld:
         c = self._pick("ctx", ctx)
         if c is None:
             return
-        p, q = self._pick("pd", pd, live=False), self._pick("cq", cq, live=False)
+        p, q = self._mine("pd", pd, c.proc, live=False), self._pick("cq", cq, live=False)
         ph, qh = (p.ref.handle if p else pd), (q.ref.handle if q else cq)
         buf = c.ref.cmd_buf
         reqs = [(uv.IB_USER_VERBS_CMD_REG_MR,
@@ -674,9 +707,10 @@ class FuzzWorld:
 
     @op(dom=PICK, region=PICK, off=OFFSET, length=LENGTH, access=Num(0, 0x3FFF, (0x300, 0)))
     def op_fi_mr_reg(self, dom: int, region: int, off: int, length: int, access: int) -> None:
-        d, r = self._pick("dom", dom), self._pick("region", region, live=False)
+        d = self._pick("dom", dom)
         if d is None:
             return
+        r = self._mine("region", region, d.proc, live=False)
         from userspace.libfabric import fi_mr
         addr = (r.extra["addr"] + off) & U64 if r is not None else off & U64
         ret, mr = fi_mr.fi_mr_reg(d.ref, addr, length & U64, access, 0, 0, 0)
@@ -738,12 +772,23 @@ def _alarm(signum: int, frame: Any) -> None:
 
 # -- the campaign: random sequences, shrinking, a reproducer ---------------------------------
 def draw_op(rng: random.Random) -> tuple[str, dict]:
-    """One random operation: spawn and open_device come often early, then anything."""
+    """One random operation, by the weights below."""
     name = rng.choice(_WEIGHTED)
     return name, {k: d.draw(rng) for k, d in OPS[name].items()}
 
 
-_WEIGHT = {"spawn": 2, "open_device": 3, "alloc_pd": 3, "create_cq": 3, "create_qp": 4,
+def draw_sequence(rng: random.Random, length: int) -> list[tuple[str, dict]]:
+    """A sequence that starts as programs do - three ladders on both hosts, their QPs
+    connected - and goes on with random operations."""
+    ops = [("ladder", {"host": h, "qp_type": 2}) for h in (0, 1, 0)]
+    ops += [("connect", {"qp": a, "peer": b, "psn": 0, "mtu": 3, "access": 7, "port": 1})
+            for a, b in ((0, 1), (1, 0), (2, 1))]
+    while len(ops) < length:
+        ops.append(draw_op(rng))
+    return ops
+
+
+_WEIGHT = {"ladder": 3, "spawn": 1, "open_device": 3, "alloc_pd": 3, "create_cq": 3, "create_qp": 4,
            "reg_mr": 4, "connect": 4, "post_send": 5, "post_recv": 3, "poll_cq": 4,
            "mmap": 3, "store": 4, "exit": 1, "close_fd": 1, "close_device": 1}
 _WEIGHTED = [n for n in OPS for _ in range(_WEIGHT.get(n, 2))]
@@ -818,7 +863,7 @@ def run_campaign(seconds: float, seed: int, length: int = 200,
     rng = random.Random(seed)
     last = t0
     while time.monotonic() - t0 < seconds:
-        ops = [draw_op(rng) for _ in range(length)]
+        ops = draw_sequence(rng, length)
         w = FuzzWorld()
         done = 0
         failure = None

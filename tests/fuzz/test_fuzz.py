@@ -11,11 +11,13 @@ same operations as a long random campaign.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from peermem_testing.fuzz import OPS, FuzzFailure, FuzzWorld, run_sequence
+from peermem_testing.fuzz import OPS, FuzzFailure, FuzzWorld, draw_sequence, run_sequence
 
 
 def _make_rule(name: str):
@@ -31,6 +33,13 @@ class FuzzMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.world = FuzzWorld()
+
+    @initialize()
+    def programs_start(self) -> None:
+        """Three resource ladders on both hosts, their RC QPs connected (the fixed prefix
+        of every campaign sequence)."""
+        for name, kw in draw_sequence(random.Random(0), 0):
+            self.world.apply(name, kw)
 
     def teardown(self) -> None:
         try:
@@ -68,9 +77,11 @@ def test_an_operation_reaches_the_kernel_and_the_leak_check_sees_its_pins():
                      ("mmap", {"proc": 0, "length": 8192, "where": 0, "off": 0, "fixed": 0,
                                "prot": 3})]:
         w.apply(name, kw)
-    anon = next(i for i, r in enumerate(w.objs["region"]) if r.extra["what"] == "anon")
+    anon = [r for r in w.objs["region"] if r.proc is w.objs["proc"][0].ref].index(
+        next(r for r in w.objs["region"] if r.extra["what"] == "anon"))
     pinned = w.hosts[0].vmstat["nr_foll_pin_acquired"]
-    w.apply("reg_mr", {"pd": 0, "region": anon, "off": 0, "length": 8192, "access": 7})
+    w.apply("reg_mr", {"pd": 0, "region": anon, "off": 0, "length": 8192, "access": 7,
+                       "foreign": 1})
     assert [o.live for o in w.objs["mr"]] == [True]
     assert w.hosts[0].vmstat["nr_foll_pin_acquired"] - pinned == 2
     w.apply("exit", {"proc": 0})
