@@ -29,6 +29,7 @@ from kernel_model.uapi.rdma_user_ioctl import (
     ib_uverbs_ioctl_hdr,
 )
 from kernel_model.uapi.ustruct import UStruct
+from userspace.libibverbs.cint import c_assign
 
 T = TypeVar("T", bound=UStruct)
 
@@ -53,7 +54,8 @@ def execute_write(ctx: Any, command: int, req: UStruct, resp_cls: type[T] | None
     drv_resp_size = drv_resp_cls.SIZE if drv_resp_cls else 0
     if resp_cls is not None:
         req.response = buf + RESP_OFFSET
-    body = req.pack() + (drv_req.pack() if drv_req is not None else b"")
+    # the handlers' cmd->field = value copies are C assignments: out-of-range values wrap
+    body = c_assign(req).pack() + (c_assign(drv_req).pack() if drv_req is not None else b"")
     count = uv.ib_uverbs_cmd_hdr.SIZE + len(body)
     hdr = uv.ib_uverbs_cmd_hdr(command=command, in_words=count // 4,
                                out_words=(resp_size + drv_resp_size) // 4)

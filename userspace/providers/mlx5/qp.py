@@ -33,6 +33,7 @@ from typing import Any
 
 from kernel_model import trace
 from kernel_model.trace import traced, tracepoint
+from userspace.libibverbs.cint import s32, u32, u64
 
 # enum ibv_wr_opcode -> the mlx5 WQE opcode (mlx5_ib_opcode[])
 IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND = 0, 1, 2
@@ -89,18 +90,34 @@ def _store_ring(qp: Any, idx: int, wqe: bytes) -> None:
 
 def _data_segs(qp: Any, wr: Any) -> tuple[bytes, bool]:
     """The data part of a WQE: one inline segment, or a data segment per
-    non-empty SGE.  ENOMEM (as set_data_inl_seg) for too much inline data."""
+    non-empty SGE.
+
+    Inline: as set_data_inl_seg, each SGE's length is added to the running
+    total (an int) and checked against max_inline_data before a byte of it is
+    copied - ENOMEM at once for a 2 GiB SGE, not after reading it.  EMU: an
+    SGE of 2 GiB or more is a negative int there and would pass the check into
+    a memcpy of the wrapped length (a crash); here it is ENOMEM too.
+    """
     proc = qp.context.proc
     if wr.send_flags & IBV_SEND_INLINE and wr.sg_list:
-        data = b"".join(proc.load(sge.addr, sge.length) for sge in wr.sg_list)
-        if len(data) > qp.max_inline_data:
-            raise OSError(errno.ENOMEM, "mlx5_post_send: inline data beyond max_inline_data")
+        inl, pieces = 0, []
+        for sge in wr.sg_list:
+            length = s32(u32(sge.length))
+            inl = s32(inl + length)
+            if inl > qp.max_inline_data or length < 0:
+                raise OSError(errno.ENOMEM, "mlx5_post_send: inline data beyond max_inline_data")
+            pieces.append(proc.load(u64(sge.addr), length))
+        data = b"".join(pieces)
         if not data:
             return b"", True
         seg = struct.pack(">I", len(data) | MLX5_INLINE_SEG) + data
         return seg + bytes(-len(seg) % 16), True
-    return b"".join(struct.pack(">IIQ", sge.length, sge.lkey, sge.addr)
-                    for sge in wr.sg_list if sge.length), False
+    return b"".join(_data_seg(sge) for sge in wr.sg_list if u32(sge.length)), False
+
+
+def _data_seg(sge: Any) -> bytes:
+    """Mirrors set_data_ptr_seg(): struct ibv_sge's u32 length and lkey, u64 addr."""
+    return struct.pack(">IIQ", u32(sge.length), u32(sge.lkey), u64(sge.addr))
 
 
 @traced
@@ -125,7 +142,7 @@ def mlx5_post_send(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
         body = b""
         if wr.opcode in (IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ) and \
                 qp.qp_type in (IBV_QPT_RC, IBV_QPT_UC):
-            body = struct.pack(">QII", wr.remote_addr, wr.rkey, 0)   # set_raddr_seg
+            body = struct.pack(">QII", u64(wr.remote_addr), u32(wr.rkey), 0)  # set_raddr_seg
         try:
             data, inline = _data_segs(qp, wr)
         except OSError as e:
@@ -135,7 +152,7 @@ def mlx5_post_send(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
         body += data
         size = 1 + len(body) // 16
         opcode = MLX5_IB_OPCODE[wr.opcode]
-        imm = wr.imm_data if wr.opcode in (IBV_WR_SEND_WITH_IMM,
+        imm = u32(wr.imm_data) if wr.opcode in (IBV_WR_SEND_WITH_IMM,
                                            IBV_WR_RDMA_WRITE_WITH_IMM) else 0
         fm_ce_se = qp.sq_signal_bits | fence | \
             (MLX5_WQE_CTRL_CQ_UPDATE if wr.send_flags & IBV_SEND_SIGNALED else 0) | \
@@ -147,7 +164,7 @@ def mlx5_post_send(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
         if trace.enabled:
             trace_mlx5_wqe(hex(qp.qp_num), qp.sq.cur_post & 0xFFFF, _OP_NAME[opcode], size,
                            bool(fm_ce_se & MLX5_WQE_CTRL_CQ_UPDATE))
-        qp.sq.wrid[idx] = wr.wr_id
+        qp.sq.wrid[idx] = u64(wr.wr_id)
         qp.sq.wqe_head[idx] = qp.sq.head + nreq
         qp.sq.cur_post += -(-size * 16 // MLX5_SEND_WQE_BB)
         nreq += 1
@@ -214,12 +231,11 @@ def mlx5_post_recv(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
         if len(wr.sg_list) > rq.qp_state_max_gs:
             err = errno.EINVAL
             break
-        segs = [struct.pack(">IIQ", sge.length, sge.lkey, sge.addr)
-                for sge in wr.sg_list if sge.length]
+        segs = [_data_seg(sge) for sge in wr.sg_list if u32(sge.length)]
         if len(segs) < rq.max_gs:
             segs.append(struct.pack(">IIQ", 0, MLX5_INVALID_LKEY, 0))
         proc.store(qp.buf + rq.offset + (ind << rq.wqe_shift), b"".join(segs))
-        rq.wrid[ind] = wr.wr_id
+        rq.wrid[ind] = u64(wr.wr_id)
         ind = (ind + 1) & (rq.wqe_cnt - 1)
         nreq += 1
         wr = wr.next

@@ -19,6 +19,7 @@ from kernel_model.trace import traced
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX,
+    MLX5_QP_FLAG_SIGNATURE,
     MLX5_QP_FLAG_UAR_PAGE_INDEX,
     mlx5_ib_alloc_pd_resp,
     mlx5_ib_create_cq,
@@ -28,6 +29,7 @@ from kernel_model.uapi.mlx5_abi import (
 )
 from userspace.libc import free, posix_memalign
 from userspace.libibverbs import cmd as c
+from userspace.libibverbs.cint import s32, u32
 from userspace.libibverbs.cmd import VerbsError
 from userspace.libibverbs.verbs import (
     IBV_QP_STATE,
@@ -68,6 +70,7 @@ MLX5_CQE_OWNER_MASK = 1
 MLX5_UIDX_DEFAULT = 0xFFFFFF
 MLX5_MAX_CQE = 1 << 22  # what rdma-core checks before the kernel sees it
 MLX5_WQE_CTRL_CQ_UPDATE = 2 << 2
+_CAP_FIELDS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
 
 
 @attrs.define(eq=False)
@@ -167,6 +170,7 @@ def mlx5_create_cq(ctx, cqe: int, comp_vector: int = 0) -> mlx5_cq:
     record, and CREATE_CQ with both addresses (+ the NC UAR when there is one)."""
     mctx = _to_mctx(ctx)
     proc = mctx.proc
+    cqe, comp_vector = s32(cqe), s32(comp_vector)   # both ints in mlx5_create_cq()
     if cqe <= 0 or cqe > MLX5_MAX_CQE:
         raise VerbsError(errno.EINVAL, f"mlx5_create_cq: cqe {cqe}")
     ncqe = roundup_pow_of_two(cqe + 1)  # align_queue_size()
@@ -221,6 +225,9 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
     SQ) and the doorbell record, choose the UAR, CREATE_QP, then map_uuar."""
     mctx = _to_mctx(pd.context)
     proc = mctx.proc
+    cap = attr.cap
+    for name in _CAP_FIELDS:  # struct ibv_qp_cap holds uint32_t: what C would have stored
+        setattr(cap, name, u32(getattr(cap, name)))
     qp = mlx5_qp(pd.context, pd, attr.send_cq, attr.recv_cq, 0, 0, attr.qp_type,
                  wq_sig=mlx5_env.qp_sig_enabled(proc.environ))
     qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE if attr.sq_sig_all else 0
@@ -242,13 +249,14 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
         drv = mlx5_ib_create_qp(buf_addr=qp.buf, db_addr=qp.db, sq_wqe_count=qp.sq.wqe_cnt,
                                 rq_wqe_count=qp.rq.wqe_cnt, rq_wqe_shift=qp.rq.wqe_shift,
                                 uidx=qp.uidx, ece_options=0)
+        if qp.wq_sig:  # create_qp(): the kernel sizes the RQ and sets the QPC by this flag
+            drv.flags |= MLX5_QP_FLAG_SIGNATURE
         if not mctx.bfs:  # dynamic UARs: the library picks the register
             qp.bf = mlx5_get_qp_uar(mctx)
             undo.append(lambda: mlx5_put_qp_uar(mctx, qp.bf))
             if qp.bf is not None:
                 drv.bfreg_index = qp.bf.page_id
                 drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX
-        cap = attr.cap
         req = uv.ib_uverbs_create_qp(
             pd_handle=pd.handle, send_cq_handle=attr.send_cq.handle if attr.send_cq else 0,
             recv_cq_handle=attr.recv_cq.handle if attr.recv_cq else 0,
@@ -265,7 +273,7 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
     if qp.bf is None and mctx.bfs:
         qp.bf = bf_for_bfreg_index(mctx.bfs, dresp.bfreg_index)  # map_uuar()
     cap.max_send_wr, cap.max_recv_wr = qp.sq.max_post, qp.rq.max_post
-    cap.max_recv_sge = qp.rq.max_gs
+    cap.max_recv_sge = u32(qp.rq.max_gs)
     return qp
 
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import attrs
 
 from kernel_model.trace import traced
+from userspace.libibverbs.cint import s32, u16, u32, u64
 from userspace.providers.mlx5.errors import ProviderError
 from userspace.providers.mlx5.mlx5dv import (
     MLX5_QP_FLAGS_USE_UNDERLAY,
@@ -168,13 +169,24 @@ class QueueLimits(Protocol):
 
 
 def align(val: int, a: int) -> int:
-    """Mirrors util.h align(): round up to a multiple of the power of two a."""
-    return (val + a - 1) & ~(a - 1)
+    """Mirrors util.h align(): round up to a multiple of the power of two a, in
+    unsigned long (a negative int argument is sign-extended, the sum wraps)."""
+    return u64(u64(val) + a - 1) & ~(a - 1)
 
 
 def roundup_pow_of_two(n: int) -> int:
-    """Mirrors util.h roundup_pow_of_two(): 1 for 0 and 1."""
-    return 1 << (n - 1).bit_length() if n > 1 else 1
+    """Mirrors util.h roundup_pow_of_two() on a uint64_t: 1 for 0 and 1.
+
+    EMU: for 0 the C shifts 1ULL by 64, which x86 reads as a shift by 0 (1).
+    """
+    n = u64(n)
+    return 1 << ((n - 1).bit_length() & 63) if n > 1 else 1
+
+
+def c_div(a: int, b: int) -> int:
+    """C's integer division, which truncates toward zero."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
 
 
 def ilog32(v: int) -> int:
@@ -233,24 +245,29 @@ def mlx5_calc_send_wqe(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
 
     Big enough for the overhead plus either the gather list (16 bytes per SGE)
     or the inline data (a 4-byte header, 16-byte aligned), whichever is larger.
+    The C keeps sizes in ints and the caps in uint32_t and mixes them with
+    size_t: every step wraps as it does there (a max_inline_data near 2^32
+    wraps inl_size to a small number; a max_gather below 0 compares as a huge
+    unsigned).  A negative result is the C's negative return, an errno.
     """
+    cap = attr.cap
     size = sq_overhead(qp, attr, mlx5_qp_attr)
     inl_size = 0
-    if attr.cap.max_inline_data:
-        inl_size = size + align(MLX5_WQE_INL_DATA_SEG_SIZE + attr.cap.max_inline_data, 16)
+    if u32(cap.max_inline_data):
+        inl_size = s32(size + align(MLX5_WQE_INL_DATA_SEG_SIZE + u32(cap.max_inline_data), 16))
     if attr.comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER:
-        size += align(attr.max_tso_header, 16)
-        qp.max_tso_header = attr.max_tso_header
-    max_gather = (ctx.max_sq_desc_sz - size) // MLX5_WQE_DATA_SEG_SIZE
-    if attr.cap.max_send_sge > max_gather:
+        size = s32(size + align(u16(attr.max_tso_header), 16))
+        qp.max_tso_header = u16(attr.max_tso_header)
+    max_gather = s32(u64(ctx.max_sq_desc_sz - size) // MLX5_WQE_DATA_SEG_SIZE)
+    if u32(cap.max_send_sge) > u32(max_gather):
         raise _einval("mlx5_calc_send_wqe",
-                      f"max_send_sge {attr.cap.max_send_sge} > max_gather {max_gather}")
-    size += attr.cap.max_send_sge * MLX5_WQE_DATA_SEG_SIZE
+                      f"max_send_sge {u32(cap.max_send_sge)} > max_gather {max_gather}")
+    size = s32(size + u32(cap.max_send_sge) * MLX5_WQE_DATA_SEG_SIZE)
     tot_size = max(size, inl_size)
     if tot_size > ctx.max_sq_desc_sz:
         raise _einval("mlx5_calc_send_wqe",
                       f"WQE {tot_size} bytes > max_sq_desc_sz {ctx.max_sq_desc_sz}")
-    return align(tot_size, MLX5_SEND_WQE_BB)
+    return s32(align(tot_size, MLX5_SEND_WQE_BB))
 
 
 def mlx5_calc_sq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
@@ -258,63 +275,71 @@ def mlx5_calc_sq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
     """Mirrors mlx5_calc_sq_size(): SQ bytes (0 without send WRs).
 
     The inline data that fits in the rounded-up WQE is written back to
-    attr.cap.max_inline_data, as rdma-core reports it to the caller.
+    attr.cap.max_inline_data, as rdma-core reports it to the caller.  Without
+    SGEs or inline data that is the WQE minus the overhead minus the inline
+    header: -4 in the QP's int, (u32)-4 in the caller's cap - and the QP is
+    still created, as rdma-core creates it.
     """
-    if not attr.cap.max_send_wr:
+    cap = attr.cap
+    if not u32(cap.max_send_wr):
         return 0
     wqe_size = mlx5_calc_send_wqe(ctx, attr, qp, mlx5_qp_attr)
+    if wqe_size < 0:
+        raise ProviderError(-wqe_size, f"mlx5_calc_send_wqe: returned {wqe_size}")
     if wqe_size > ctx.max_sq_desc_sz:
         raise _einval("mlx5_calc_sq_size",
                       f"WQE {wqe_size} bytes > max_sq_desc_sz {ctx.max_sq_desc_sz}")
-    qp.max_inline_data = (wqe_size - sq_overhead(qp, attr, mlx5_qp_attr)
-                          - MLX5_WQE_INL_DATA_SEG_SIZE)
-    attr.cap.max_inline_data = qp.max_inline_data
+    qp.max_inline_data = s32(wqe_size - sq_overhead(qp, attr, mlx5_qp_attr)
+                             - MLX5_WQE_INL_DATA_SEG_SIZE)
+    cap.max_inline_data = u32(qp.max_inline_data)
     # keep max_send_wr * wqe_size inside an int, as the C code does
-    if attr.cap.max_send_wr > 0x7FFFFFFF // ctx.max_sq_desc_sz:
-        raise _einval("mlx5_calc_sq_size", f"max_send_wr {attr.cap.max_send_wr} overflows")
-    wq_size = roundup_pow_of_two(attr.cap.max_send_wr * wqe_size)
-    qp.sq.wqe_cnt = wq_size // MLX5_SEND_WQE_BB
-    if qp.sq.wqe_cnt > ctx.max_send_wqebb:
+    if u32(cap.max_send_wr) > 0x7FFFFFFF // ctx.max_sq_desc_sz:
+        raise _einval("mlx5_calc_sq_size", f"max_send_wr {u32(cap.max_send_wr)} overflows")
+    wq_size = s32(roundup_pow_of_two(u32(u32(cap.max_send_wr) * u32(wqe_size))))
+    qp.sq.wqe_cnt = u32(c_div(wq_size, MLX5_SEND_WQE_BB))
+    if qp.sq.wqe_cnt > u32(ctx.max_send_wqebb):
         raise _einval("mlx5_calc_sq_size",
                       f"{qp.sq.wqe_cnt} WQEBBs > max_send_wqebb {ctx.max_send_wqebb}")
     qp.sq.wqe_shift = MLX5_SEND_WQE_SHIFT
-    qp.sq.max_gs = attr.cap.max_send_sge
-    qp.sq.max_post = wq_size // wqe_size
+    qp.sq.max_gs = s32(u32(cap.max_send_sge))
+    qp.sq.max_post = u32(c_div(wq_size, wqe_size))
     return wq_size
 
 
 def mlx5_calc_rcv_wqe(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp) -> int:
-    """Mirrors mlx5_calc_rcv_wqe(): one receive WQE's size (0 with an SRQ)."""
+    """Mirrors mlx5_calc_rcv_wqe(): one receive WQE's size (0 with an SRQ); the
+    size is a uint32_t, the scatter count an int."""
     if attr.srq is not None:
         return 0
-    size = MLX5_WQE_DATA_SEG_SIZE * max(attr.cap.max_recv_sge, 1)
+    num_scatter = s32(max(u32(attr.cap.max_recv_sge), 1))
+    size = u32(MLX5_WQE_DATA_SEG_SIZE * u64(num_scatter))
     if qp.wq_sig:
-        size += MLX5_RWQE_SIG_SIZE
-    if size > ctx.max_rq_desc_sz:
+        size = u32(size + MLX5_RWQE_SIG_SIZE)
+    if size > u32(ctx.max_rq_desc_sz):
         raise _einval("mlx5_calc_rcv_wqe",
                       f"WQE {size} bytes > max_rq_desc_sz {ctx.max_rq_desc_sz}")
-    return roundup_pow_of_two(size)
+    return s32(u32(roundup_pow_of_two(size)))
 
 
 def mlx5_calc_rq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp) -> int:
     """Mirrors mlx5_calc_rq_size(): RQ bytes (0 without receive WRs or with an SRQ)."""
-    if not attr.cap.max_recv_wr:
+    max_recv_wr = u32(attr.cap.max_recv_wr)
+    if not max_recv_wr:
         return 0
-    if attr.cap.max_recv_wr > ctx.max_recv_wr:
-        raise _einval("mlx5_calc_rq_size",
-                      f"max_recv_wr {attr.cap.max_recv_wr} > {ctx.max_recv_wr}")
+    if max_recv_wr > u32(ctx.max_recv_wr):      # mlx5_get_max_recv_wr()
+        raise _einval("mlx5_calc_rq_size", f"max_recv_wr {max_recv_wr} > {ctx.max_recv_wr}")
     wqe_size = mlx5_calc_rcv_wqe(ctx, attr, qp)
-    if wqe_size > ctx.max_rq_desc_sz:
+    if wqe_size < 0 or wqe_size > ctx.max_rq_desc_sz:
         raise _einval("mlx5_calc_rq_size",
                       f"WQE {wqe_size} bytes > max_rq_desc_sz {ctx.max_rq_desc_sz}")
-    wq_size = roundup_pow_of_two(attr.cap.max_recv_wr) * wqe_size
+    wq_size = s32(roundup_pow_of_two(max_recv_wr) * wqe_size)
     if wqe_size:
         wq_size = max(wq_size, MLX5_SEND_WQE_BB)
-        qp.rq.wqe_cnt = wq_size // wqe_size
-        qp.rq.wqe_shift = ilog32(wqe_size - 1)
-        qp.rq.max_post = 1 << ilog32(wq_size // wqe_size - 1)
-        qp.rq.max_gs = (wqe_size - (MLX5_RWQE_SIG_SIZE if qp.wq_sig else 0)) \
-            // MLX5_WQE_DATA_SEG_SIZE
+        qp.rq.wqe_cnt = u32(c_div(wq_size, wqe_size))
+        qp.rq.wqe_shift = ilog32(u32(wqe_size - 1))
+        qp.rq.max_post = u32(1 << (ilog32(u32(qp.rq.wqe_cnt - 1)) & 31))
+        qp.rq.max_gs = s32(c_div(wqe_size - (MLX5_RWQE_SIG_SIZE if qp.wq_sig else 0),
+                                 MLX5_WQE_DATA_SEG_SIZE))
     else:
         qp.rq.wqe_cnt = qp.rq.wqe_shift = qp.rq.max_post = qp.rq.max_gs = 0
     return wq_size
@@ -328,7 +353,7 @@ def mlx5_calc_wq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
     rq_bytes = mlx5_calc_rq_size(ctx, attr, qp)
     qp.sq.offset = rq_bytes
     qp.rq.offset = 0
-    return result + rq_bytes
+    return s32(result + rq_bytes)
 
 
 def create_qp_buf_sizes(qp: SizedQp, qp_type: int, wq_size: int) -> tuple[int, int]:
