@@ -390,9 +390,8 @@ class FuzzWorld:
         ctx = v.ibv_open_device(po.ref, devs[0])
         c = self._add("ctx", po.ref, ctx, owner=po)
         self._add("region", po.ref, None, addr=ctx.cmd_buf, length=CMD_BUF_SIZE, what="cmd")
-        for bf in getattr(ctx, "bfs", [])[:4]:
-            if bf.uar:
-                self._add("region", po.ref, None, addr=bf.uar, length=4096, what="uar")
+        for uar in getattr(ctx, "uar", [])[:4]:         # its doorbell/BlueFlame pages
+            self._add("region", po.ref, None, addr=uar.reg, length=4096, what="uar")
         c.extra["bufs"] = []
 
     @op(ctx=PICK)
@@ -457,6 +456,9 @@ class FuzzWorld:
                       owner=q)
         if qp.db:
             self._add("region", o.proc, None, addr=qp.db, length=8, what="qp_db", owner=q)
+        if getattr(qp, "bf", None) is not None and qp.bf.reg:    # its BlueFlame register
+            self._add("region", o.proc, None, addr=qp.bf.reg & ~0xFFF, length=4096,
+                      what="uar", owner=q)
 
     @op(qp=PICK)
     def op_destroy_qp(self, qp: int) -> None:
@@ -732,8 +734,8 @@ class FuzzWorld:
         if which == 0:
             return buf + RESP_OFFSET
         if which == 1:
-            bfs = [bf for bf in getattr(c.ref, "bfs", []) if bf.uar]
-            return bfs[0].uar if bfs else 0
+            uars = getattr(c.ref, "uar", [])
+            return uars[0].reg if uars else 0
         if which == 2:
             g = next((o for o in self.objs["gpu"] if o.proc is c.proc and o.live), None)
             return g.extra["addr"] if g else 0x1000
