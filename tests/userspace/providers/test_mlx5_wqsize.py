@@ -12,6 +12,7 @@ from userspace.providers.mlx5.mlx5dv import (
     MLX5_QP_FLAGS_USE_UNDERLAY,
     MLX5DV_DCTYPE_DCI,
     MLX5DV_DCTYPE_DCT,
+    MLX5DV_QP_EX_WITH_MKEY_CONFIGURE,
     MLX5DV_QP_EX_WITH_MR_LIST,
     MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS,
 )
@@ -251,6 +252,17 @@ def test_mlx5_mr_ops_need_the_umr_overhead() -> None:
     dv = DvAttr(MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS, MLX5DV_QP_EX_WITH_MR_LIST)
     assert sq_overhead(Qp(), a, dv) == 192
     assert sq_overhead(Qp(), a, DvAttr(0, MLX5DV_QP_EX_WITH_MR_LIST)) == 16   # mask unset
+
+
+def test_mkey_configure_needs_the_umr_overhead() -> None:
+    """A UD QP with MLX5DV_QP_EX_WITH_MKEY_CONFIGURE: 192 + the datagram's 48, so 60
+    bytes of inline make a 320-byte WQE with 76 bytes of inline room (not 128 and 60)."""
+    a = attr(IBV_QPT_UD, 4, 0, 1, 0, 60)
+    dv = DvAttr(MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS, MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)
+    assert sq_overhead(Qp(), a, dv) == 240
+    qp = Qp()
+    mlx5_calc_wq_size(Limits(), a, qp, dv)
+    assert (qp.max_inline_data, qp.sq.wqe_cnt) == (76, 32)
 
 
 def test_small_wqe_from_send_only_ops() -> None:

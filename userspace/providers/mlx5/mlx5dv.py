@@ -40,6 +40,7 @@ MLX5DV_DCTYPE_DCI = 2
 
 MLX5DV_QP_EX_WITH_MR_INTERLEAVED = 1 << 0
 MLX5DV_QP_EX_WITH_MR_LIST = 1 << 1
+MLX5DV_QP_EX_WITH_MKEY_CONFIGURE = 1 << 2
 
 # -- mlx5.h ----------------------------------------------------------------------
 MLX5_ADAPTER_PAGE_SIZE = 4096   # one UAR is 4 KiB whatever the system page size
