@@ -137,7 +137,6 @@ from drivers.mlx5_core.ifc import (
     IfcStruct,
 )
 from drivers.mlx5_ib.mlx5_ib import (
-    ilog2,
     mlx5_ib_dev,
     mlx5_ib_qp,
     mlx5_ib_warn,
@@ -244,6 +243,11 @@ _IB_NR_TO_MLX5 = {
     IB_QP_PATH_MIG_STATE: MLX5_QP_OPTPAR_PM_STATE,
 }
 
+
+def fls(x: int) -> int:
+    """Mirrors include/asm-generic/bitops/fls.h fls(): the last set bit, 1-based
+    (0 for 0), so 1 << fls(n - 1) is n rounded up to a power of two."""
+    return x.bit_length()
 
 def ib_mask_to_mlx5_opt(ib_mask: int) -> int:
     """Mirrors ib_mask_to_mlx5_opt(): the mlx5 optional bits of an IB attribute mask."""
@@ -425,12 +429,14 @@ def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_attr, attr_mask: int
         MLX5_SET("qpc", qpc, "rnr_retry", attr.rnr_retry)
     if attr_mask & IB_QP_RETRY_CNT:
         MLX5_SET("qpc", qpc, "retry_count", attr.retry_cnt)
+    # upstream 78ed28e08e74: the depths round up to a power of two (fls(n - 1));
+    # before it ilog2 rounded down, so asking for 12 gave 8
     if attr_mask & IB_QP_MAX_QP_RD_ATOMIC and attr.max_rd_atomic:
-        MLX5_SET("qpc", qpc, "log_sra_max", ilog2(attr.max_rd_atomic))
+        MLX5_SET("qpc", qpc, "log_sra_max", fls(attr.max_rd_atomic - 1))
     if attr_mask & IB_QP_SQ_PSN:
         MLX5_SET("qpc", qpc, "next_send_psn", attr.sq_psn)
     if attr_mask & IB_QP_MAX_DEST_RD_ATOMIC and attr.max_dest_rd_atomic:
-        MLX5_SET("qpc", qpc, "log_rra_max", ilog2(attr.max_dest_rd_atomic))
+        MLX5_SET("qpc", qpc, "log_rra_max", fls(attr.max_dest_rd_atomic - 1))
     if attr_mask & (IB_QP_ACCESS_FLAGS | IB_QP_MAX_DEST_RD_ATOMIC):
         set_qpc_atomic_flags(qp, attr, attr_mask, qpc)
     if attr_mask & IB_QP_MIN_RNR_TIMER:

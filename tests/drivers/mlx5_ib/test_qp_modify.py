@@ -178,6 +178,21 @@ def test_a_ud_qp_goes_to_rts_without_an_address(app):
         (3, 0x11111111, v.IBV_MTU_4096, 12, 9)
 
 
+@pytest.mark.parametrize("asked, log2", [(1, 0), (2, 1), (3, 2), (5, 3), (12, 4), (16, 4)])
+def test_rd_atomic_depths_round_up_to_a_power_of_two(rig, asked, log2):
+    """Upstream 78ed28e08e74: fls(n - 1), so 12 asks the firmware for 16 (ilog2 gave 8);
+    query_qp reports what the QPC holds."""
+    p, ctx, qp, gid = rig
+    assert v.ibv_modify_qp(qp, init_attr(), RC_INIT_MASK) == 0
+    assert v.ibv_modify_qp(qp, rtr_attr(gid, qp.qp_num, max_dest_rd_atomic=asked),
+                           RC_RTR_MASK) == 0
+    assert v.ibv_modify_qp(qp, rts_attr(max_rd_atomic=asked), RC_RTS_MASK) == 0
+    c = qpc(p, qp)
+    assert (c["log_rra_max"], c["log_sra_max"]) == (log2, log2)
+    attr, _ = v.ibv_query_qp(qp, v.IBV_QP_MAX_QP_RD_ATOMIC | v.IBV_QP_MAX_DEST_RD_ATOMIC)
+    assert (attr.max_rd_atomic, attr.max_dest_rd_atomic) == (1 << log2, 1 << log2)
+
+
 # -- the driver's refusals --------------------------------------------------------------------
 @pytest.mark.parametrize("state, attr_kw, mask, err", [
     (v.IBV_QPS_RESET, dict(pkey_index=1), RC_INIT_MASK, errno.EINVAL),      # one P_Key

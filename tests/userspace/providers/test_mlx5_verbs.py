@@ -82,3 +82,18 @@ def test_query_takes_the_send_queue_sizes_from_the_library(rig):
     assert (init.cap.max_send_wr, init.cap.max_send_sge, init.cap.max_inline_data) == \
         (qp.sq.max_post, qp.sq.max_gs, qp.max_inline_data)
     assert attr.cap == init.cap and attr.qp_state == v.IBV_QPS_RESET
+
+
+def test_qp_signatures_reach_the_kernel_and_the_qpc():
+    """MLX5_QP_SIGNATURE: create_qp sets MLX5_QP_FLAG_SIGNATURE, so the kernel sizes the
+    RQ with the signature segment (one SGE in a 32-byte WQE, not two) and the QPC has
+    wq_signature - the library and the kernel agree on max_recv_sge."""
+    m = host()
+    p = m.spawn("app", environ={"MLX5_QP_SIGNATURE": "1"})
+    ctx = v.ibv_open_device(p, v.ibv_get_device_list(p)[0])
+    qp = rc_qp(ctx)
+    assert qp.wq_sig and qp.rq.max_gs == 1
+    _, init = v.ibv_query_qp(qp, 0)
+    assert init.cap.max_recv_sge == 1
+    assert fw(m).qps[qp.qp_num].qpc["wq_signature"] == 1
+    p.exit(0)
