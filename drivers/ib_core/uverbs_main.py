@@ -51,6 +51,7 @@ from kernel_model.fs import (
 from kernel_model.locking import mutex_init
 from kernel_model.memory import zap_vma_ptes
 from kernel_model.mm import vm_operations_struct
+from kernel_model.pci import to_pci_dev
 from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
 from kernel_model.trace import traced
 from kernel_model.uaccess import copy_from_user, get_user_u64
@@ -321,10 +322,13 @@ class UverbsState:
         base = f"/sys/class/infiniband_verbs/{udev.name}"
         sysfs_create_file(f"{base}/ibdev", lambda: f"{device.name}\n")
         sysfs_create_file(f"{base}/abi_version", lambda: f"{device.ops.uverbs_abi_ver}\n")
-        # the parent PCI function's ids, which libibverbs matches providers by
-        sysfs_create_file(f"{base}/device/vendor", lambda: f"0x{device.attrs.vendor_id:04x}\n")
-        sysfs_create_file(f"{base}/device/device",
-                          lambda: f"0x{device.attrs.vendor_part_id:04x}\n")
+        # device -> the parent PCI function: its PCI ids, which libibverbs matches
+        # providers by (attrs.vendor_id is the IEEE OUI the driver reports, not this)
+        pdev = to_pci_dev(device.dev_parent)
+        ids = (pdev.vendor, pdev.device) if pdev is not None else \
+            (device.attrs.vendor_id, device.attrs.vendor_part_id)  # EMU: no PCI parent
+        sysfs_create_file(f"{base}/device/vendor", lambda: f"0x{ids[0]:04x}\n")
+        sysfs_create_file(f"{base}/device/device", lambda: f"0x{ids[1]:04x}\n")
         self.devices[devnum] = udev
         ib_set_client_data(device, self.client, udev)
 

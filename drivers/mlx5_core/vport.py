@@ -20,6 +20,7 @@ from drivers.mlx5_core.ifc import (
     MLX5_CAP_INLINE_MODE_NOT_REQUIRED,
     MLX5_CAP_INLINE_MODE_VPORT_CONTEXT,
     MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT,
+    MLX5_CMD_OP_QUERY_ADAPTER,
     MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT,
     MLX5_GET,
     MLX5_INLINE_MODE_L2,
@@ -59,6 +60,16 @@ def mlx5_query_nic_vport_node_guid(mdev: mlx5_core_dev) -> int:
 def mlx5_query_nic_vport_system_image_guid(mdev: mlx5_core_dev) -> int:
     """Mirrors mlx5_query_nic_vport_system_image_guid()."""
     return _ctx_field(mdev, "system_image_guid")
+
+
+@traced
+def mlx5_core_query_vendor_id(mdev: mlx5_core_dev) -> int:
+    """Mirrors mlx5_core_query_vendor_id(): QUERY_ADAPTER's ieee_vendor_id - the IEEE
+    OUI (0x02c9 for Mellanox/NVIDIA), not the PCI vendor (0x15b3)."""
+    in_, out = IfcStruct("query_adapter_in"), IfcStruct("query_adapter_out")
+    MLX5_SET("query_adapter_in", in_, "opcode", MLX5_CMD_OP_QUERY_ADAPTER)
+    mlx5_cmd_exec(mdev, in_, out)
+    return MLX5_GET("query_adapter_out", out, "query_adapter_struct.ieee_vendor_id")
 
 
 def mlx5_query_nic_vport_mtu(mdev: mlx5_core_dev) -> int:

@@ -42,7 +42,11 @@ from drivers.ib_core.ib_verbs import (
 )
 from drivers.mlx5_core.driver import MLX5_CAP_GEN, MLX5_CAP_ROCE, fw_rev_maj, fw_rev_min, fw_rev_sub
 from drivers.mlx5_core.port import mlx5_port_query_eth_proto, mlx5_query_port_max_mtu
-from drivers.mlx5_core.vport import mlx5_query_nic_vport_mtu, mlx5_query_nic_vport_system_image_guid
+from drivers.mlx5_core.vport import (
+    mlx5_core_query_vendor_id,
+    mlx5_query_nic_vport_mtu,
+    mlx5_query_nic_vport_system_image_guid,
+)
 from drivers.mlx5_ib.mlx5_ib import mlx5_ib_dev, to_mdev
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.trace import traced
@@ -134,7 +138,9 @@ def mlx5_ib_query_device(ibdev: mlx5_ib_dev, props: ib_device_attr, uhw: ib_udat
         props.device_cap_flags |= IB_DEVICE_RESIZE_MAX_WR
     props.device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS
     props.sys_image_guid = mlx5_query_nic_vport_system_image_guid(mdev)
-    props.vendor_id = mdev.pdev.vendor
+    # mlx5_query_vendor_id(): a RoCE port's vport is reached by HCA commands, so the
+    # adapter's IEEE OUI; sysfs device/vendor stays the PCI vendor
+    props.vendor_id = mlx5_core_query_vendor_id(mdev)
     props.vendor_part_id = mdev.pdev.device
     props.hw_ver = getattr(mdev.pdev, "revision", 0)
     props.max_mr_size = IB_MAX_MR_SIZE

@@ -33,6 +33,7 @@ from drivers.mlx5_ib.query import (
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5 import Mlx5Config
 from tests.drivers.mlx5_ib.ladder import host, ib_dev, open_ctx
+from userspace.libc import read_sysfs
 from userspace.libibverbs import verbs as v
 
 
@@ -52,7 +53,12 @@ def ctx(m):
 def test_query_device_reports_the_capabilities(m, ctx):
     r = v.ibv_query_device(ctx)
     assert (r.fw_ver >> 32, r.fw_ver >> 16 & 0xFFFF, r.fw_ver & 0xFFFF) == (22, 39, 1002)
-    assert (r.vendor_id, r.vendor_part_id) == (0x15B3, 0x101D)
+    # the IEEE OUI from QUERY_ADAPTER (mlx5_query_vendor_id), while sysfs keeps the PCI
+    # vendor that libibverbs matched libmlx5 by
+    assert (r.vendor_id, r.vendor_part_id) == (0x02C9, 0x101D)
+    sysfs = "/sys/class/infiniband_verbs/uverbs0/device/"
+    assert (read_sysfs(ctx.proc, sysfs + "vendor"), read_sysfs(ctx.proc, sysfs + "device")) \
+        == ("0x15b3\n", "0x101d\n")
     assert r.node_guid == ib_dev(m).node_guid and r.sys_image_guid == r.node_guid
     assert (r.max_qp, r.max_qp_wr, r.max_cq, r.max_cqe) == (1 << 18, 1 << 15, 1 << 24,
                                                            (1 << 22) - 1)
