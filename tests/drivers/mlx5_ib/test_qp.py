@@ -526,6 +526,7 @@ def test_first_qp_on_big_pages_names_its_uar_in_a_static_system_page(page_size, 
     assert len(static) == {16384: 2, 65536: 1}[page_size]
     assert all(u % per == 0 and fw(m).uars[u].span == per for u in static)
     p.exit(0)
+    assert list(fw(m).uars) == [ib_dev(m).mdev.priv.uar.index]  # the context's pages freed
 
 
 @pytest.mark.parametrize("page_size", [16384, 65536])
@@ -540,6 +541,9 @@ def test_dyn_uar_qps_on_big_pages_name_the_uars_of_their_bf_page(page_size):
         ucontext(p, ctx).devx_uid
     assert [fw(m).qps[q.qp_num].qpc["uar_page"] for q in qps] == \
         [page_id, page_id, page_id + 1]
+    assert [v.ibv_destroy_qp(q) for q in qps] == [0, 0, 0]
+    assert (v.ibv_destroy_cq(cq), v.ibv_dealloc_pd(pd), v.ibv_close_device(ctx)) == (0, 0, 0)
+    assert list(fw(m).uars) == [ib_dev(m).mdev.priv.uar.index]  # NC and BF pages freed
     p.exit(0)
 
 
