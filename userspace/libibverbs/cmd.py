@@ -145,6 +145,20 @@ def ibv_cmd_create_qp(ctx: Any, req: uv.ib_uverbs_create_qp, drv_req: UStruct,
 
 
 @traced
+def ibv_cmd_create_qp_ex(ctx: Any, req: uv.ib_uverbs_create_qp, drv_req: UStruct,
+                         drv_resp_cls: type[UStruct]):
+    """Mirrors ibv_cmd_create_qp_ex() (libibverbs/cmd_qp.c), what libmlx5's
+    create_qp() calls: for a QP that asks for nothing beyond ibv_qp_init_attr
+    it is the legacy CREATE_QP write, the same bytes as ibv_cmd_create_qp.
+
+    # EMU: rdma-core tries the ioctl method first and falls back to write();
+    # the emulated uverbs takes create_qp through write() only.
+    """
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_QP, req, uv.ib_uverbs_create_qp_resp,
+                         drv_req, drv_resp_cls, "ibv_cmd_create_qp_ex")
+
+
+@traced
 def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
                   uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,

@@ -155,8 +155,10 @@ class mlx5_context(ibv_context):
         self._destroy_uar_obj(self.uar_obj_handles.pop(bf.uar))
 
 
-def _get_context(ctx: mlx5_context, req: mlx5_ib_alloc_ucontext_req_v2):
-    """mlx5_cmd_get_context(): with DEVX first, then once without it."""
+@traced
+def mlx5_cmd_get_context(ctx: mlx5_context, req: mlx5_ib_alloc_ucontext_req_v2):
+    """Mirrors mlx5_cmd_get_context(): GET_CONTEXT (ibv_cmd_get_context), with
+    DEVX first, then once without it for a kernel that refuses DEVX."""
     try:
         return ibv_cmd_get_context(ctx, req, mlx5_ib_alloc_ucontext_resp)
     except VerbsError:
@@ -181,7 +183,7 @@ def mlx5_alloc_context(base: ibv_context) -> mlx5_context:
         total_num_bfregs=ctx.tot_uuars, num_low_latency_bfregs=ctx.low_lat_uuars,
         max_cqe_version=1, lib_caps=MLX5_LIB_CAP_4K_UAR | MLX5_LIB_CAP_DYN_UAR,
         flags=MLX5_IB_ALLOC_UCTX_DEVX)
-    core, resp = _get_context(ctx, req)
+    core, resp = mlx5_cmd_get_context(ctx, req)
     ctx.async_fd, ctx.num_comp_vectors = core.async_fd, core.num_comp_vectors
     try:
         mlx5_set_context(ctx, resp)

@@ -110,7 +110,12 @@ class mlx5_qp(ibv_qp):
 
 @attrs.define(eq=False)
 class _InitAttrEx:
-    """The ibv_qp_init_attr_ex fields the sizing reads, around ibv_qp_init_attr."""
+    """The ibv_qp_init_attr_ex fields create_qp reads (mlx5_create_qp's attrx).
+
+    rdma-core copies ibv_qp_init_attr into an ibv_qp_init_attr_ex and back;
+    here `cap` is the caller's own ibv_qp_cap, so what create_qp writes to it
+    (max_inline_data, the WR counts) reaches the caller without the copy back.
+    """
 
     qp_type: int
     cap: Any
@@ -118,6 +123,10 @@ class _InitAttrEx:
     comp_mask: int = 0
     send_ops_flags: int = 0
     max_tso_header: int = 0
+    pd: Any = None
+    send_cq: Any = None
+    recv_cq: Any = None
+    sq_sig_all: int = 0
 
 
 def _to_mctx(ctx) -> mlx5_context:
@@ -221,25 +230,33 @@ def _alloc_uidx(mctx: mlx5_context, qp: mlx5_qp) -> int:
 
 @traced
 def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
-    """Mirrors create_qp(): size the queues, allocate the buffer (RQ first, then
-    SQ) and the doorbell record, choose the UAR, CREATE_QP, then map_uuar."""
-    mctx = _to_mctx(pd.context)
+    """Mirrors mlx5_create_qp(), the ibv_create_qp op: attr as an
+    ibv_qp_init_attr_ex (attrx, with the PD), then create_qp(context, &attrx, NULL)."""
+    attrx = _InitAttrEx(attr.qp_type, attr.cap, attr.srq, pd=pd, send_cq=attr.send_cq,
+                        recv_cq=attr.recv_cq, sq_sig_all=attr.sq_sig_all)
+    return create_qp(pd.context, attrx)
+
+
+@traced
+def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None) -> mlx5_qp:
+    """Mirrors create_qp() (static in verbs.c): size the queues, allocate the
+    buffer (RQ first, then SQ) and the doorbell record, choose the UAR,
+    CREATE_QP (ibv_cmd_create_qp_ex), then map_uuar."""
+    mctx = _to_mctx(context)
     proc = mctx.proc
+    pd = attr.pd
     cap = attr.cap
     for name in _CAP_FIELDS:  # struct ibv_qp_cap holds uint32_t: what C would have stored
         setattr(cap, name, u32(getattr(cap, name)))
-    qp = mlx5_qp(pd.context, pd, attr.send_cq, attr.recv_cq, 0, 0, attr.qp_type,
+    qp = mlx5_qp(context, pd, attr.send_cq, attr.recv_cq, 0, 0, attr.qp_type,
                  wq_sig=mlx5_env.qp_sig_enabled(proc.environ))
     qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE if attr.sq_sig_all else 0
-    attr_ex = _InitAttrEx(attr.qp_type, attr.cap, attr.srq)
-    wq_size = mlx5_calc_wq_size(mctx, attr_ex, qp)
+    wq_size = mlx5_calc_wq_size(mctx, attr, qp, mlx5_qp_attr)
     buf_size, _sq_buf_size = create_qp_buf_sizes(qp, attr.qp_type, wq_size)
-    qp.buf_size = -(-buf_size // mctx.page_size) * mctx.page_size  # mlx5_alloc_qp_buf
-    for wq in (qp.sq, qp.rq):  # mlx5_alloc_qp_buf: the wrid / wqe_head arrays
-        wq.wrid, wq.wqe_head, wq.wr_data = [0] * wq.wqe_cnt, [0] * wq.wqe_cnt, [0] * wq.wqe_cnt
     undo = []
+    bf = None
     try:
-        qp.buf = posix_memalign(proc, mctx.page_size, qp.buf_size)
+        mlx5_alloc_qp_buf(mctx, attr, qp, buf_size)
         undo.append(lambda: free(proc, qp.buf, qp.buf_size))
         qp.db = mlx5_alloc_dbrec(mctx)
         undo.append(lambda: mlx5_free_db(mctx, qp.db))
@@ -252,10 +269,10 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
         if qp.wq_sig:  # create_qp(): the kernel sizes the RQ and sets the QPC by this flag
             drv.flags |= MLX5_QP_FLAG_SIGNATURE
         if not mctx.bfs:  # dynamic UARs: the library picks the register
-            qp.bf = mlx5_get_qp_uar(mctx)
-            undo.append(lambda: mlx5_put_qp_uar(mctx, qp.bf))
-            if qp.bf is not None:
-                drv.bfreg_index = qp.bf.page_id
+            qp.bf = bf = mlx5_get_qp_uar(mctx)
+            undo.append(lambda: mlx5_put_qp_uar(mctx, bf))
+            if bf is not None:
+                drv.bfreg_index = bf.page_id
                 drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX
         req = uv.ib_uverbs_create_qp(
             pd_handle=pd.handle, send_cq_handle=attr.send_cq.handle if attr.send_cq else 0,
@@ -264,17 +281,43 @@ def mlx5_create_qp(pd: mlx5_pd, attr: ibv_qp_init_attr) -> mlx5_qp:
             max_send_sge=cap.max_send_sge, max_recv_sge=cap.max_recv_sge,
             max_inline_data=cap.max_inline_data, sq_sig_all=attr.sq_sig_all,
             qp_type=attr.qp_type)
-        resp, dresp = c.ibv_cmd_create_qp(pd.context, req, drv, mlx5_ib_create_qp_resp)
+        resp, dresp = c.ibv_cmd_create_qp_ex(context, req, drv, mlx5_ib_create_qp_resp)
     except BaseException:
         for fn in reversed(undo):
             fn()
         raise
     qp.handle, qp.qp_num = resp.qp_handle, resp.qpn
-    if qp.bf is None and mctx.bfs:
-        qp.bf = bf_for_bfreg_index(mctx.bfs, dresp.bfreg_index)  # map_uuar()
+    map_uuar(mctx, qp, dresp.bfreg_index, bf)
     cap.max_send_wr, cap.max_recv_wr = qp.sq.max_post, qp.rq.max_post
     cap.max_recv_sge = u32(qp.rq.max_gs)
     return qp
+
+
+@traced
+def mlx5_alloc_qp_buf(context: mlx5_context, attr: _InitAttrEx, qp: mlx5_qp, size: int) -> None:
+    """Mirrors mlx5_alloc_qp_buf(): the wrid / wqe_head / wr_data arrays of each
+    queue, then the WQE buffer - `size` bytes rounded up to whole pages,
+    page-aligned, in the process's own memory (zeroed, as anonymous pages are).
+
+    # EMU: only the anonymous allocation: no huge pages (MLX5_QP_HUGE), custom
+    # allocators or dma-buf; a RAW packet QP's separate SQ buffer is not allocated.
+    """
+    qp.buf_size = -(-size // context.page_size) * context.page_size
+    for wq in (qp.sq, qp.rq):
+        wq.wrid, wq.wqe_head, wq.wr_data = [0] * wq.wqe_cnt, [0] * wq.wqe_cnt, [0] * wq.wqe_cnt
+    qp.buf = posix_memalign(context.proc, context.page_size, qp.buf_size)
+
+
+@traced
+def map_uuar(context: mlx5_context, qp: mlx5_qp, uuar_index: int,
+             dyn_bf: mlx5_bf | None) -> None:
+    """Mirrors map_uuar(): the register the QP rings - the dynamic UAR the
+    library chose before CREATE_QP, or bfs[uuar_index], the bfreg the kernel
+    answered with (static UARs mapped at open)."""
+    if dyn_bf is None and context.bfs:
+        qp.bf = bf_for_bfreg_index(context.bfs, uuar_index)
+    else:
+        qp.bf = dyn_bf
 
 
 @traced

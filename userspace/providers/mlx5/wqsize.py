@@ -13,6 +13,10 @@ into WQE sizes and counts:
     mlx5_calc_rq_size   power-of-two RQ bytes, at least one 64-byte BB
     mlx5_calc_wq_size   both; the RQ comes first in the buffer
 
+The five mlx5_calc_* functions are @traced (sq_overhead is not: it is a
+helper of them), so a create_qp trace shows the sizing steps rdma-core's
+create_qp takes, in its order: sq, send_wqe, then rq, rcv_wqe.
+
 Errors raise ProviderError(EINVAL, "function: reason") where rdma-core
 returns -EINVAL (create_qp then sets errno and fails).  The functions read
 and write the same fields as the C code: the QP's `sq`/`rq` (mlx5_wq),
@@ -242,6 +246,7 @@ def sq_overhead(qp: SizedQp, attr: QpInitAttr, mlx5_qp_attr: Any = None) -> int:
     return _sq_overhead(qp, attr.qp_type, ops, mlx5_ops)
 
 
+@traced
 def mlx5_calc_send_wqe(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
                        mlx5_qp_attr: Any = None) -> int:
     """Mirrors mlx5_calc_send_wqe(): one send WQE's size, a multiple of 64.
@@ -273,6 +278,7 @@ def mlx5_calc_send_wqe(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
     return s32(align(tot_size, MLX5_SEND_WQE_BB))
 
 
+@traced
 def mlx5_calc_sq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
                       mlx5_qp_attr: Any = None) -> int:
     """Mirrors mlx5_calc_sq_size(): SQ bytes (0 without send WRs).
@@ -309,6 +315,7 @@ def mlx5_calc_sq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp,
     return wq_size
 
 
+@traced
 def mlx5_calc_rcv_wqe(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp) -> int:
     """Mirrors mlx5_calc_rcv_wqe(): one receive WQE's size (0 with an SRQ); the
     size is a uint32_t, the scatter count an int."""
@@ -324,6 +331,7 @@ def mlx5_calc_rcv_wqe(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp) -> int:
     return s32(u32(roundup_pow_of_two(size)))
 
 
+@traced
 def mlx5_calc_rq_size(ctx: QueueLimits, attr: QpInitAttr, qp: SizedQp) -> int:
     """Mirrors mlx5_calc_rq_size(): RQ bytes (0 without receive WRs or with an SRQ)."""
     max_recv_wr = u32(attr.cap.max_recv_wr)
