@@ -892,3 +892,36 @@ def run_campaign(seconds: float, seed: int, length: int = 200,
             last = time.monotonic()
             progress(res)
     return res
+
+
+def fuzz_main(seconds: float, seed: int, length: int, out: Any, err: Any) -> int:
+    """`peermem fuzz`: run a campaign, a progress line on `err` once a second; 0 when
+    nothing failed, 1 with the failure and its minimal sequence (runnable Python) on
+    `out`."""
+    tty = err.isatty()
+    shown = [0.0]
+
+    def progress(r: CampaignResult) -> None:
+        """Each second on a terminal (one line, rewritten); every 30 s into a file."""
+        if not tty and r.seconds - shown[0] < 30:
+            return
+        shown[0] = r.seconds
+        err.write(f"{chr(13) if tty else ''}fuzz: {r.operations} operations, "
+                  f"{r.sequences} sequences, {r.seconds:.0f}/{seconds:.0f} s, "
+                  f"{r.operations / max(r.seconds, 1e-9):.0f} ops/s{'' if tty else chr(10)}")
+        err.flush()
+
+    r = run_campaign(seconds, seed, length, progress)
+    if tty:
+        err.write("\n")
+    rate = r.operations / max(r.seconds, 1e-9)
+    out.write(f"fuzz: seed {seed}: {r.operations} operations in {r.sequences} sequences, "
+              f"{r.seconds:.1f} s, {rate:.0f} ops/s\n")
+    if r.failure is None:
+        out.write("no failure: every call returned or failed with an errno, no WARN, "
+                  "no dead task, no leak\n")
+        return 0
+    out.write(f"FAILED: {str(r.failure).splitlines()[0]}\n")
+    out.write(f"minimal sequence ({len(r.minimal)} operations), as Python:\n\n")
+    out.write(reproducer(r.minimal))
+    return 1
