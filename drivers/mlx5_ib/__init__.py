@@ -12,6 +12,9 @@ flow is the seed document's (16 static bfregs, 8 UAR pages at open):
     dyn_uar          honour MLX5_LIB_CAP_DYN_UAR (the v5.8+ kernel behaviour)
     comp_mask_v6     report ECE / REAL_TIME_TS / SQD2RTS in the ucontext response
     mkey_update_tag  report MKEY_UPDATE_TAG (v6.x)
+    release          the kernel release whose known bugs to keep: "upstream" (the
+                     default, every fix in) or "MAJOR.MINOR", e.g. release="6.8" -
+                     see mlx5_ib_release_has() for what an older release still does
 
 The files, by the part of the real driver they mirror:
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from drivers.mlx5_ib.mlx5_ib import parse_kernel_release
 from drivers.mlx5_ib.probe import MLX5_IB_PARAMS, mlx5r_driver
 from kernel_model.auxiliary import (
     auxiliary_driver,
@@ -47,12 +51,14 @@ if TYPE_CHECKING:
 MODULE_DEPENDS = ("mlx5_core", "ib_core", "ib_uverbs")
 
 
-def module_init(mod: module, **params: bool) -> auxiliary_driver:
+def module_init(mod: module, **params: bool | str) -> auxiliary_driver:
     """mlx5_ib_init(): check the parameters, register the "rdma" auxiliary driver."""
     unknown = set(params) - set(MLX5_IB_PARAMS)
     if unknown:
         raise KernelError(EINVAL, f"mlx5_ib: unknown parameter {sorted(unknown)[0]}")
-    drv = mlx5r_driver({**MLX5_IB_PARAMS, **{k: bool(v) for k, v in params.items()}})
+    parse_kernel_release(str(params.get("release", "upstream")))  # EINVAL before anything
+    drv = mlx5r_driver({**MLX5_IB_PARAMS, **{k: v if k == "release" else bool(v)
+                                             for k, v in params.items()}})
     auxiliary_driver_register(mod.machine, drv)
     return drv
 

@@ -372,6 +372,8 @@ def mlx5_ib_dealloc_ucontext(uctx: mlx5_ib_ucontext) -> None:
     except KernelError as e:  # void in the kernel: the result is not looked at
         mlx5_ib_warn(dev, f"mlx5_ib_dealloc_ucontext: {e}")
     deallocate_uars(dev, uctx)
+    while uctx.busy_uars:  # EMU: see mlx5_ib_mmap_free; its users are destroyed by now
+        _uar_dealloc_warn(dev, uctx.busy_uars.pop(0), uctx.devx_uid)
     _free_bfreg_arrays(uctx.bfregi)
     if uctx.devx_uid:
         try:

@@ -19,6 +19,7 @@ from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry
 from drivers.ib_core.ib_verbs import ib_cq, ib_mr, ib_pd, ib_qp, ib_ucontext
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from kernel_model.current import current
+from kernel_model.errno import EINVAL, KernelError
 from kernel_model.locking import mutex_init, spin_lock_init
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class mlx5_ib_dev(ib_device):
         self.dyn_uar = False
         self.mkey_update_tag = False
         self.comp_mask_v6 = False
+        self.release: tuple[int, int] | None = None  # None: upstream, every fix in
         self.wc_support = False
         self.dump_fill_mkey = 0
         self.clock_info: Any = None     # mdev->clock_info: the page CLOCK_INFO maps
@@ -130,6 +132,33 @@ def mlx5_ib_warn(dev: mlx5_ib_dev, msg: str) -> None:
     # EMU: no printk buffer; the line goes to the mlx5_core_dev's log.
     """
     dev.mdev.log.append(f"mlx5_ib {dev.name or '?'}: {msg}")
+
+
+# -- the `release` module parameter ------------------------------------------------------------
+#: Fixes the model knows, by the first release assumed to carry each.  A device
+#: loaded with an older `release` keeps the bug (each use is marked # EMU: there).
+MLX5_IB_FIXES: dict[str, tuple[int, int]] = {
+    # "RDMA/mlx5: Release the HW-provided UAR index rather than the SW one" (rdma-next,
+    # June 2026; Fixes: 4ed131d0bb15, v4.15's ALLOC_WC): uar_mmap's error path freed
+    # UAR number `idx`, the page slot.  EMU: assumed first released in 7.2.
+    "uar_mmap_dealloc_uar_index": (7, 2),
+}
+
+
+def parse_kernel_release(release: str) -> tuple[int, int] | None:
+    """"upstream" -> None; "6.8" (or "6.8.12") -> (6, 8); anything else is EINVAL."""
+    if release == "upstream":
+        return None
+    parts = release.split(".")
+    if len(parts) < 2 or not all(x.isdigit() for x in parts[:3]):
+        raise KernelError(EINVAL, f"mlx5_ib: release {release!r} is not 'upstream' or "
+                          "MAJOR.MINOR")
+    return int(parts[0]), int(parts[1])
+
+
+def mlx5_ib_release_has(dev: mlx5_ib_dev, fix: str) -> bool:
+    """Does the release the device was loaded as carry this fix (MLX5_IB_FIXES)?"""
+    return dev.release is None or dev.release >= MLX5_IB_FIXES[fix]
 
 
 def to_mdev(ibdev: ib_device) -> mlx5_ib_dev:
@@ -175,6 +204,9 @@ class mlx5_ib_ucontext(ib_ucontext):
         self.devx_uid = 0
         self.lib_caps = 0
         self.mmap_xa: dict[int, rdma_user_mmap_entry] = {}
+        # EMU: UAR objects whose DEALLOC_UAR found the UAR still named by a CQ/QP
+        # (mlx5_ib_mmap_free); retried by mlx5_ib_dealloc_ucontext
+        self.busy_uars: list[int] = []
         self.db_page_mutex = mutex_init("&context->db_page_mutex")
         # protected by db_page_mutex:
         self.db_page_list: list[mlx5_ib_user_db_page] = []

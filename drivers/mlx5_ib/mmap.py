@@ -50,6 +50,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     fw_uars_per_page,
     get_uars_per_sys_page,
     mlx5_ib_dev,
+    mlx5_ib_release_has,
     mlx5_ib_ucontext,
     mlx5_ib_warn,
     mlx5_user_mmap_entry,
@@ -58,7 +59,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mucontext,
 )
 from drivers.mlx5_ib.qp import mlx5_ib_free_bfreg
-from kernel_model.errno import EINVAL, ENOSYS, EOPNOTSUPP, EPERM, KernelError
+from kernel_model.errno import EBUSY, EINVAL, ENOSYS, EOPNOTSUPP, EPERM, KernelError
 from kernel_model.mm import VM_EXEC, VM_MAYWRITE, VM_MIXEDMAP, VM_SHARED, VM_WRITE, vm_area_struct
 from kernel_model.pgtable import pgprot_noncached, pgprot_writecombine
 from kernel_model.slab import kfree, kmalloc_obj
@@ -145,9 +146,12 @@ def uar_mmap(dev: mlx5_ib_dev, cmd: int, vma: vm_area_struct,
 
     EINVAL: a dyn-UAR context (it has no such pages), a VMA that is not one
     page, an index out of range, a dynamic page already mapped once (its busy
-    mark is never cleared).  # kernel bug kept (§12): when the mapping fails
-    after ALLOC_WC allocated a UAR, the kernel frees UAR number `idx` (the
-    page index), not the UAR it allocated - that one leaks.
+    mark is never cleared).  When the mapping fails after ALLOC_WC allocated a
+    UAR, that UAR is freed again (upstream's fix).  A device loaded with an
+    older `release` keeps the bug every release before it has: it frees UAR
+    number `idx` - the page slot - instead, so the allocated UAR leaks and,
+    when both contexts are uid 0 (no DEVX), another process's UAR numbered
+    `idx` may be freed under its mapping.
     """
     bfregi = context.bfregi
     dyn_uar = cmd == MLX5_IB_MMAP_ALLOC_WC
@@ -189,10 +193,13 @@ def uar_mmap(dev: mlx5_ib_dev, cmd: int, vma: vm_area_struct,
         rdma_user_mmap_io(context, vma, uar_index2pfn(dev, uar_index), PAGE_SIZE(), prot, None)
     except KernelError:
         if dyn_uar:  # err:
+            victim = uar_index
+            if not mlx5_ib_release_has(dev, "uar_mmap_dealloc_uar_index"):
+                victim = idx  # EMU: the older release's bug, kept on purpose (see above)
             try:
-                mlx5_cmd_uar_dealloc(dev.mdev, idx, context.devx_uid)  # sic: idx (§12)
+                mlx5_cmd_uar_dealloc(dev.mdev, victim, context.devx_uid)
             except KernelError as e:
-                mlx5_ib_warn(dev, f"uar_mmap: dealloc of uar {idx} failed: {e}")
+                mlx5_ib_warn(dev, f"uar_mmap: dealloc of uar {victim} failed: {e}")
             mlx5_ib_free_bfreg(dev, bfregi, bfreg_dyn_idx)  # free_bfreg:
         raise
     if dyn_uar:
@@ -304,15 +311,30 @@ def mlx5_ib_mmap(ibcontext: mlx5_ib_ucontext, vma: vm_area_struct) -> None:
 @traced
 def mlx5_ib_mmap_free(entry: rdma_user_mmap_entry) -> None:
     """Mirrors mlx5_ib_mmap_free(): the last reference to a UAR object's entry is
-    gone (object destroyed, every VMA closed): DEALLOC_UAR and free it."""
+    gone (object destroyed, every VMA closed): DEALLOC_UAR and free it.
+
+    A void callback, like the kernel's: it runs from the object's destroy or
+    from a VMA's close (munmap, exit), neither of which can fail, so a failed
+    DEALLOC_UAR is only logged (mlx5_cmd_uar_dealloc's result is ignored there)
+    and the entry is freed all the same (see the EMU note for a busy UAR).
+    """
     mentry = to_mmmap(entry)
     context = to_mucontext(entry.ucontext)
     dev = to_mdev(context.device)
     if mentry.mmap_flag in (MLX5_IB_MMAP_TYPE_UAR_WC, MLX5_IB_MMAP_TYPE_UAR_NC):
         try:
             mlx5_cmd_uar_dealloc(dev.mdev, mentry.page_idx, context.devx_uid)
-        finally:
-            kfree(mentry)
+        except KernelError as e:
+            mlx5_ib_warn(dev, f"mlx5_ib_mmap_free: DEALLOC_UAR {mentry.page_idx:#x} "
+                         f"failed: {e}")
+            if e.errno == EBUSY:
+                # EMU: the kernel forgets the UAR here, and the firmware keeps it (and
+                # so the DEVX uid) until the function resets.  The user destroyed the
+                # UAR object while a CQ or QP of the context still names it (rdma-core
+                # does at ibv_close_device with live CQs); the model retries once
+                # uverbs has destroyed those, in mlx5_ib_dealloc_ucontext.
+                context.busy_uars.append(mentry.page_idx)
+        kfree(mentry)
     else:
         dev.machine.report_bug("mlx5_ib_mmap_free", f"unexpected entry {mentry!r}")
 

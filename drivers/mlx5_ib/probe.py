@@ -57,6 +57,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_port,
     mlx5_ib_qp,
     mlx5_ib_ucontext,
+    parse_kernel_release,
 )
 from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free, mlx5_ib_uar_methods
 from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr, mlx5_ib_reg_user_mr_dmabuf
@@ -74,8 +75,8 @@ from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_
 from kernel_model.trace import traced
 
 #: module parameters and their defaults (see __init__.py)
-MLX5_IB_PARAMS: dict[str, bool] = {"dyn_uar": False, "comp_mask_v6": False,
-                                   "mkey_update_tag": False}
+MLX5_IB_PARAMS: dict[str, bool | str] = {"dyn_uar": False, "comp_mask_v6": False,
+                                         "mkey_update_tag": False, "release": "upstream"}
 MLX5_IB_UVERBS_ABI_VERSION = 1
 RDMA_DRIVER_MLX5 = 1  # enum rdma_driver_id
 
@@ -198,7 +199,7 @@ def __mlx5_ib_add(dev: mlx5_ib_dev, profile: tuple[mlx5_ib_stage, ...]) -> None:
     dev.ib_active = True
 
 
-def mlx5r_driver(params: dict[str, bool]) -> auxiliary_driver:
+def mlx5r_driver(params: dict[str, bool | str]) -> auxiliary_driver:
     """The auxiliary driver "mlx5_ib.rdma" with this module instance's parameters."""
 
     @traced
@@ -209,6 +210,7 @@ def mlx5r_driver(params: dict[str, bool]) -> auxiliary_driver:
         dev.dyn_uar = params["dyn_uar"]
         dev.comp_mask_v6 = params["comp_mask_v6"]
         dev.mkey_update_tag = params["mkey_update_tag"]
+        dev.release = parse_kernel_release(str(params["release"]))
         __mlx5_ib_add(dev, pf_profile)
         adev.drvdata = dev  # auxiliary_set_drvdata()
 

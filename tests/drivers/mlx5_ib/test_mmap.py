@@ -168,10 +168,25 @@ def test_alloc_wc_firmware_failure_clears_the_busy_mark(m, app):
     assert map_(p, ctx, MLX5_IB_MMAP_ALLOC_WC, 0) > 0  # free to try again
 
 
-def test_alloc_wc_mapping_failure_frees_the_page_index_not_the_uar(m):
-    # kernel bug kept (kernel_facts §12): uar_mmap's error path passes the
-    # page index `idx` (8) to DEALLOC_UAR instead of the UAR it just allocated.
-    # The machine is left as the bug leaves it (no teardown, no leak check).
+def test_alloc_wc_mapping_failure_frees_the_uar_it_allocated(m, app):
+    """Upstream (the default): the error path gives back the UAR ALLOC_WC took."""
+    p, ctx = app
+    bfregi = ucontext(p, ctx).bfregi
+    uars = dict(fw(m).uars)
+    n = len(fw(m).cmd_log)
+    assert map_(p, ctx, MLX5_IB_MMAP_ALLOC_WC, 0, flags=MAP_PRIVATE) == -errno.EINVAL
+    assert "not MAP_SHARED" in last_error(p)
+    assert cmds(m, n) == ["ALLOC_UAR", "DEALLOC_UAR"]
+    assert fw(m).uars == uars  # the new one went back, every static page's UAR stays
+    assert bfregi.count[16] == 0 and bfregi.sys_pages[8] == MLX5_IB_INVALID_UAR_INDEX
+    assert map_(p, ctx, MLX5_IB_MMAP_ALLOC_WC, 0) > 0  # the slot can be mapped after
+
+
+def test_alloc_wc_mapping_failure_before_the_fix_frees_the_page_index(m):
+    """release=6.8 keeps the bug of every release before the fix: DEALLOC_UAR is
+    given the page slot `idx` (8) instead of the UAR just allocated.  The
+    machine is left as the bug leaves it (no teardown, no leak check)."""
+    m = host(release="6.8")
     m.leak_check_expected = False
     p = m.spawn("app")
     ctx = open_ctx(p)
@@ -179,12 +194,40 @@ def test_alloc_wc_mapping_failure_frees_the_page_index_not_the_uar(m):
     uars = set(fw(m).uars)
     n = len(fw(m).cmd_log)
     assert map_(p, ctx, MLX5_IB_MMAP_ALLOC_WC, 0, flags=MAP_PRIVATE) == -errno.EINVAL
-    assert "not MAP_SHARED" in last_error(p)
     assert cmds(m, n) == ["ALLOC_UAR", "DEALLOC_UAR"]
     [leaked] = set(fw(m).uars) - uars  # the new UAR stays allocated, owned by no page
     assert bfregi.sys_pages[4] == 8 and 8 not in fw(m).uars  # static page 4's UAR: gone
     assert bfregi.count[16] == 0 and bfregi.sys_pages[8] == MLX5_IB_INVALID_UAR_INDEX
     assert leaked not in bfregi.sys_pages
+
+
+@pytest.mark.parametrize("release,freed", [("upstream", False), ("7.2", False),
+                                           ("6.8", True)])
+def test_alloc_wc_failure_and_another_uid0_process_s_mapped_uar(release, freed):
+    """Two contexts without DEVX (the device has no user contexts) are both uid 0:
+    before the fix, A's failed ALLOC_WC mapping at slot 4 (idx 12) frees UAR 12 -
+    B's static page 0, which B has mapped."""
+    m = host(Mlx5Config(caps={"log_max_uctx": 0}), release=release)
+    a, b = m.spawn("a"), m.spawn("b")
+    ca, cb = open_ctx(a), open_ctx(b)
+    ua, ub = ucontext(a, ca), ucontext(b, cb)
+    assert ua.devx_uid == ub.devx_uid == 0 and ub.bfregi.sys_pages[0] == 12
+    b_page = v_bar_page(b, cb)
+    assert map_(a, ca, MLX5_IB_MMAP_ALLOC_WC, 4, flags=MAP_PRIVATE) == -errno.EINVAL
+    assert (12 not in fw(m).uars) is freed
+    assert b_page == ib_dev(m).mdev.bar_addr + 12 * PS  # B still maps the page
+    a.exit(0)
+    b.exit(0)  # B's context gives back its static pages: UAR 12 is gone if freed
+    warned = any("failed to free uar 12" in line for line in ib_dev(m).mdev.log)
+    assert warned is freed
+    if freed:
+        assert len(fw(m).uars) == 2  # the kernel's own, and the one A allocated: leaked
+        m.leak_check_expected = False
+
+
+def v_bar_page(p, ctx):
+    """The physical page behind the process's first static UAR mapping."""
+    return phys(p, ctx.uar[0].reg)[0]
 
 
 # -- clock pages -----------------------------------------------------------------------------
@@ -338,3 +381,48 @@ def test_two_processes_never_map_the_same_uar_page(page_size, dyn_uar):
         (page_size, dyn_uar), 2)  # static pages; or the NC page and one BF page
     for p in procs:
         p.exit(0)
+
+
+# -- a UAR object destroyed while a CQ still names it (issue 18 #1, #2) -----------------------
+@pytest.fixture
+def dyn_cq():
+    """rdma-core on a dyn_uar kernel: the singleton NC UAR object, a CQ naming it."""
+    m = host(dyn_uar=True)
+    p = m.spawn("app")
+    ctx = open_ctx(p)
+    cq = v.ibv_create_cq(ctx, 16)
+    uar = ctx.nc_uar.page_id
+    assert fw(m).uars[uar].users == 1  # the CQ
+    yield m, p, ctx, cq, uar
+    if p.alive:
+        p.exit(0)
+
+
+def test_close_device_with_a_live_cq_frees_its_uar_after_the_cq(dyn_cq):
+    """ibv_close_device destroys the NC UAR object first (as rdma-core does): its
+    DEALLOC_UAR is busy, which the kernel only logs (mlx5_ib_mmap_free is void);
+    the UAR goes back once uverbs destroyed the CQ, before the DEVX uid."""
+    m, p, ctx, cq, uar = dyn_cq
+    n = len(fw(m).cmd_log)
+    assert v.ibv_close_device(ctx) == 0
+    assert cmds(m, n) == ["DEALLOC_UAR", "DESTROY_CQ", "DEALLOC_TRANSPORT_DOMAIN",
+                          "DEALLOC_UAR", "DESTROY_UCTX"]
+    assert fw(m).cmd_log[n][2] != 0 and uar not in fw(m).uars  # the first: a status
+    assert any("DEALLOC_UAR" in line and "busy" in line for line in ib_dev(m).mdev.log)
+    p.exit(0)
+
+
+@pytest.mark.parametrize("then", ["munmap", "exit"])
+def test_destroyed_uar_object_s_mapping_goes_without_error(dyn_cq, then):
+    """The UAR object is destroyed while its page is mapped and the CQ lives: the
+    munmap (or the exit) that drops the last reference succeeds, and everything
+    is freed by the end (the autouse leak check)."""
+    m, p, ctx, cq, uar = dyn_cq
+    bf = ctx.nc_uar
+    ctx._destroy_uar_obj(ctx.uar_obj_handles.pop(bf.uar))
+    assert uar in fw(m).uars
+    if then == "munmap":
+        assert p.munmap(bf.uar, bf.length) == 0
+        assert uar in fw(m).uars  # busy: the CQ still names it
+    p.exit(0)
+    assert uar not in fw(m).uars and not fw(m).uctxs

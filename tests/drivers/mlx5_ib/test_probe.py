@@ -102,6 +102,21 @@ def test_parameters_reach_the_device():
     assert (dev.dyn_uar, dev.mkey_update_tag, dev.comp_mask_v6) == (True, True, False)
 
 
+@pytest.mark.parametrize("release,seen", [("upstream", None), ("6.8", (6, 8)),
+                                          ("5.15.0", (5, 15))])
+def test_release_parameter_reaches_the_device(release, seen):
+    assert ib_dev(host(release=release)).release == seen
+    assert ib_dev(host()).release is None
+
+
+@pytest.mark.parametrize("release", ["6", "six.eight", ""])
+def test_a_malformed_release_is_einval(release):
+    m = bare()
+    with pytest.raises(KernelError) as e:
+        m.load_module("mlx5_ib", release=release)
+    assert e.value.errno == errno.EINVAL and "mlx5_ib" not in m.modules
+
+
 def assert_all_freed(m):
     """rmmod mlx5_ib and mlx5_core: nothing of either may be left."""
     m.unload_module("mlx5_ib")
