@@ -162,7 +162,7 @@ def test_unknown_scenario(capsys):
     assert main(["trace", "nosuch"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == ("peermem trace: no scenario 'nosuch'; known: create-qp, "
+    assert err == ("peermem trace: error: no scenario 'nosuch'; known: create-qp, "
                    "cuda-free-invalidate, gpudirect, gpudirect-dmabuf, io-peer, open-device, "
                    "pin, rdma-write, reg-cache, reg-mr\n")
 
@@ -170,7 +170,6 @@ def test_unknown_scenario(capsys):
 @pytest.mark.parametrize("args, kw", [
     (["--function", "nosuch"], {"function": "nosuch"}),
     (["--layer", "bogus"], {"layer": ["bogus"]}),
-    (["--depth", "0"], {"depth": 0}),
     (["--task", "nobody"], {"task": "nobody"}),
 ])
 def test_bad_filter_exits_2_with_the_reason(capsys, args, kw):
@@ -179,7 +178,19 @@ def test_bad_filter_exits_2_with_the_reason(capsys, args, kw):
     assert main(["trace", "pin", *args]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == f"peermem trace: {e.value}\n"
+    assert err == f"peermem trace: error: {e.value}\n"
+
+
+def test_depth_0_is_refused_before_the_run(capsys):
+    """filter_trace refuses it too; the CLI's parser does not run the scenario to find out."""
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        filter_trace(run_traced("pin"), depth=0)
+    first = Machine.next_serial
+    with pytest.raises(SystemExit) as e:
+        main(["trace", "pin", "--depth", "0"])
+    assert e.value.code == 2 and Machine.next_serial == first
+    assert capsys.readouterr() == ("", "peermem trace: error: argument --depth: "
+                                       "must be at least 1, not 0\n")
 
 
 def _diverge() -> int:
@@ -212,8 +223,11 @@ def test_diverged_replay_leaves_no_task_behind():
 
 
 def test_malformed_schedule_is_a_clean_error(capsys):
-    assert main(["trace", "pin", "--schedule", "x,y"]) != 0
-    assert "bad step 'x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["trace", "pin", "--schedule", "x,y"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("peermem trace: error: argument --schedule: "
+                                       "bad step 'x' in 'x,y'\n")
 
 
 def test_wall_clock_runs():

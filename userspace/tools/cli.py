@@ -14,27 +14,136 @@
 Each subcommand boots a Machine, loads the modules it needs by name (as
 modprobe would) and runs a user program on it through system calls only.
 `peermem explore SCENARIO [--legacy]` runs a race scenario under the explorer.
+
+Bad input gets one line on stderr and no traceback.  Exit statuses:
+
+  0   done.
+  1   the run itself failed: explore found a failing schedule, a replayed
+      schedule diverged from the program or deadlocked, a write-bw completion
+      failed, a gup-test system call failed.  One line `peermem CMD: ...`.
+  2   bad input, refused before anything is printed on stdout: a value out of
+      range or not a number, an option that needs another, a name that is not
+      there (scenario, function, task, layer, client), an output file that
+      cannot be written, a filter that matches nothing, a size or depth the
+      emulated device refuses.  One line `peermem CMD: error: ...`, as
+      argparse's own errors (without its usage block: `--help` shows it).
+  70  an internal error (EX_SOFTWARE): a bug, not bad input - main()'s last
+      resort prints `peermem: internal error: TYPE: MESSAGE (please report)`.
+
+`devinfo` keeps ibv_devinfo's own statuses and messages once it runs (255
+for an unknown -d, 4 for a port the device does not have), as the tool it
+mirrors does.
+
+Limits are checked when the arguments are parsed, so nothing big is built
+to find out: a command's machine has at most MAX_RAM of emulated RAM (RAM is
+committed lazily, but every page a buffer touches is real host memory), and
+a size must fit in it; counts have the bounds their option's help gives.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
-from kernel_model.machine import Machine
+from kernel_model.machine import GiB, Machine, MiB
+
+MAX_RAM = 4 * GiB           # the largest machine a command builds (Machine's default)
+GUP_MAX_MB = MAX_RAM // 2 // MiB  # gup-test: half the machine; page tables need room too
+WRITE_BW_SLACK = 64 * MiB   # write-bw: RAM for the kernel, queues and page tables
+WRITE_BW_MAX_SIZE = (MAX_RAM - WRITE_BW_SLACK) // 4  # RAM = 4 x size + slack (two buffers)
+MAX_ITERS = 1_000_000       # write-bw keeps two timestamps per message
+MAX_DECISIONS = 1_000_000   # the steps a replayed schedule may spell out
+U32_MAX = 0xFFFF_FFFF
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (an option that needs another, a name that is
+    not there): main() prints it as argparse prints its errors and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, `peermem CMD: error: MESSAGE`, exit 2.
+
+    argparse prints the usage block before the error; the block goes (`--help`
+    prints it) so that a refusal is always exactly one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def _int_arg(lo: int, hi: int | None = None, why: str = "") -> Callable[[str], int]:
+    """argparse type: a decimal integer in [lo, hi]; `why` explains the upper bound."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            if text.strip().lstrip("+-").isdecimal():  # past int()'s 4300-digit limit
+                raise argparse.ArgumentTypeError(f"{len(text)} digits is too many") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, not {n}")
+        if hi is not None and n > hi:
+            raise argparse.ArgumentTypeError(f"must be at most {hi}{why}, not {n}")
+        return n
+    parse.__name__ = "int"
+    return parse
+
+
+def _schedule(text: str) -> str:
+    """argparse type for a schedule string ("0*3,1,2*2", kernel_model.sched's format):
+    well formed, and no longer than MAX_DECISIONS steps (checked before expanding)."""
+    from kernel_model.sched import parse_schedule
+    total = 0
+    for part in filter(None, text.replace(" ", "").split(",")):
+        _, star, n = part.partition("*")
+        ok = star and n.isascii() and n.isdigit()
+        total += (int(n) if len(n) <= 18 else MAX_DECISIONS + 1) if ok else 1
+    if total > MAX_DECISIONS:
+        raise argparse.ArgumentTypeError(f"spells out more than {MAX_DECISIONS} steps")
+    if not text.isascii():  # parse_schedule's isdigit() takes '²', which int() does not
+        raise argparse.ArgumentTypeError(f"{text!r}: steps are TASK or TASK*COUNT in ASCII "
+                                         "digits")
+    try:
+        parse_schedule(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("parse_schedule: ")) from None
+    return text
+
+
+def _out_file(text: str) -> str:
+    """argparse type for -o FILE: a file name whose directory exists (checked before the
+    run, so a long run does not end in an unwritable path)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty file name")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+    parent = os.path.dirname(text) or "."
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"no directory {parent!r}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {parent!r} is not writable")
+    return text
 
 
 def _gup_test(args: argparse.Namespace) -> int:
     from userspace.tools import gup_test
     size = args.m << 20
-    m = Machine(ram_size=max(4 << 30, 2 * size), page_size=args.page_size,
-                backend=args.backend)
+    m = Machine(ram_size=MAX_RAM, page_size=args.page_size, backend=args.backend)
     m.load_module("gup_test")
     p = m.spawn("gup_test")
     t0 = time.perf_counter()
-    r = gup_test.run(p, size, args.n, write=args.w, longterm=args.L, page_size=m.page_size)
+    try:
+        r = gup_test.run(p, size, args.n, write=args.w, longterm=args.L,
+                         page_size=m.page_size)
+    except gup_test.GupTestError as e:
+        p.exit(1)
+        print(f"peermem gup-test: {e.strerror}: {os.strerror(e.errno)}", file=sys.stderr)
+        return 1
     elapsed = time.perf_counter() - t0
     kind = "PIN_LONGTERM_BENCHMARK" if args.L else "PIN_FAST_BENCHMARK"
     print(f"{kind}: {r['nr_pages']} pages of {m.page_size} B "
@@ -67,13 +176,33 @@ def _devinfo(args: argparse.Namespace) -> int:
     return rc & 0xFF  # the exit status a shell sees (devinfo returns -1 for "not found")
 
 
+def _gpu_size_check(args: argparse.Namespace) -> None:
+    """--use-gpu: the buffers are registered through the GPU's BAR1, which the driver
+    maps only while `bar1_size - CLI_THIRD_PARTY_P2P_BAR1_RESERVE` is left (rm.py);
+    on one machine both buffers share one GPU's BAR1."""
+    from drivers.nvidia.rm import CLI_THIRD_PARTY_P2P_BAR1_RESERVE
+    from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
+    room = GpuConfig().bar1_size - CLI_THIRD_PARTY_P2P_BAR1_RESERVE
+    per_gpu = 1 if args.two_machines else 2
+    most = room // per_gpu // GPU_PAGE_SIZE * GPU_PAGE_SIZE
+    if args.size > most:
+        raise UsageError(f"--size {args.size}: with --use-gpu at most {most} (BAR1 "
+                         f"{GpuConfig().bar1_size >> 20} MiB less the driver's "
+                         f"{CLI_THIRD_PARTY_P2P_BAR1_RESERVE >> 20} MiB reserve, for "
+                         f"{per_gpu} buffer{'s' if per_gpu > 1 else ''} per GPU)")
+
+
 def _write_bw(args: argparse.Namespace) -> int:
     from kernel_model.platform import Fabric, rdma_host
     from userspace.tools import write_bw
+    if args.use_gpu:
+        _gpu_size_check(args)
 
     def host(name: str, fabric: Fabric | None) -> Machine:
+        ram = max(256 * MiB, 4 * args.size + WRITE_BW_SLACK)
+        ram = -(-ram // args.page_size) * args.page_size  # whole pages
         m = rdma_host(page_size=args.page_size, backend=args.backend, name=name,
-                      ram_size=max(256 << 20, 4 * args.size + (64 << 20)), fabric=fabric,
+                      ram_size=ram, fabric=fabric,
                       nr_gpus=1 if args.use_gpu else 0)
         m.load_module("mlx5_ib")
         if args.use_gpu:
@@ -87,26 +216,50 @@ def _write_bw(args: argparse.Namespace) -> int:
     else:
         m = host("host0", None)
         machines = (m, m)
-    write_bw.main(machines, size=args.size, iters=args.iters, tx_depth=args.tx_depth,
-                  cq_mod=args.cq_mod, use_gpu=args.use_gpu)
+    try:
+        write_bw.main(machines, size=args.size, iters=args.iters, tx_depth=args.tx_depth,
+                      cq_mod=args.cq_mod, use_gpu=args.use_gpu)
+    except write_bw.SetupError as e:  # nothing printed yet: the table comes after setup
+        raise UsageError(str(e)) from None
+    except write_bw.RunError as e:
+        print(f"peermem {e}", file=sys.stderr)
+        return 1
     for m in dict.fromkeys(machines):
         m.check_leaks()
     print(" leak check: clean")
     return 0
 
 
+def _client_param(text: str) -> tuple[str, str, int]:
+    """argparse type for --param MODULE:NAME=INT."""
+    mod, _, kv = text.partition(":")
+    key, eq, value = kv.partition("=")
+    try:
+        if not (mod and key and eq):
+            raise ValueError
+        return mod, key, int(value, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODULE:NAME=INT") from None
+
+
 def _clients(args: argparse.Namespace) -> int:
+    from kernel_model.platform import peer_client_modules
     from userspace.tools import clients
     params: dict[str, dict[str, int]] = {}
-    for spec in args.param or []:
-        try:
-            mod, kv = spec.split(":", 1)
-            key, value = kv.split("=", 1)
-            params.setdefault(mod, {})[key] = int(value, 0)
-        except ValueError:
-            print(f"peermem clients: --param {spec!r} is not MODULE:NAME=INT", file=sys.stderr)
-            return 2
-    return clients.main(params)
+    for mod, key, value in args.param or []:
+        params.setdefault(mod, {})[key] = value
+    known = [name for name, _, _ in peer_client_modules()]
+    for mod in params:
+        if mod not in known:
+            raise UsageError(f"--param: no peer-memory client {mod!r}; clients: "
+                             f"{', '.join(known)}")
+    recs = clients.list_clients(params)
+    for rec in recs:
+        if rec["name"] in params and "error" in rec:
+            given = ",".join(f"{k}={v}" for k, v in params[rec["name"]].items())
+            raise UsageError(f"--param {rec['name']}:{given}: {rec['error']}")
+    clients.print_clients(recs)
+    return 0
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -127,27 +280,44 @@ def _emit(trace: object, fmt: str, path: str | None) -> None:
             "mermaid": format_mermaid}[fmt](trace)
     if not text.endswith("\n"):
         text += "\n"
-    if path:
-        with open(path, "w") as f:
-            f.write(text)
+    if path is not None:
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"-o {path}: {e.strerror}") from None
     else:
         sys.stdout.write(text)
 
 
-def _explore(args: argparse.Namespace) -> int:
-    import time
+def _explore_checks(args: argparse.Namespace) -> None:
+    """Option combinations argparse cannot express; UsageError for the first wrong one."""
+    if args.replay is None:
+        for given, flag in ((args.trace, "--trace"), (args.o is not None, "-o"),
+                            (args.format is not None, "--format")):
+            if given:
+                raise UsageError(f"{flag} needs --replay SCHEDULE (it shows one schedule)")
+    elif not args.trace:
+        for given, flag in ((args.o is not None, "-o"), (args.format is not None, "--format")):
+            if given:
+                raise UsageError(f"{flag} needs --trace (it formats the replay's trace)")
 
+
+def _explore(args: argparse.Namespace) -> int:
     from kernel_model.explore import explore, interleaving, replay, schedule_trace
+    from kernel_model.sched import SCHED, ReplayDivergence
     from scenarios.races import RACES
-    if args.list or args.scenario is None:
+    if args.list:
         for r in RACES.values():
             print(f"{r.name}\n  fixed:  {r.fixed}\n  legacy: {r.legacy}")
-        return 0 if args.list else 2
+        return 0
+    if args.scenario is None:
+        raise UsageError("which race scenario? `peermem explore --list` shows them")
     race = RACES.get(args.scenario)
     if race is None:
-        print(f"peermem explore: no race scenario {args.scenario!r}; known: "
-              f"{', '.join(sorted(RACES))}", file=sys.stderr)
-        return 2
+        raise UsageError(f"no race scenario {args.scenario!r}; known: "
+                         f"{', '.join(sorted(RACES))}")
+    _explore_checks(args)
     config = "legacy" if args.legacy else "fixed"
     print(f"{race.name} ({config}): {race.legacy if args.legacy else race.fixed}")
 
@@ -156,11 +326,17 @@ def _explore(args: argparse.Namespace) -> int:
     replay_cmd = (f"peermem explore {race.name}{' --legacy' if args.legacy else ''} "
                   "--replay '{}'")
     if args.replay is not None:
-        if args.trace:
-            from kernel_model.tracefilter import filter_trace
-            _emit(filter_trace(schedule_trace(program, args.replay), depth=args.depth),
-                  args.format, args.o)
-        run = replay(program, args.replay)
+        try:
+            if args.trace:
+                from kernel_model.tracefilter import filter_trace
+                _emit(filter_trace(schedule_trace(program, args.replay), depth=args.depth),
+                      args.format or "ftrace", args.o)
+            run = replay(program, args.replay)
+        except ReplayDivergence as e:  # the program cannot take those decisions
+            SCHED.abandon()
+            SCHED.failed.clear()
+            print(f"peermem explore: --replay {args.replay!r}: {e}", file=sys.stderr)
+            return 1
         if run.failure is None:
             print(f"replayed {args.replay!r}: no failure")
             return 0
@@ -207,6 +383,11 @@ def _scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+#: trace's filter options: (attribute, flag), for the message when they leave nothing
+_TRACE_FILTERS = (("during", "--during"), ("function", "--function"), ("layer", "--layer"),
+                  ("depth", "--depth"), ("task", "--task"))
+
+
 def _trace(args: argparse.Namespace) -> int:
     from kernel_model.sched import DeadlockError, ReplayDivergence
     from kernel_model.tracefilter import filter_trace
@@ -214,8 +395,7 @@ def _trace(args: argparse.Namespace) -> int:
     try:
         get(args.scenario)
     except KeyError as e:
-        print(f"peermem trace: {e.args[0]}", file=sys.stderr)
-        return 2
+        raise UsageError(e.args[0]) from None
     try:
         report: list = []
         trace = run_traced(args.scenario, clock=args.clock, schedule=args.schedule,
@@ -223,26 +403,31 @@ def _trace(args: argparse.Namespace) -> int:
     except (DeadlockError, ReplayDivergence) as e:
         print(f"peermem trace: {args.scenario}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:  # a malformed --schedule
-        print(f"peermem trace: {e}", file=sys.stderr)
-        return 2
     try:
         trace = filter_trace(trace, function=args.function, depth=args.depth,
                              layer=args.layer, task=args.task, during=args.during)
     except ValueError as e:
-        print(f"peermem trace: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
+    given = " ".join(f"{flag} {v}" for attr, flag in _TRACE_FILTERS
+                     for v in _values(getattr(args, attr)))
+    if given and not any(trace.roots):
+        raise UsageError(f"{given}: the filters together match nothing in the "
+                         f"{args.scenario} trace")
+    if args.stats and not report:  # before the trace: no output that looks like success
+        raise UsageError(f"--stats: {args.scenario} keeps no statistics")
     _emit(trace, args.format, args.o)
     if args.stats:
-        if not report:
-            print(f"peermem trace: {args.scenario} keeps no statistics", file=sys.stderr)
-            return 2
         sys.stdout.write("".join(report))
     return 0
 
 
+def _values(v: object) -> list:
+    """An option's values: none, one, or the list of a repeatable option."""
+    return [] if v is None else list(v) if isinstance(v, list) else [v]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="peermem",
         description="An emulated Linux RDMA driver stack with PeerDirect peer memory.")
     ap.add_argument("--version", action="version", version="peermem-model 0.1.0")
@@ -251,9 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Mirrors tools/testing/selftests/mm/gup_test: map and "
                        "touch anonymous memory, then pin and unpin it through "
                        "/sys/kernel/debug/gup_test.")
-    g.add_argument("-m", type=int, default=128, metavar="MB", help="size in MiB (128)")
-    g.add_argument("-n", type=int, default=0, metavar="N",
-                   help="pages per pin call (default: all at once)")
+    g.add_argument("-m", type=_int_arg(1, GUP_MAX_MB, f" (half the {MAX_RAM >> 20} MiB "
+                                       "machine)"), default=128, metavar="MB",
+                   help=f"size in MiB, 1 to {GUP_MAX_MB} (128)")
+    g.add_argument("-n", type=_int_arg(0, U32_MAX, " (a __u32)"), default=0, metavar="N",
+                   help="pages per pin call (default 0: all at once)")
     g.add_argument("-w", action="store_true", help="pin with FOLL_WRITE")
     g.add_argument("-L", action="store_true",
                    help="PIN_LONGTERM_BENCHMARK (pin_user_pages + FOLL_LONGTERM)")
@@ -266,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "alloc_ucontext response (bf_reg_size, tot_bfregs, ...).")
     d.add_argument("-d", "--ib-dev", dest="d", metavar="DEV",
                    help="use IB device DEV (default all devices)")
-    d.add_argument("-i", "--ib-port", dest="i", type=int, default=0, metavar="PORT",
+    d.add_argument("-i", "--ib-port", dest="i", type=_int_arg(1), default=0, metavar="PORT",
                    help="use port PORT of the device (default all ports)")
     d.add_argument("-l", "--list", dest="l", action="store_true",
                    help="print only the IB devices names")
@@ -282,12 +469,15 @@ def build_parser() -> argparse.ArgumentParser:
                        description="A server and a client process, RC QPs, RDMA WRITEs of "
                        "SIZE bytes; prints perftest's table (wall-clock rates of the "
                        "emulation) and verifies the data at the end.")
-    w.add_argument("--size", "-s", type=int, default=65536, metavar="BYTES",
-                   help="message size (65536)")
-    w.add_argument("--iters", "-n", type=int, default=1000, metavar="N",
-                   help="messages (1000)")
-    w.add_argument("--tx-depth", "-t", type=int, default=128, help="WRs in flight (128)")
-    w.add_argument("--cq-mod", "-Q", type=int, default=100,
+    w.add_argument("--size", "-s", type=_int_arg(1, WRITE_BW_MAX_SIZE, " (the buffers must "
+                                                  f"fit in a {MAX_RAM >> 20} MiB machine)"),
+                   default=65536, metavar="BYTES",
+                   help=f"message size, 1 to {WRITE_BW_MAX_SIZE} (65536)")
+    w.add_argument("--iters", "-n", type=_int_arg(1, MAX_ITERS), default=1000, metavar="N",
+                   help=f"messages, 1 to {MAX_ITERS} (1000)")
+    w.add_argument("--tx-depth", "-t", type=_int_arg(1), default=128, metavar="N",
+                   help="WRs in flight (128; at most what the QP can hold)")
+    w.add_argument("--cq-mod", "-Q", type=_int_arg(1), default=100, metavar="N",
                    help="signal one WR in every CQ_MOD (100)")
     w.add_argument("--use-gpu", action="store_true",
                    help="both buffers in GPU memory, as perftest's --use_cuda (each host "
@@ -302,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "peermem.clients) peer-memory client: loaded on a host with a "
                        "ConnectX, a GPU and a CMB device, and what it registered as "
                        "/sys/kernel/mm/memory_peers shows it.")
-    c.add_argument("--param", action="append", metavar="MODULE:NAME=INT",
+    c.add_argument("--param", action="append", type=_client_param, metavar="MODULE:NAME=INT",
                    help="a module parameter for one client (repeatable)")
     c.set_defaults(func=_clients)
     x = sub.add_parser("explore", help="run a race scenario under many schedules",
@@ -317,20 +507,24 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--legacy", action="store_true",
                    help="the configuration with the real bug (an older release or design)")
     x.add_argument("--strategy", choices=["dfs", "pct", "random"], default="dfs")
-    x.add_argument("--bound", type=int, default=2, help="preemption bound for dfs (2)")
-    x.add_argument("--max-schedules", type=int, default=None,
+    x.add_argument("--bound", type=_int_arg(0), default=2,
+                   help="preemption bound for dfs (2)")
+    x.add_argument("--max-schedules", type=_int_arg(1), default=None, metavar="N",
                    help="stop after N schedules (pct/random: 100 by default)")
     x.add_argument("--seed", type=int, default=0, help="first seed for pct/random (0)")
     x.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                    help="run part I of N disjoint parts of the search (0/1)")
-    x.add_argument("--replay", metavar="SCHEDULE", help="run exactly this schedule")
+    x.add_argument("--replay", type=_schedule, metavar="SCHEDULE",
+                   help="run exactly this schedule")
     x.add_argument("--trace", action="store_true",
                    help="with --replay: print the schedule's whole interleaved trace")
-    x.add_argument("--depth", type=int, default=4,
+    x.add_argument("--depth", type=_int_arg(1), default=4, metavar="N",
                    help="call depth of the interleaved trace in reports (4)")
-    x.add_argument("--format", choices=["ftrace", "perfetto", "mermaid"], default="ftrace",
-                   help="with --replay --trace: the trace's format (perfetto: a track per task)")
-    x.add_argument("-o", metavar="FILE", help="with --replay --trace: write it to FILE")
+    x.add_argument("--format", choices=["ftrace", "perfetto", "mermaid"], default=None,
+                   help="with --replay --trace: the trace's format (ftrace; perfetto: a "
+                   "track per task)")
+    x.add_argument("-o", type=_out_file, metavar="FILE",
+                   help="with --replay --trace: write it to FILE")
     x.set_defaults(func=_explore)
     s = sub.add_parser("scenarios", help="list the scenarios `trace` can run",
                        description="One line per runnable scenario.")
@@ -342,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "The filters mirror ftrace's set_graph_function and max_graph_depth.")
     t.add_argument("scenario", metavar="SCENARIO", help="see `peermem scenarios`")
     t.add_argument("--format", choices=["ftrace", "perfetto", "mermaid"], default="ftrace")
-    t.add_argument("-o", metavar="FILE", help="write to FILE instead of stdout")
+    t.add_argument("-o", type=_out_file, metavar="FILE",
+                   help="write to FILE instead of stdout")
     t.add_argument("--function", metavar="NAME",
                    help="only the graphs under calls of NAME (set_graph_function)")
     t.add_argument("--stats", action="store_true",
@@ -351,26 +546,37 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--during", metavar="NAME",
                    help="every task, but only while calls of NAME ran (what the "
                    "HCA and the other machine did meanwhile)")
-    t.add_argument("--depth", type=int, metavar="N", help="nesting limit (max_graph_depth)")
+    t.add_argument("--depth", type=_int_arg(1), metavar="N",
+                   help="nesting limit (max_graph_depth)")
     t.add_argument("--layer", action="append", metavar="NAME",
                    help="only calls of this layer (repeatable)")
     t.add_argument("--task", metavar="NAME", help="only this task (comm or comm-pid)")
     t.add_argument("--clock", choices=["virtual", "wall"], default="virtual",
                    help="durations from the virtual clock (default, identical every run) "
                    "or wall time")
-    t.add_argument("--schedule", metavar="STR",
+    t.add_argument("--schedule", type=_schedule, metavar="STR",
                    help="replay a recorded schedule string instead of the default order")
     t.set_defaults(func=_trace)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `peermem` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `peermem` console script; the exit status (module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command is None:
-        build_parser().print_help()
+        parser.print_help()
         return 0
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"peermem {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the last resort; each input path has its check
+        first = next(iter(str(e).splitlines()), "")
+        print(f"peermem: internal error: {type(e).__name__}: {first} (please report)",
+              file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ def list_clients(params: dict[str, dict[str, int]]) -> list[dict[str, object]]:
     return out
 
 
-def main(params: dict[str, dict[str, int]]) -> int:
-    for rec in list_clients(params):
+def print_clients(recs: list[dict[str, object]]) -> None:
+    """What list_clients found, a paragraph per client."""
+    for rec in recs:
         print(f"{rec['name']}  ({rec['origin']}, {rec['module']})")
         print(f"    {rec['summary']}")
         if "error" in rec:
@@ -69,4 +70,8 @@ def main(params: dict[str, dict[str, int]]) -> int:
         regs = rec["registers"] or [("(nothing)", "")]
         for reg, version in regs:
             print(f"    registers {reg:12} version {version}")
+
+
+def main(params: dict[str, dict[str, int]]) -> int:
+    print_clients(list_clients(params))
     return 0

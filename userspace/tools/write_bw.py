@@ -16,15 +16,22 @@ the figures say how fast the emulated stack moves bytes, not what a
 ConnectX would: BW average is all bytes over the whole run; BW peak is the
 best rate over any tx_depth consecutive completions (perftest takes the
 best over every span of completions, which costs O(n^2)).
+
+Both processes run with RLIMIT_MEMLOCK unlimited, as perftest is run (as
+root, or after `ulimit -l unlimited`): with the 8 MiB default any buffer
+near 8 MiB fails ibv_reg_mr with ENOMEM.  A verb that fails while the two
+sides are set up raises SetupError naming the parameter that sized it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from kernel_model.task import RLIM_INFINITY
 from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudart
 from userspace.libc import free, posix_memalign
 from userspace.libibverbs import verbs as v
@@ -33,6 +40,14 @@ from userspace.libibverbs.verbs import ibv_sge
 
 MB = 1 << 20  # perftest's MB/sec is 2^20 bytes per second
 RULE = "-" * 87
+
+
+class SetupError(ValueError):
+    """A verb of the setup failed for the size or depth asked for (one line)."""
+
+
+class RunError(RuntimeError):
+    """The test itself failed: a completion in error, or data that did not arrive."""
 
 
 @attrs.define
@@ -57,20 +72,32 @@ def _gid_text(gid: bytes) -> str:
     return ":".join(f"{b:02d}" for b in gid)
 
 
+def _step(what: str, param: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """fn(*args, **kw); an OSError (the verb's errno) becomes SetupError naming `param`."""
+    try:
+        return fn(*args, **kw)
+    except OSError as e:
+        raise SetupError(f"{param}: {what} failed: {e}") from None
+
+
 def setup(proc: Any, size: int, tx_depth: int, psn: int, use_gpu: bool = False) -> Endpoint:
     """ctx, PD, CQ, a registered buffer and an RC QP (perftest's ctx_init).  With
     use_gpu the buffer is cudaMalloc'd (perftest --use_cuda): ibv_reg_mr then goes
-    through the peer-memory client."""
+    through the peer-memory client.  SetupError if the CQ, the QP or the buffer
+    cannot be had for this tx_depth or size (what was made is freed at the
+    process's exit, as the kernel frees it)."""
     ctx = Context(proc)
     pd = PD(ctx)
-    cq = CQ(ctx, tx_depth)
+    cq = _step("ibv_create_cq", f"--tx-depth {tx_depth}", CQ, ctx, tx_depth)
     access = v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE
+    what = f"--size {size}"
     if use_gpu:
-        mr = MR(pd, max(size, 1), access, addr=cudart(proc).cudaMalloc(max(size, 1)))
+        addr = _step("cudaMalloc", what, cudart(proc).cudaMalloc, max(size, 1))
+        mr = _step("ibv_reg_mr", what, MR, pd, max(size, 1), access, addr=addr)
     else:
-        mr = MR(pd, max(size, 1), access)
-    qp = QP(pd, QPInitAttr(cq, cq, cap=QPCap(max_send_wr=tx_depth, max_recv_wr=1,
-                                             max_send_sge=1, max_recv_sge=1)))
+        mr = _step("ibv_reg_mr", what, MR, pd, max(size, 1), access)
+    cap = QPCap(max_send_wr=tx_depth, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+    qp = _step("ibv_create_qp", f"--tx-depth {tx_depth}", QP, pd, QPInitAttr(cq, cq, cap=cap))
     return Endpoint(ctx, pd, cq, mr, qp, ctx.query_gid(1, 0), psn, use_gpu)
 
 
@@ -134,8 +161,8 @@ def run_client(ep: Endpoint, remote: dict[str, int | bytes], size: int, iters: i
             scnt += 1
         for wc in ep.cq.poll_until(1):
             if wc.status != v.IBV_WC_SUCCESS:
-                raise RuntimeError(f"write-bw: completion error "
-                                   f"{v.ibv_wc_status_str(wc.status)} (wr_id {wc.wr_id})")
+                raise RunError(f"write-bw: completion error "
+                               f"{v.ibv_wc_status_str(wc.status)} (wr_id {wc.wr_id})")
             now = time.perf_counter()
             for i in range(ccnt, wc.wr_id + 1):   # one CQE completes the unsignalled ones too
                 tcompleted[i] = now
@@ -168,7 +195,7 @@ def main(machines: tuple[Any, Any], size: int = 65536, iters: int = 1000,
     if size < 1 or iters < 1:
         raise ValueError("write-bw: --size and --iters must be at least 1")
     tx_depth = min(tx_depth, iters)
-    server, client = machines[0].spawn("ib_write_bw"), machines[1].spawn("ib_write_bw")
+    server, client = (m.spawn("ib_write_bw", rlimit_memlock=RLIM_INFINITY) for m in machines)
     try:
         srv = server.run(setup, server, size, tx_depth, 0x1A2B3C, use_gpu)
         cli = client.run(setup, client, size, tx_depth, 0x4D5E6F, use_gpu)
@@ -202,7 +229,7 @@ def main(machines: tuple[Any, Any], size: int = 65536, iters: int = 1000,
         got = server.run(contents, srv, size)
         if got != sent:
             bad = next(i for i in range(size) if got[i] != sent[i])
-            raise RuntimeError(f"write-bw: data mismatch at byte {bad}")
+            raise RunError(f"write-bw: data mismatch at byte {bad}")
         out(f" data verified: {size} bytes at the server match the client's buffer")
         client.run(teardown, cli)
         server.run(teardown, srv)
