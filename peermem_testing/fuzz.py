@@ -116,7 +116,12 @@ def op(**params: Num | Blob) -> Callable:
 
 
 class FuzzFailure(AssertionError):
-    """An invariant broke: the emulator did not survive its input."""
+    """An invariant broke: the emulator did not survive its input.  `sig` names the
+    kind of failure (operation, what broke) - what the shrinker keeps constant."""
+
+    def __init__(self, message: str, sig: tuple = ()):
+        super().__init__(message)
+        self.sig = sig or (message.split(":", 1)[0],)
 
 
 class StepTimeout(BaseException):
@@ -183,12 +188,14 @@ class FuzzWorld:
                 self._segv(self._actor)
         except StepTimeout:
             raise FuzzFailure(f"{name}: hang - still running after "
-                              f"{self.STEP_SECONDS:.0f} s") from None
+                              f"{self.STEP_SECONDS:.0f} s", (name, "hang")) from None
         except DeadlockError as e:
-            raise FuzzFailure(f"{name}: deadlock\n{e}") from e
+            raise FuzzFailure(f"{name}: deadlock\n{e}", (name, "deadlock")) from e
+        except FuzzFailure:
+            raise
         except Exception as e:
             raise FuzzFailure(f"{name}{kwargs}: {type(e).__name__}: {e}\n"
-                              f"{traceback.format_exc()}") from e
+                              f"{traceback.format_exc()}", (name, type(e).__name__)) from e
         finally:
             if self.watchdog:
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -201,11 +208,13 @@ class FuzzWorld:
             if len(m.bugs) > self._bugs[i]:
                 new = m.bugs[self._bugs[i]:]
                 self._bugs[i] = len(m.bugs)
-                raise FuzzFailure(f"{name}: {m.name}: " + "; ".join(new))
+                raise FuzzFailure(f"{name}: {m.name}: " + "; ".join(new),
+                                  (name, "WARN", new[0].split(":")[1]))
         if SCHED.failed:
             t = SCHED.failed[0]
             exc = "".join(traceback.format_exception(t.exc)) if t.exc else ""
-            raise FuzzFailure(f"{name}: kernel task {t.name} died: {t.exc!r}\n{exc}")
+            raise FuzzFailure(f"{name}: kernel task {t.name} died: {t.exc!r}\n{exc}",
+                              (name, "task died", type(t.exc).__name__))
 
     def finish(self) -> None:
         """Every process exits; both hosts shut down and must have leaked nothing."""
@@ -644,10 +653,11 @@ class FuzzWorld:
             execute_write(c.ref, command, req, resp, what="foreign destroy")
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.EINVAL, errno.EBADF, errno.EIO):
-                raise FuzzFailure(f"foreign destroy: unexpected errno {e.errno}") from e
+                raise FuzzFailure(f"foreign destroy: unexpected errno {e.errno}",
+                                  ("foreign_destroy", "errno")) from e
             return
         raise FuzzFailure(f"destroying {what} handle {handle}, which this file never issued "
-                          "(or destroyed already), succeeded")
+                          "(or destroyed already), succeeded", ("foreign_destroy", "succeeded"))
 
     def _ctx_of(self, o: Obj) -> Obj | None:
         while o is not None and o.kind != "ctx":
@@ -808,12 +818,12 @@ def run_sequence(ops: list[tuple[str, dict]], watchdog: bool = True) -> FuzzFail
         return e
     except Exception as e:  # noqa: BLE001 - a leak check or teardown failure is a finding
         w.close()
-        return FuzzFailure(f"finish: {type(e).__name__}: {e}")
+        return FuzzFailure(f"finish: {type(e).__name__}: {e}", ("finish", type(e).__name__))
     return None
 
 
 def _same(a: FuzzFailure, b: FuzzFailure | None) -> bool:
-    return b is not None and str(b).split(":", 2)[:2] == str(a).split(":", 2)[:2]
+    return b is not None and b.sig == a.sig
 
 
 def shrink(ops: list[tuple[str, dict]], failure: FuzzFailure,
@@ -877,7 +887,8 @@ def run_campaign(seconds: float, seed: int, length: int = 200,
         except FuzzFailure as e:
             failure = e
         except Exception as e:  # noqa: BLE001 - leak check
-            failure = FuzzFailure(f"finish: {type(e).__name__}: {e}")
+            failure = FuzzFailure(f"finish: {type(e).__name__}: {e}",
+                                  ("finish", type(e).__name__))
         if failure is not None:
             w.close()
         res.operations += done

@@ -10,6 +10,7 @@
     peermem trace pin --format perfetto -o pin.json
     peermem devinfo -v               # ibv_devinfo -v on an emulated ConnectX
     peermem explore free-callback-vs-put-pages --legacy   # the race explorer
+    peermem fuzz --seconds 600 --seed 1                    # a random hostile campaign
 
 Each subcommand boots a Machine, loads the modules it needs by name (as
 modprobe would) and runs a user program on it through system calls only.
@@ -18,7 +19,7 @@ modprobe would) and runs a user program on it through system calls only.
 Bad input gets one line on stderr and no traceback.  Exit statuses:
 
   0   done.
-  1   the run itself failed: explore found a failing schedule, a replayed
+  1   the run itself failed: explore or fuzz found a failure, a replayed
       schedule diverged from the program or deadlocked, a write-bw completion
       failed, a gup-test system call failed.  One line `peermem CMD: ...`.
   2   bad input, refused before anything is printed on stdout: a value out of
@@ -368,6 +369,11 @@ def _explore(args: argparse.Namespace) -> int:
     return 1
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from peermem_testing.fuzz import fuzz_main
+    return fuzz_main(args.seconds, args.seed, args.length, sys.stdout, sys.stderr)
+
+
 def _add_machine_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--backend", choices=["c", "python"], default=None,
                     help="page loops in C (default) or their Python twins")
@@ -557,6 +563,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--schedule", type=_schedule, metavar="STR",
                    help="replay a recorded schedule string instead of the default order")
     t.set_defaults(func=_trace)
+    f = sub.add_parser("fuzz", help="a random campaign over the syscall and verbs surface",
+                       description="Run seeded random operation sequences (processes on two "
+                       "hosts, verbs, memory, raw commands, stores into rings and UARs, exit "
+                       "anywhere) against fresh hosts, checking after every step that the "
+                       "call returned or failed with an errno, no WARN, no dead task, and at "
+                       "the end no leak. A failure is shrunk and printed as Python (exit 1).")
+    f.add_argument("--seconds", type=_int_arg(1, 7 * 24 * 3600), default=60, metavar="N",
+                   help="how long to run (default 60)")
+    f.add_argument("--seed", type=_int_arg(0, (1 << 64) - 1), default=0, metavar="S",
+                   help="the random seed: the same seed draws the same sequences")
+    f.add_argument("--length", type=_int_arg(1, 100_000), default=200, metavar="N",
+                   help="operations per sequence, each on fresh hosts (default 200)")
+    f.set_defaults(func=_fuzz)
     return ap
 
 
