@@ -19,16 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import current, running
 from kernel_model.errno import KernelBug
+from kernel_model.uapi.resource import (  # noqa: F401 - task_struct's rlimits, as ever
+    MLOCK_LIMIT,
+    RLIM_INFINITY,
+    RLIMIT_MEMLOCK,
+    RLIMIT_NOFILE,
+)
 
 if TYPE_CHECKING:
     from kernel_model.fs import files_struct
     from kernel_model.machine import Machine
     from kernel_model.mm import mm_struct
 
-RLIMIT_NOFILE = 7
-RLIMIT_MEMLOCK = 8
-RLIM_INFINITY = (1 << 64) - 1
-MLOCK_LIMIT = 8 << 20  # include/uapi/linux/resource.h default since 5.16
 INR_OPEN_CUR = 1024
 
 CAP_NET_RAW = 13

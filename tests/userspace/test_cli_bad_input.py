@@ -140,7 +140,7 @@ def test_top_level_errors_are_one_line(capsys):
                    "peermem: error: unrecognized arguments: extra")
     assert_refused(capsys, ["nosuch"], "peermem: error: argument COMMAND: invalid choice: "
                    "'nosuch' (choose from 'gup-test', 'devinfo', 'write-bw', 'clients', "
-                   "'explore', 'scenarios', 'trace')")
+                   "'explore', 'scenarios', 'trace', 'fuzz')")
 
 
 def test_help_still_prints_the_usage(capsys):
@@ -273,3 +273,11 @@ def test_internal_error_is_one_line_and_exit_70(capsys, monkeypatch):
     rc, out, err, _ = run(capsys, ["scenarios"])
     assert (rc, out) == (70, "")
     assert err == "peermem: internal error: RuntimeError: oops (please report)\n"
+
+
+def test_the_clis_bar1_reserve_is_the_drivers():
+    """write-bw --use-gpu's size bound copies the nvidia driver's BAR1 reserve (a user
+    tool may not import the driver): the two figures must stay equal."""
+    from drivers.nvidia.rm import CLI_THIRD_PARTY_P2P_BAR1_RESERVE
+    from userspace.tools import cli
+    assert cli.CLI_THIRD_PARTY_P2P_BAR1_RESERVE == CLI_THIRD_PARTY_P2P_BAR1_RESERVE

@@ -177,12 +177,18 @@ def _devinfo(args: argparse.Namespace) -> int:
     return rc & 0xFF  # the exit status a shell sees (devinfo returns -1 for "not found")
 
 
+#: the nvidia driver's BAR1 reserve for third-party P2P (rm.py's
+#: CLI_THIRD_PARTY_P2P_BAR1_RESERVE): a tool cannot ask the driver for it, so the figure
+#: is copied here (tests/userspace/test_cli_bad_input.py keeps the two equal)
+CLI_THIRD_PARTY_P2P_BAR1_RESERVE = 36 << 20
+
+
 def _gpu_size_check(args: argparse.Namespace) -> None:
     """--use-gpu: the buffers are registered through the GPU's BAR1, which the driver
     maps only while `bar1_size - CLI_THIRD_PARTY_P2P_BAR1_RESERVE` is left (rm.py);
     on one machine both buffers share one GPU's BAR1."""
-    from drivers.nvidia.rm import CLI_THIRD_PARTY_P2P_BAR1_RESERVE
-    from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
+    from kernel_model.platform import GpuConfig
+    from userspace.cuda.runtime import GPU_PAGE_SIZE
     room = GpuConfig().bar1_size - CLI_THIRD_PARTY_P2P_BAR1_RESERVE
     per_gpu = 1 if args.two_machines else 2
     most = room // per_gpu // GPU_PAGE_SIZE * GPU_PAGE_SIZE

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from kernel_model.task import RLIM_INFINITY
+from kernel_model.uapi.resource import RLIM_INFINITY
 from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudart
 from userspace.libc import free, posix_memalign
 from userspace.libibverbs import verbs as v
