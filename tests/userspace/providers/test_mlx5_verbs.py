@@ -76,6 +76,23 @@ def test_reset_cleans_the_cq_and_starts_the_queues_over(rig):
     assert (qp.state, qp.sq.qp_state_max_gs, qp.rq.qp_state_max_gs) == (v.IBV_QPS_RESET, -1, -1)
 
 
+def test_destroy_cleans_the_cqs_so_a_reused_user_index_sees_nothing(rig):
+    """mlx5_destroy_qp runs __mlx5_cq_clean on both CQs: the destroyed QP's unpolled
+    completion does not reach the next QP given its user index (found by the fuzzer:
+    the next QP, with no send queue, took it and polled out of its wrid array)."""
+    p, ctx, qp, gid = rig
+    cq, uidx = qp.recv_cq, qp.uidx
+    cqe = bytearray(64)
+    struct.pack_into(">I", cqe, 32, uidx)
+    cqe[63] = 0xD0                                   # REQ_ERR, owner bit 0: software's
+    cqe[55] = 0x05                                   # syndrome: work request flushed
+    p.store(cq.buf, bytes(cqe))
+    assert v.ibv_destroy_qp(qp) == 0
+    again = rc_qp(ctx)
+    assert again.uidx == uidx                        # the user index is reused
+    assert v.ibv_poll_cq(cq, 4) == []                # and the stale CQE is gone
+
+
 def test_query_takes_the_send_queue_sizes_from_the_library(rig):
     p, ctx, qp, _ = rig
     attr, init = v.ibv_query_qp(qp, v.IBV_QP_STATE | v.IBV_QP_CAP)

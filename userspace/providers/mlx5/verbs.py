@@ -322,10 +322,16 @@ def map_uuar(context: mlx5_context, qp: mlx5_qp, uuar_index: int,
 
 @traced
 def mlx5_destroy_qp(qp: mlx5_qp) -> None:
-    """Mirrors mlx5_destroy_qp(): DESTROY_QP, then give back the UAR, the user
-    index, the doorbell record and the buffer."""
+    """Mirrors mlx5_destroy_qp(): DESTROY_QP; the CQs lose the QP's unpolled
+    completions (__mlx5_cq_clean on the receive, then the send CQ), so a later QP
+    given the same user index or QPN never sees them; then give back the UAR, the
+    user index, the doorbell record and the buffer."""
     mctx = _to_mctx(qp.context)
     c.ibv_cmd_destroy_qp(mctx, qp.handle)
+    rsn = qp.uidx if mctx.cqe_version else qp.qp_num
+    mlx5_cq_clean(qp.recv_cq, rsn)
+    if qp.send_cq is not qp.recv_cq:
+        mlx5_cq_clean(qp.send_cq, rsn)
     if not mctx.bfs:
         mlx5_put_qp_uar(mctx, qp.bf)
     mctx.uidx_table.pop(qp.uidx, None)
