@@ -401,12 +401,18 @@ class Mlx5Engine:
             self._queue(qp.num)
 
     def object_destroyed(self, kind: str, num: int) -> None:
-        """DESTROY_QP / DESTROY_CQ: forget the engine's state for that number."""
+        """DESTROY_QP / DESTROY_CQ / DEALLOC_UAR: forget the engine's state for that
+        number - for a UAR page, any BlueFlame copy half-written into it, so the page's
+        next owner never continues the last one's WQE."""
         if kind == "qp":
             self.qps.pop(num, None)
             self.retry = deque(r for r in self.retry if r[0] != num)
         elif kind == "cq":
             self.cq_pi.pop(num, None)
+        elif kind == "uar":
+            per = self.hca.fw.uars_per_page
+            for key in [k for k in self._bf_chunks if k[0] - k[0] % per == num]:
+                del self._bf_chunks[key]
 
     def reset(self) -> None:
         """Function reset: every queue and CQ is gone."""

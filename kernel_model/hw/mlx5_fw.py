@@ -453,6 +453,7 @@ def dealloc_uar(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     uar = fw.lookup(fw.uars, MLX5_GET("dealloc_uar_in", in_, "uar"), _uid(in_), "uar")
     fw.release(uar, "uar")
     del fw.uars[uar.num]
+    fw.hca.object_destroyed("uar", uar.num)
 
 
 @fw_command(MLX5_CMD_OP_ALLOC_PD, "alloc_pd")

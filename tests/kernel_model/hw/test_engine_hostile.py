@@ -54,3 +54,18 @@ def test_an_exception_in_a_step_is_warned_and_the_engine_keeps_running(hca, monk
     assert (wc.wr_id, v.ibv_wc_status_str(wc.status)) == (2, "SUCCESS")
     assert hca.victim.b.mr.read(256, 1024) == data
     assert hca.m.bugs == [] and SCHED.failed == []
+
+
+def test_a_half_written_blueflame_copy_goes_with_its_uar_page():
+    """DEALLOC_UAR drops what the engine assembled of a BlueFlame copy in that page, so
+    the page's next owner can never continue the previous owner's WQE."""
+    m = rdma_host(ram_size=64 << 20)
+    m.load_module("mlx5_ib")
+    p = m.spawn("app")
+    ctx = v.ibv_open_device(p, v.ibv_get_device_list(p)[0])
+    eng = engine_of(m.hcas[0])
+    p.store(ctx.uar[0].reg + 0x800, bytes(16))          # 16 of a 64-byte copy: pending
+    assert len(eng._bf_chunks) == 1
+    assert v.ibv_close_device(ctx) == 0                 # the context's UARs: DEALLOC_UAR
+    assert eng._bf_chunks == {}
+    p.exit(0)
