@@ -3,6 +3,9 @@
 Static imports are read with ast from every module, including imports inside
 functions; run-time module loading by name (kernel_model.module, like
 modprobe) is the one sanctioned way upward.
+
+Within a package imports point down too: the import graph of product code has no circle
+(strongly connected component) beyond the shrinking KNOWN_CIRCLES list (issue 19).
 """
 
 from __future__ import annotations
@@ -71,3 +74,195 @@ def test_the_check_catches_an_upward_import(tmp_path: pathlib.Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from drivers import gup_test\n")
     assert _imports(f) == ["drivers.gup_test"]
+
+
+# --- import circles ----------------------------------------------------------------------
+# A circle means no module in it can be read, tested or replaced without all the others.
+# Every import statement counts wherever it stands (a function-level import is still a
+# dependency, only a deferred one); an import under `if TYPE_CHECKING:` does not, since it
+# never runs and only serves annotations.
+CYCLE_PACKAGES = PACKAGES + ("peermem_testing", "scenarios")
+
+# Each entry is an import circle issue 19 has not broken yet. This list must only shrink:
+# a new circle fails test_no_new_import_circles, and a broken (or changed) one fails
+# test_known_circles_are_not_stale until its entry is removed or corrected.
+KNOWN_CIRCLES: list[frozenset[str]] = [
+    frozenset({"drivers.nvidia.nv_p2p", "drivers.nvidia.rm"}),
+    frozenset({"kernel_model.hw.mlx5_fw", "kernel_model.hw.mlx5_fw_ctx",
+               "kernel_model.hw.mlx5_fw_port", "kernel_model.hw.mlx5_fw_qp"}),
+    frozenset({"drivers.amdgpu", "drivers.amdgpu.kfd_rdma"}),
+    frozenset({"drivers.ib_core.cache", "drivers.ib_core.device", "drivers.ib_core.peer_mem",
+               "drivers.ib_core.umem", "drivers.ib_core.umem_dmabuf"}),
+    frozenset({"drivers.ib_core.rdma_core", "drivers.ib_core.uverbs_cmd",
+               "drivers.ib_core.uverbs_ioctl", "drivers.ib_core.uverbs_main",
+               "drivers.ib_core.uverbs_std_types", "drivers.ib_core.uverbs_std_types_mr",
+               "drivers.ib_core.verbs"}),
+    frozenset({"userspace.libibverbs.cmd", "userspace.libibverbs.verbs",
+               "userspace.providers.mlx5.mlx5", "userspace.providers.mlx5.verbs"}),
+    frozenset({"kernel_model.fs", "kernel_model.locking", "kernel_model.machine",
+               "kernel_model.memory", "kernel_model.mm", "kernel_model.module",
+               "kernel_model.page_alloc", "kernel_model.pgtable", "kernel_model.process",
+               "kernel_model.slab", "kernel_model.syscalls", "kernel_model.sysfs",
+               "kernel_model.task", "kernel_model.trace", "kernel_model.uaccess",
+               "kernel_model.userfaultfd"}),
+]
+
+
+def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _raw_imports(tree: ast.AST, module_level_only: bool) -> list[tuple[str, str | None]]:
+    """(module, name) pairs: `import a.b` gives ("a.b", None), `from a import b` ("a", "b")."""
+    out: list[tuple[str, str | None]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.orelse:
+                    visit_stmt(sub)
+                continue
+            if module_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                        ast.Lambda)):
+                continue
+            visit_stmt(child)
+
+    def visit_stmt(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            out.extend((a.name, None) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.extend((node.module, a.name) for a in node.names)
+        visit(node)
+
+    visit(tree)
+    return out
+
+
+def import_graph(root: pathlib.Path, packages: tuple[str, ...],
+                 module_level_only: bool = False) -> dict[str, set[str]]:
+    """module -> the project modules it imports (`from pkg import name` is pkg.name when
+    that is a module, else pkg; `import a.b.c` is the longest prefix that is a module)."""
+    paths = {_module_name(root, p): p
+             for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+
+    def resolve(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        while parts and ".".join(parts) not in paths:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in paths.items():
+        edges = set()
+        for module, name in _raw_imports(ast.parse(path.read_text(), str(path)),
+                                         module_level_only):
+            target = resolve(f"{module}.{name}" if name and f"{module}.{name}" in paths
+                             else module)
+            if target is not None and target != mod:
+                edges.add(target)
+        graph[mod] = edges
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[frozenset[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(frozenset(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return circles
+
+
+def cycle_path(graph: dict[str, set[str]], circle: frozenset[str]) -> str:
+    """One concrete cycle through the circle's first module, as "a -> b -> c -> a"."""
+    start = min(circle)
+    parent: dict[str, str] = {}
+    frontier = [start]
+    while frontier:  # breadth first, so the cycle printed is a shortest one through start
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & circle):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return " -> ".join([*reversed(path), start])
+                if w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{sorted(circle)} is not a circle")
+
+
+def _describe(graph: dict[str, set[str]], circles: list[frozenset[str]]) -> str:
+    return "\n".join(f"  {len(c)} modules: {cycle_path(graph, c)}" for c in circles)
+
+
+def test_no_new_import_circles() -> None:
+    graph = import_graph(ROOT, CYCLE_PACKAGES)
+    new = [c for c in import_circles(graph) if c not in KNOWN_CIRCLES]
+    assert not new, ("import circle(s) in product code; make the imports point down "
+                     "(a definition module below, an ops table for the upward call, or a "
+                     "TYPE_CHECKING import for annotations):\n" + _describe(graph, new))
+
+
+def test_known_circles_are_not_stale() -> None:
+    """Breaking (or shrinking) a circle must remove (or correct) its KNOWN_CIRCLES entry."""
+    circles = import_circles(import_graph(ROOT, CYCLE_PACKAGES))
+    stale = [sorted(c) for c in KNOWN_CIRCLES if c not in circles]
+    assert not stale, f"KNOWN_CIRCLES entries that are no longer circles as listed: {stale}"
+    assert len(set(KNOWN_CIRCLES)) == len(KNOWN_CIRCLES)
+
+
+def test_the_finder_reports_a_planted_cycle(tmp_path: pathlib.Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("import os\n\n\ndef f():\n    from pkg.c import x\n")
+    (pkg / "c.py").write_text("from pkg.a import y\nx = 1\n")
+    # an annotation-only import closes no circle
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from pkg import e\n")
+    (pkg / "e.py").write_text("from pkg import d\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.d"] == set()
+    circles = import_circles(graph)
+    assert circles == [frozenset({"pkg.a", "pkg.b", "pkg.c"})]
+    assert cycle_path(graph, circles[0]) == "pkg.a -> pkg.b -> pkg.c -> pkg.a"
+    # the function-level import is what closes it
+    assert import_circles(import_graph(tmp_path, ("pkg",), module_level_only=True)) == []
