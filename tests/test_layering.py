@@ -87,7 +87,6 @@ CYCLE_PACKAGES = PACKAGES + ("peermem_testing", "scenarios")
 # a new circle fails test_no_new_import_circles, and a broken (or changed) one fails
 # test_known_circles_are_not_stale until its entry is removed or corrected.
 KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset({"drivers.nvidia.nv_p2p", "drivers.nvidia.rm"}),
     frozenset({"kernel_model.hw.mlx5_fw", "kernel_model.hw.mlx5_fw_ctx",
                "kernel_model.hw.mlx5_fw_port", "kernel_model.hw.mlx5_fw_qp"}),
     frozenset({"drivers.amdgpu", "drivers.amdgpu.kfd_rdma"}),

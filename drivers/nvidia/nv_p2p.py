@@ -170,6 +170,9 @@ class nv_p2p_mem_info:
         self.va = memory.va + (first << GPU_PAGE_SHIFT)   # the address it was pinned at
         self.free_callback = free_callback
         self.data = data
+        # RM's teardown (rm_p2p_run_free_callback) calls this after free_callback: a
+        # function pointer the mapping carries, so rm.py, below this file, never imports it
+        self.free_platform_data = nv_p2p_free_platform_data
         self.persistent = persistent
         self.page_table: nvidia_p2p_page_table | None = None
         self.dma_mappings: list[nvidia_p2p_dma_mapping] = []

@@ -289,15 +289,15 @@ def rm_p2p_latency(dev: NvDevice) -> None:
 
 
 def rm_p2p_run_free_callback(dev: NvDevice, info: Any) -> None:
-    """Run a mapping's free callback on nv_queue and wait; then free its platform data."""
-    from drivers.nvidia.nv_p2p import nv_p2p_free_platform_data
-
+    """Run a mapping's free callback on nv_queue and wait; then free its platform data
+    through the pointer nv-p2p gave the mapping (nv_p2p_free_platform_data): RM sits
+    below the nv-p2p API and calls up only through what it was handed."""
     if info.free_callback is not None:
         work = INIT_WORK(_free_callback_work)
         work.info = info
         queue_work(dev.nv_queue, work)
         flush_work(work)
-    nv_p2p_free_platform_data(info)
+    info.free_platform_data(info)
 
 
 @traced
