@@ -28,17 +28,32 @@ RES_BUSY for an object still in use, LIM when a table is full,
 BAD_INP_LEN for a PAS shorter than the context needs, BAD_SYS_STATE for a
 command the HCA's state does not allow.  Syndromes are stable 32-bit values
 per failing check: syndrome("create_qp_pd") - see SYNDROMES.
+
+Layering: the opcode table, FwError and FwObject are in mlx5_fw_cmd.py at the
+bottom; the handler modules register into it and name Firmware in annotations
+only, so this file imports them and none of them imports it.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
-from kernel_model.hw import mlx5_caps
+# mlx5_fw_ctx and mlx5_fw_qp are imported for their handlers: they fill the rest of COMMANDS
+from kernel_model.hw import mlx5_caps, mlx5_fw_ctx, mlx5_fw_port, mlx5_fw_qp  # noqa: F401
+from kernel_model.hw.mlx5_fw_cmd import (  # noqa: F401 - SYNDROMES, syndrome: the public face
+    ADAPTER_PAGE,
+    COMMANDS,
+    INIT_SEG_SIZE,
+    LIFECYCLE_STATES,
+    SYNDROMES,
+    FwError,
+    FwObject,
+    fw_command,
+    syndrome,
+)
 from kernel_model.hw.mlx5_ifc import (
     HCA_CAP_OPMOD_GET_CUR,
     MLX5_ADDR_OF,
@@ -76,49 +91,6 @@ from kernel_model.hw.mlx5_ifc import (
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX
 
-INIT_SEG_SIZE = 0x2010  # struct mlx5_init_seg: fw_rev .. clr_intx
-ADAPTER_PAGE = 4096
-
-# -- errors and the opcode table --------------------------------------------------------
-SYNDROMES: dict[int, str] = {}  # syndrome -> the check that produced it
-
-
-def syndrome(check: str) -> int:
-    """The syndrome the firmware reports for a failing check (stable, 32 bits)."""
-    value = zlib.crc32(check.encode()) & 0x7FFFFFFF | 0x100000
-    SYNDROMES[value] = check
-    return value
-
-
-class FwError(Exception):
-    """A command the firmware refuses: PRM status and the check's syndrome."""
-
-    def __init__(self, status: int, check: str):
-        super().__init__(f"{check} (status {status:#x})")
-        self.status, self.check, self.syndrome = status, check, syndrome(check)
-
-
-@attrs.define
-class FwCommand:
-    handler: Callable[[Firmware, IfcStruct, IfcStruct], None]
-    name: str   # the layout stem: create_qp -> create_qp_in / create_qp_out
-    state: str  # lowest lifecycle state the command needs
-
-
-COMMANDS: dict[int, FwCommand] = {}
-_STATES = ("disabled", "enabled", "initialized")
-
-
-def fw_command(opcode: int, name: str, state: str = "initialized") -> Callable:
-    """Register a handler for `opcode` in the firmware's opcode table."""
-
-    def mark(fn: Callable[[Firmware, IfcStruct, IfcStruct], None]) -> Callable:
-        COMMANDS[opcode] = FwCommand(fn, name, state)
-        return fn
-
-    return mark
-
-
 @attrs.define
 class Injection:
     """A failure the test asks for: the next `count` matching commands fail."""
@@ -131,20 +103,6 @@ class Injection:
 
 
 # -- small resources --------------------------------------------------------------------
-@attrs.define(eq=False)
-class FwObject:
-    """Base of every firmware object: its number, owning uid and user count."""
-
-    num: int
-    uid: int = 0
-    users: int = 0
-    kind = "OBJ"
-
-    def __repr__(self) -> str:
-        return f"{self.kind} {self.num:#x} uid={self.uid}" + (
-            f" users={self.users}" if self.users else "")
-
-
 class Mlx5Uar(FwObject):
     """What one ALLOC_UAR handed out: `span` consecutive UARs from `num` (one system
     page of 4 KiB UARs with uar_4k; a single UAR otherwise)."""
@@ -321,7 +279,7 @@ class Firmware:
             raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, f"{cmd.name}_inlen")
         if out.typ != cmd.name + "_out":
             raise FwError(MLX5_CMD_STAT_BAD_OUTP_LEN_ERR, f"{cmd.name}_outlen")
-        if _STATES.index(self.state) < _STATES.index(cmd.state):
+        if LIFECYCLE_STATES.index(self.state) < LIFECYCLE_STATES.index(cmd.state):
             raise FwError(MLX5_CMD_STAT_BAD_SYS_STATE_ERR, f"{cmd.name}_hca_{self.state}")
         uid = MLX5_GET("mbox_in", in_, "uid")
         if uid and uid not in self.uctxs and opcode != MLX5_CMD_OP_DESTROY_UCTX:
@@ -498,7 +456,3 @@ def destroy_uctx(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     if any(o.uid == uid for o in fw.live_objects() if not isinstance(o, Mlx5Uctx)):
         raise FwError(MLX5_CMD_STAT_RES_BUSY, "uctx_busy")
     del fw.uctxs[uid]
-
-
-# the rest of the opcode table
-from kernel_model.hw import mlx5_fw_ctx, mlx5_fw_port, mlx5_fw_qp  # noqa: E402,F401

@@ -22,14 +22,10 @@ the context describes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from c_ext import U64Array
-from kernel_model.hw.mlx5_fw import (
-    ADAPTER_PAGE,
-    Firmware,
-    FwError,
-    FwObject,
-    fw_command,
-)
+from kernel_model.hw.mlx5_fw_cmd import ADAPTER_PAGE, FwError, FwObject, fw_command
 from kernel_model.hw.mlx5_ifc import (
     MLX5_ADDR_OF,
     MLX5_CMD_OP_CREATE_CQ,
@@ -59,6 +55,9 @@ from kernel_model.hw.mlx5_ifc import (
     IfcStruct,
     memcpy_ifc,
 )
+
+if TYPE_CHECKING:
+    from kernel_model.hw.mlx5_fw import Firmware
 
 _QP_STATES = {0: "RST", 1: "INIT", 2: "RTR", 3: "RTS", 4: "SQER", 6: "ERR", 7: "SQD"}
 _QP_TYPES = {0x0: "RC", 0x1: "UC", 0x2: "UD", 0x3: "XRC", 0x5: "DCI", 0x7: "QP0", 0x8: "QP1",

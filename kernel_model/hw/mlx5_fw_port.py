@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from kernel_model.hw.mlx5_fw import Firmware, FwError, fw_command
+from kernel_model.hw.mlx5_fw_cmd import FwError, fw_command
 from kernel_model.hw.mlx5_ifc import (
     MLX5_ADDR_OF,
     MLX5_CMD_OP_ACCESS_REG,
@@ -37,6 +37,7 @@ from kernel_model.hw.mlx5_ifc import (
 
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX
+    from kernel_model.hw.mlx5_fw import Firmware
 
 MELLANOX_OUI = 0xB8CEF6
 ETH_HW_OVERHEAD = 14 + 4 + 4  # MLX5E_SW2HW_MTU: Ethernet header, one VLAN tag, FCS

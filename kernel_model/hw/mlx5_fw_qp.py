@@ -36,10 +36,12 @@ clears the entry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
 from kernel_model.hw import mlx5_caps
-from kernel_model.hw.mlx5_fw import Firmware, FwError, fw_command
+from kernel_model.hw.mlx5_fw_cmd import FwError, fw_command
 from kernel_model.hw.mlx5_fw_ctx import Mlx5Qp
 from kernel_model.hw.mlx5_ifc import (
     LAYOUTS,
@@ -91,6 +93,9 @@ from kernel_model.hw.mlx5_ifc import (
     IfcStruct,
     memcpy_ifc,
 )
+
+if TYPE_CHECKING:
+    from kernel_model.hw.mlx5_fw import Firmware
 
 _CONNECTED = (MLX5_QPC_ST_RC, MLX5_QPC_ST_UC, MLX5_QPC_ST_XRC, MLX5_QPC_ST_DCI)
 #: the address path but its P_Key index (which has its own optional bit)
