@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drivers.amdgpu.kfd_rdma import run_rdma_free_callback
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, ENOMEM, KernelError
 from kernel_model.fs import cdev, cdev_add, cdev_del, file_operations
@@ -260,7 +261,6 @@ def kfd_ioctl_free_memory_of_gpu(p: kfd_process, args: list[int]) -> None:
 def kfd_free_bo(p: kfd_process, bo: kgd_mem) -> None:
     """One buffer goes, p->mutex held: its rdma users are told and unpinned, then its
     windows are unmapped and its pages freed."""
-    from drivers.amdgpu.kfd_rdma import run_rdma_free_callback
     run_rdma_free_callback(bo)
     del p.bos[bo.handle]
     for page in bo.pages:

@@ -61,10 +61,12 @@ class rdma_cb:
 
 
 def _process(pid: Any) -> Any:
-    """kfd_lookup_process_by_pid(): the kfd_process of the task's mm, or None."""
-    from drivers.amdgpu import _state
+    """kfd_lookup_process_by_pid(): the kfd_process of the task's mm, or None.  The
+    process list is the loaded module's state (AmdgpuState, drivers/amdgpu/__init__.py,
+    which sits above this file and calls into it)."""
     mm = getattr(pid, "mm", None)
-    return next((p for p in _state().processes if p.mm is mm), None)
+    processes = current().machine.modules["amdgpu"].state.processes
+    return next((p for p in processes if p.mm is mm), None)
 
 
 @traced
