@@ -9,14 +9,21 @@ caller - enters a task with `running(task)`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kernel_model.machine import Machine
     from kernel_model.task import task_struct
 
 _current: task_struct | None = None
+
+# EMU: no kernel has this - the emulator's own registry of every Machine built in this
+# interpreter (Machine() adds itself), for the per-test leak check and for slab's lookup
+# of an object's owner outside any task; here, at the bottom, so both can reach it
+live_machines: weakref.WeakSet[Machine] = weakref.WeakSet()
 
 
 def current() -> task_struct:

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import c_ext
+from kernel_model.current import live_machines  # noqa: F401 - explore.py and tests read it here
 from kernel_model.errno import EINVAL, KernelBug, KernelError
 from kernel_model.page_alloc import PG_reserved, zone
 
@@ -33,8 +34,6 @@ VA_BITS = 48
 PAGE_SIZES = (4096, 16384, 65536)
 PCI_MMIO_BASE = 0x40_0000_0000  # 256 GiB: 64-bit BARs live above RAM
 
-#: every Machine built in this interpreter, for the per-test leak check
-live_machines: weakref.WeakSet[Machine] = weakref.WeakSet()
 
 
 class MachineCheck(Exception):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kernel_model.current import live_machines
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import call_site, machine_now
 from kernel_model.sched import SCHED
@@ -116,6 +117,8 @@ def _poison_class(cls: type) -> type:
         p = type(f"freed_{cls.__name__}", (cls,), {
             "__slots__": (), "__getattribute__": _poison_get, "__setattr__": _poison_set,
             "__delattr__": _poison_del, "__repr__": _poison_repr, "kasan_freed": True,
+            # how a trace (rendered after the run, trace.py) names a freed object:
+            "kasan_trace_name": staticmethod(kmem_freed_trace_name),
             "__module__": cls.__module__})
         _poisoned[cls] = p
         _poison_classes.add(p)
@@ -141,7 +144,6 @@ def kmalloc_obj(obj: T) -> T:
 
 def _owner(obj: object) -> kmem_objects | None:
     """The records holding `obj`: the current machine's, else any live machine's."""
-    from kernel_model.machine import live_machines
     m = machine_now()
     for mach in ([m] if m is not None else []) + list(live_machines):
         s = getattr(mach, "slab", None)

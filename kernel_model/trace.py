@@ -453,9 +453,9 @@ def summarise(v: object, name: str = "") -> str:
         return '"' + (v if len(v) <= 40 else v[:37] + "...") + '"'
     if isinstance(v, bytes | bytearray | memoryview):
         return f"bytes[{len(v)}]"
-    if "kasan_freed" in type(v).__dict__:  # kfree()d since the call: read nothing of it
-        from kernel_model.slab import kmem_freed_trace_name
-        return kmem_freed_trace_name(v) or type(v).__mro__[1].__name__
+    freed_name = type(v).__dict__.get("kasan_trace_name")
+    if freed_name is not None:  # kfree()d since the call: read nothing of it; slab's poison
+        return freed_name(v) or type(v).__mro__[1].__name__  # class says how it is named
     name = getattr(v, "trace_name", None)
     if isinstance(name, str):
         return name

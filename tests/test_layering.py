@@ -95,12 +95,8 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
                "drivers.ib_core.verbs"}),
     frozenset({"userspace.libibverbs.cmd", "userspace.libibverbs.verbs",
                "userspace.providers.mlx5.mlx5", "userspace.providers.mlx5.verbs"}),
-    frozenset({"kernel_model.fs", "kernel_model.locking", "kernel_model.machine",
-               "kernel_model.memory", "kernel_model.mm", "kernel_model.module",
-               "kernel_model.page_alloc", "kernel_model.pgtable", "kernel_model.process",
-               "kernel_model.slab", "kernel_model.syscalls", "kernel_model.sysfs",
-               "kernel_model.task", "kernel_model.trace", "kernel_model.uaccess",
-               "kernel_model.userfaultfd"}),
+    frozenset({"kernel_model.memory", "kernel_model.mm", "kernel_model.pgtable",
+               "kernel_model.uaccess", "kernel_model.userfaultfd"}),
 ]
 
 
