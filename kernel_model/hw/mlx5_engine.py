@@ -27,7 +27,9 @@ invalid request; a SEND longer than the receive buffer is a local length
 error at the responder and a remote invalid request at the requester; a
 SEND with no receive posted is RNR-NAKed and retried (rnr_retry, 7 =
 forever); a frame nobody answers (peer QP destroyed, reset, wrong MAC) ends
-in transport retry exceeded.  The QP then moves to ERR and every other
+in transport retry exceeded - as does a request whose PSN is not the one the
+responder expects next (a QP aimed at another connection's QPN), which the
+responder drops without touching its QP.  The QP then moves to ERR and every other
 outstanding WQE of both its queues completes with "work request flushed".
 No byte outside a memory key's range is ever read or written: every access
 is translated through an mkey or the QP's own PAS first.
@@ -144,6 +146,7 @@ class Frame:
     rkey: int = 0
     length: int = 0
     imm: int = 0              # immediate data, as the WQE carried it (big-endian)
+    psn: int = 0              # a request's packet sequence number (BTH PSN)
     payload: bytearray | None = None
     syndrome: int = 0
     why: str = ""
@@ -175,7 +178,8 @@ class QpHw:
 
     sq_ci: int = 0                      # WQE basic blocks consumed (hw_sq_wqebb_counter)
     rq_ci: int = 0                      # receive WQEs consumed (hw_rq_counter)
-    sq_psn: int = 0
+    sq_psn: int | None = None           # the next request's PSN (from next_send_psn)
+    rq_psn: int | None = None           # the PSN the responder expects (next_rcv_psn)
     outstanding: deque = attrs.Factory(deque)
     stalled: bool = False               # a failed WQE waits for earlier answers
     # SQ slot -> (WQE counter, BlueFlame copy): at most one copy per slot
@@ -545,7 +549,7 @@ class Mlx5Engine:
         if obj.kind == "QP":
             for f in ("uar_page", "pd", "st", "remote_qpn", "rwe", "rre", "rnr_retry",
                       "no_sq", "cqn_snd", "cqn_rcv", "user_index", "log_sq_size",
-                      "log_rq_size", "log_rq_stride"):
+                      "log_rq_size", "log_rq_stride", "next_send_psn", "next_rcv_psn"):
                 c[f] = ctx[f]
             path = MLX5_ADDR_OF("qpc", ctx, "primary_address_path")
             c["rmac"] = path["rmac_47_32"] << 32 | path["rmac_31_0"]
@@ -738,9 +742,11 @@ class Mlx5Engine:
         if length > 1 << self.hca.fw.cap("log_max_msg"):
             raise WqeError(SYND_LOCAL_LENGTH, f"message of {length} bytes, the port's "
                                               f"maximum is {1 << self.hca.fw.cap('log_max_msg')}")
+        if hw.sq_psn is None:
+            hw.sq_psn = qpc["next_send_psn"]
         frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=qpc["rmac"],
                       opcode=opcode, wqe_index=counter, raddr=raddr, rkey=rkey,
-                      length=length, imm=imm)
+                      length=length, imm=imm, psn=hw.sq_psn)
         if opcode == OP_RDMA_READ:
             self._sges(qp, sges, "lw")        # checked now, written when the answer comes
         elif inline is not None:
@@ -816,6 +822,17 @@ class Mlx5Engine:
             return
         qpc = self._c(qp)
         hw = self._qphw(qp.num)
+        if hw.rq_psn is None:
+            hw.rq_psn = qpc["next_rcv_psn"]
+        if frame.psn != hw.rq_psn:
+            # EMU: a request out of sequence is dropped and its requester times out;
+            # the device NAKs a PSN ahead with a sequence error and re-acknowledges a
+            # duplicate.  Either way the responder QP is untouched: another process that
+            # aims its QP at this QPN without the connection's PSN cannot disturb it.
+            if st == ST_RC:
+                self._answer(frame, "timeout", why=f"QP {qp.num:#x}: PSN {frame.psn:#x}, "
+                                                   f"expected {hw.rq_psn:#x}")
+            return
         op = frame.opcode
         try:
             need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre"}.get(op)
@@ -829,9 +846,10 @@ class Mlx5Engine:
             if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
                 rcv, _snd = self._dbrec(qp)
                 if (hw.rq_ci & 0xFFFF) == (rcv & 0xFFFF):
-                    if st == ST_RC:
+                    if st == ST_RC:      # not taken: the retry carries the same PSN
                         self._answer(frame, "rnr", why=f"QP {qp.num:#x}: no receive posted")
                     return
+            hw.rq_psn = (hw.rq_psn + 1) & 0xFFFFFF
             if op == OP_RDMA_READ:
                 data = self.hca_dma_gather(pieces, frame.length)
                 self._answer(frame, "read_resp", payload=data, length=frame.length)
@@ -841,6 +859,7 @@ class Mlx5Engine:
             if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
                 self.hca_recv_complete(qp, hw, frame)
         except WqeError as e:
+            hw.rq_psn = (frame.psn + 1) & 0xFFFFFF      # taken, and answered with an error
             if st == ST_RC:
                 self._answer(frame, "nak", syndrome=e.syndrome, why=str(e))
                 self.hca_qp_error(qp, f"responder: {e}")

@@ -358,7 +358,8 @@ def test_cq_wraps_around_with_the_owner_bit(link):
     cq = CQ(a.ep.ctx, 4)
     qp = QP(a.ep.pd, QPInitAttr(cq, cq, cap=QPCap(max_send_wr=4, max_recv_wr=1,
                                                    max_send_sge=1, max_recv_sge=1)))
-    connect(Endpoint(a.ep.ctx, a.ep.pd, cq, a.mr, qp, a.ep.gid, 0), link.b.ep.dest())
+    # it takes over the requester's side of the connection: b expects a's PSN next
+    connect(Endpoint(a.ep.ctx, a.ep.pd, cq, a.mr, qp, a.ep.gid, a.ep.psn), link.b.ep.dest())
     ring = cq.cq
     assert ring.cqe == 7
     done = 0
@@ -387,7 +388,8 @@ def test_cq_overrun_is_reported_and_the_cqe_dropped():
     cq = CQ(a.ep.ctx, 1)          # 2 entries
     qp = QP(a.ep.pd, QPInitAttr(cq, cq, cap=QPCap(max_send_wr=4, max_recv_wr=1,
                                                    max_send_sge=1, max_recv_sge=1)))
-    connect(Endpoint(a.ep.ctx, a.ep.pd, cq, a.mr, qp, a.ep.gid, 0), link.b.ep.dest())
+    # it takes over the requester's side of the connection: b expects a's PSN next
+    connect(Endpoint(a.ep.ctx, a.ep.pd, cq, a.mr, qp, a.ep.gid, a.ep.psn), link.b.ep.dest())
     for i in range(3):
         qp.post_send(SendWR(wr_id=i, sg_list=[a.sge(0, 8)], opcode=v.IBV_WR_RDMA_WRITE,
                             send_flags=SIG, remote_addr=link.b.mr.buf, rkey=link.b.mr.rkey))

@@ -472,6 +472,26 @@ def test_rkey_of_another_pd_is_a_remote_access_error(op):
     assert third.mr.read(256) == pattern(BUF, 1)[:256]
 
 
+def test_a_qp_aimed_at_another_connection_s_qpn_cannot_disturb_it():
+    """The attacker connects its own RC QP to the victim's QPN (QPNs are easy to guess)
+    without the connection's PSN, and WRITEs with a junk rkey: the victim's responder
+    drops the out-of-sequence request (found by review: before the PSN check the victim's
+    QP took the remote access error and went to ERR, and its peer then failed with
+    RETRY_EXC_ERR).  The attacker's QP times out; the victim pair moves bytes as before."""
+    m = host()
+    victim, attacker = m.spawn("victim"), m.spawn("attacker")
+    va, vb = endpoint(victim, 0x111), endpoint(victim, 0x222)
+    wire(va, vb)
+    a = endpoint(attacker, 0x99)
+    connect(a, {"qpn": vb.qp.qp_num, "psn": 0x123, "gid": vb.gid})
+    vb.mr.write(pattern(BUF, 5))
+    a.qp.post_send(write_wr(1, a, vb.mr.buf, 0xDEAD, 64))
+    a.qp.post_send(write_wr(2, a, vb.mr.buf, vb.mr.rkey, 64))     # even with the real rkey
+    assert status(a.cq.poll_until(2)) == [(1, "RETRY_EXC_ERR"), (2, "WR_FLUSH_ERR")]
+    assert fw_state(m, vb) == QPS_RTS and vb.mr.read(BUF) == pattern(BUF, 5)
+    victim_works(m, va, vb, seed=6)
+
+
 # -- 5 & 6: another process's GPU memory ---------------------------------------------------------
 def gpu_memory(m, va: int):
     """The driver's allocation object behind a cudaMalloc'd VA (any client)."""
