@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 
 
 class SegmentationFault(Exception):
-    """SIGSEGV: a user access the MMU and the fault handler could not satisfy."""
+    """SIGSEGV: a user access the MMU and the fault handler could not satisfy.
+    `proc` is the Process it is delivered to (what a signal handler's si_pid names)."""
+
+    def __init__(self, message: str, proc: Process | None = None):
+        super().__init__(message)
+        self.proc = proc
 
 
 class Process:
@@ -177,12 +182,13 @@ class Process:
             raise RuntimeError(f"{self} has exited")
         with running(self.task):
             if va < 0 or va + n > self.task.mm.task_size:
-                raise SegmentationFault(f"pid {self.pid}: access at {va:#x} beyond TASK_SIZE")
+                raise SegmentationFault(f"pid {self.pid}: access at {va:#x} beyond TASK_SIZE",
+                                        self)
             done = access_vm(self.task.mm, va, n, write, chunk)
         if done < n:
             kind = "write" if write else "read"
             raise SegmentationFault(f"pid {self.pid}: {kind} at {va + done:#x} "
-                                    f"({n} bytes from {va:#x})")
+                                    f"({n} bytes from {va:#x})", self)
 
     def load(self, va: int, n: int) -> bytes:
         """Read n bytes at va as the program's CPU would."""

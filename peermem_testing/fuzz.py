@@ -143,21 +143,84 @@ class Obj:
     extra: dict = field(default_factory=dict)
 
 
+class Victim:
+    """A process on host-a that no operation names: two RC QPs of its own, connected to
+    each other, over one MR holding a known pattern.  Whatever the other processes do,
+    after every step its bytes must be as it left them and both QPs in RTS; at the end
+    a WRITE between its QPs must still move bytes (process isolation, checked)."""
+
+    def __init__(self, m: Any) -> None:
+        from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr
+        from userspace.tools.write_bw import Endpoint, connect
+        self.m, self.p = m, m.spawn("victim")
+        ctx = Context(self.p)
+        pd = PD(ctx)
+        cq = CQ(ctx, 16)
+        self.mr = MR(pd, 8192, v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE)
+        cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+        gid = ctx.query_gid(1, 0)
+        self.ends = [Endpoint(ctx, pd, cq, self.mr, QP(pd, QPInitAttr(cq, cq, cap=cap)), gid,
+                              psn) for psn in (0x11, 0x22)]
+        connect(self.ends[0], self.ends[1].dest())
+        connect(self.ends[1], self.ends[0].dest())
+        self.pattern = bytes((i * 7 + 3) & 0xFF for i in range(8192))
+        self.mr.write(self.pattern)
+        self.retired = False
+
+    def retire(self) -> None:
+        """The victim exits (the end of the sequence); nothing is checked after."""
+        self.retired = True
+        self.p.exit(0)
+
+    def disturbed(self) -> str:
+        """What changed of the victim, or ''."""
+        if self.retired:
+            return ""
+        if not self.p.alive:
+            return "died"
+        if self.mr.read(8192) != self.pattern:
+            return "had its memory changed"
+        for e in self.ends:
+            st = self.m.hcas[0].fw.qps[e.qp.qp_num].state
+            if st != 3:                                        # RTS
+                return f"had its QP {e.qp.qp_num:#x} moved to state {st}"
+        return ""
+
+    def round_trip(self) -> str:
+        """A WRITE of the first half onto the second: '' when it completes and lands."""
+        from userspace.libibverbs.pyverbs import SendWR
+        a = self.ends[0]
+        a.qp.post_send(SendWR(wr_id=1, opcode=v.IBV_WR_RDMA_WRITE,
+                              send_flags=v.IBV_SEND_SIGNALED,
+                              sg_list=[v.ibv_sge(self.mr.buf, 4096, self.mr.lkey)],
+                              remote_addr=self.mr.buf + 4096, rkey=self.mr.rkey))
+        wcs = a.cq.poll_until(1)
+        if [wc.status for wc in wcs] != [0]:
+            return f"could not WRITE: {[v.ibv_wc_status_str(wc.status) for wc in wcs]}"
+        if self.mr.read(4096, 4096) != self.pattern[:4096]:
+            return "WROTE, but the bytes did not arrive"
+        return ""
+
+
 class FuzzWorld:
     """Two hosts on a fabric and every object the operations made.  See the module docstring."""
 
     MAX_PROCS = 6
     STEP_SECONDS = 20.0
 
-    def __init__(self, watchdog: bool = True) -> None:
+    def __init__(self, watchdog: bool = True, dyn_uar: int = 0, page_size: int = 4096) -> None:
+        """Both hosts with `page_size` system pages and mlx5_ib's `dyn_uar`; a victim
+        pair on host-a that no operation names (see check())."""
         self.fabric = Fabric()
-        self.hosts = [rdma_host(name="host-a", fabric=self.fabric, nr_gpus=1),
-                      rdma_host(name="host-b", fabric=self.fabric)]
+        self.config = {"dyn_uar": dyn_uar, "page_size": page_size}
+        self.hosts = [rdma_host(name="host-a", fabric=self.fabric, nr_gpus=1,
+                                page_size=page_size),
+                      rdma_host(name="host-b", fabric=self.fabric, page_size=page_size)]
         a, b = self.hosts
-        a.load_module("mlx5_ib")
+        a.load_module("mlx5_ib", dyn_uar=dyn_uar)
         a.load_module("nvidia")
         a.load_module("nv_peer_mem")
-        b.load_module("mlx5_ib")
+        b.load_module("mlx5_ib", dyn_uar=dyn_uar)
         self.objs: dict[str, list[Obj]] = {k: [] for k in (
             "proc", "ctx", "pd", "cq", "qp", "mr", "region", "gpu", "dom", "fimr")}
         self.watchdog = watchdog
@@ -165,6 +228,7 @@ class FuzzWorld:
         self.log: list[tuple[str, dict]] = []
         self._bugs = [0, 0]
         self._actor: Any = None
+        self.victim = Victim(a)
         self.spawn_count = 0
 
     # -- driving ---------------------------------------------------------------------
@@ -183,9 +247,8 @@ class FuzzWorld:
         except _EXPECTED:
             pass
         except SegmentationFault as e:        # SIGSEGV's default action kills the process
-            pid = int(str(e).split(":")[0].split()[-1])
-            if self._actor is not None and self._actor.pid == pid:
-                self._segv(self._actor)
+            if e.proc is not None:
+                self._segv(e.proc)
         except StepTimeout:
             raise FuzzFailure(f"{name}: hang - still running after "
                               f"{self.STEP_SECONDS:.0f} s", (name, "hang")) from None
@@ -210,6 +273,10 @@ class FuzzWorld:
                 self._bugs[i] = len(m.bugs)
                 raise FuzzFailure(f"{name}: {m.name}: " + "; ".join(new),
                                   (name, "WARN", new[0].split(":")[1]))
+        why = self.victim.disturbed()
+        if why:
+            raise FuzzFailure(f"{name}: the victim, which no operation names, {why}",
+                              (name, "victim"))
         if SCHED.failed:
             t = SCHED.failed[0]
             exc = "".join(traceback.format_exception(t.exc)) if t.exc else ""
@@ -217,7 +284,12 @@ class FuzzWorld:
                               (name, "task died", type(t.exc).__name__))
 
     def finish(self) -> None:
-        """Every process exits; both hosts shut down and must have leaked nothing."""
+        """The victim still moves bytes; every process exits; both hosts shut down and
+        must have leaked nothing."""
+        why = self.victim.round_trip()
+        if why:
+            raise FuzzFailure(f"finish: the victim {why}", ("finish", "victim"))
+        self.victim.retire()
         for o in self.objs["proc"]:
             if o.live:
                 self._exit(o)
@@ -310,6 +382,7 @@ class FuzzWorld:
         self.op_create_qp(n("pd"), 0, 0, qp_type, 16, 16, 2, 2, 64, 0)
         self.op_mmap(n("proc"), 1 << 16, 0, 0, 0, 3)
         self.op_reg_mr(n("pd"), -1, 0, 1 << 16, 0xF, 1)
+        self.op_mmap(n("proc"), 1 << 12, 0, 0, 0, 1)     # a read-only page
 
     @op(proc=PICK)
     def op_exit(self, proc: int) -> None:
@@ -348,7 +421,7 @@ class FuzzWorld:
             return
         ret = po.ref.mmap(addr, length & U64, prot, flags)
         if ret >= 0:
-            self._add("region", po.ref, None, addr=ret, length=length, what="anon")
+            self._add("region", po.ref, None, addr=ret, length=length, what="anon", prot=prot)
 
     @op(region=PICK, off=OFFSET, length=LENGTH)
     def op_munmap(self, region: int, off: int, length: int) -> None:
@@ -477,7 +550,7 @@ class FuzzWorld:
         if v.ibv_destroy_qp(o.ref) == 0:
             o.live = False
 
-    @op(qp=PICK, peer=PICK, psn=Num(0, 0xFFFFFF), mtu=Num(0, 6, (3, 3)),
+    @op(qp=PICK, peer=PICK, psn=Num(0, 0xFFFFFF, (0,)), mtu=Num(0, 6, (3, 3)),
         access=ACCESS, port=Num(0, 3, (1, 1)))
     def op_connect(self, qp: int, peer: int, psn: int, mtu: int, access: int,
                    port: int) -> None:
@@ -604,7 +677,7 @@ class FuzzWorld:
 
     # -- raw kernel crossings ----------------------------------------------------------
     @op(ctx=PICK, command=Num(0, 40, (4, 13, 20, 25, 26, 27, 0x80000004, 1 << 24, U32)),
-        handle_of=PICK, kind=Num(0, 4), payload=Blob(96), resp=Num(0, 5), words=Num(0, 3))
+        handle_of=PICK, kind=Num(0, 4), payload=Blob(96), resp=Num(0, 6), words=Num(0, 3))
     def op_raw_write(self, ctx: int, command: int, handle_of: int, kind: int, payload: bytes,
                      resp: int, words: int) -> None:
         """write() of a uverbs command built by hand: any command word, a handle of any
@@ -647,7 +720,7 @@ class FuzzWorld:
         what, command, req, resp = table[cmd % 4]
         mine = [o for o in self.objs[what] if o.live and o.ref.handle == handle
                 and self._ctx_of(o) is c]
-        if mine:
+        if mine or c.extra.get("untracked"):   # (a mangled create may have made it)
             return          # destroying one's own live object goes through the verbs ops
         try:
             execute_write(c.ref, command, req, resp, what="foreign destroy")
@@ -750,9 +823,12 @@ class FuzzWorld:
             g = next((o for o in self.objs["gpu"] if o.proc is c.proc and o.live), None)
             return g.extra["addr"] if g else 0x1000
         if which == 3:
-            return 0xDEAD0000
+            ro = [r for r in self.objs["region"] if r.proc is c.proc and r.extra.get("prot") == 1]
+            return ro[-1].extra["addr"] if ro else 0xDEAD0000
         if which == 4:
             return U64 - 7
+        if which == 5:
+            return 0xDEAD0000                  # unmapped
         return 0
 
     @op(ctx=PICK, pgoff=Num(0, 64, (0, 1, 2, 3, 8, 1 << 8, 1 << 16, 0x1000, 1 << 40)),
@@ -789,6 +865,13 @@ def draw_op(rng: random.Random) -> tuple[str, dict]:
     return name, {k: d.draw(rng) for k, d in OPS[name].items()}
 
 
+def draw_config(rng: random.Random) -> dict:
+    """The hosts a sequence runs on: mostly the default, else dynamic UARs and/or
+    16 or 64 KiB system pages (whose UAR paths differ)."""
+    return {"dyn_uar": rng.choice((0, 0, 1)),
+            "page_size": rng.choice((4096, 4096, 4096, 16384, 65536))}
+
+
 def draw_sequence(rng: random.Random, length: int) -> list[tuple[str, dict]]:
     """A sequence that starts as programs do - three ladders on both hosts, their QPs
     connected - and goes on with random operations."""
@@ -806,9 +889,11 @@ _WEIGHT = {"ladder": 3, "spawn": 1, "open_device": 3, "alloc_pd": 3, "create_cq"
 _WEIGHTED = [n for n in OPS for _ in range(_WEIGHT.get(n, 2))]
 
 
-def run_sequence(ops: list[tuple[str, dict]], watchdog: bool = True) -> FuzzFailure | None:
-    """Replay `ops` on a fresh world; the failure it ends in, or None."""
-    w = FuzzWorld(watchdog=watchdog)
+def run_sequence(ops: list[tuple[str, dict]], watchdog: bool = True,
+                 config: dict | None = None) -> FuzzFailure | None:
+    """Replay `ops` on a fresh world (built with `config`); the failure it ends in, or
+    None."""
+    w = FuzzWorld(watchdog=watchdog, **(config or {}))
     try:
         for name, kw in ops:
             w.apply(name, kw)
@@ -826,8 +911,8 @@ def _same(a: FuzzFailure, b: FuzzFailure | None) -> bool:
     return b is not None and b.sig == a.sig
 
 
-def shrink(ops: list[tuple[str, dict]], failure: FuzzFailure,
-           deadline: float) -> list[tuple[str, dict]]:
+def shrink(ops: list[tuple[str, dict]], failure: FuzzFailure, deadline: float,
+           config: dict | None = None) -> list[tuple[str, dict]]:
     """Delta debugging (ddmin) over the sequence: drop chunks while the same failure
     (same operation and first words) still happens, until one op at a time is tried."""
     n = 2
@@ -836,7 +921,7 @@ def shrink(ops: list[tuple[str, dict]], failure: FuzzFailure,
         reduced = False
         for i in range(0, len(ops), chunk):
             cand = ops[:i] + ops[i + chunk:]
-            if _same(failure, run_sequence(cand)):
+            if _same(failure, run_sequence(cand, config=config)):
                 ops, n, reduced = cand, max(n - 1, 2), True
                 break
         if not reduced:
@@ -846,9 +931,10 @@ def shrink(ops: list[tuple[str, dict]], failure: FuzzFailure,
     return ops
 
 
-def reproducer(ops: list[tuple[str, dict]]) -> str:
-    """The sequence as a runnable Python script."""
-    lines = ["from peermem_testing.fuzz import FuzzWorld", "", "w = FuzzWorld()"]
+def reproducer(ops: list[tuple[str, dict]], config: dict | None = None) -> str:
+    """The sequence as a runnable Python script (on hosts built with `config`)."""
+    args = ", ".join(f"{k}={val!r}" for k, val in (config or {}).items())
+    lines = ["from peermem_testing.fuzz import FuzzWorld", "", f"w = FuzzWorld({args})"]
     for name, kw in ops:
         args = ", ".join(f"{k}={val!r}" for k, val in kw.items())
         lines.append(f"w.apply({name!r}, dict({args}))")
@@ -863,6 +949,7 @@ class CampaignResult:
     seconds: float = 0.0
     failure: FuzzFailure | None = None
     minimal: list = field(default_factory=list)
+    config: dict = field(default_factory=dict)
 
 
 def run_campaign(seconds: float, seed: int, length: int = 200,
@@ -876,7 +963,8 @@ def run_campaign(seconds: float, seed: int, length: int = 200,
     last = t0
     while time.monotonic() - t0 < seconds:
         ops = draw_sequence(rng, length)
-        w = FuzzWorld()
+        config = draw_config(rng)
+        w = FuzzWorld(**config)
         done = 0
         failure = None
         try:
@@ -897,7 +985,8 @@ def run_campaign(seconds: float, seed: int, length: int = 200,
         if failure is not None:
             res.failure = failure
             budget = max(60.0, seconds / 5)
-            res.minimal = shrink(ops[:done], failure, time.monotonic() + budget)
+            res.config = config
+            res.minimal = shrink(ops[:done], failure, time.monotonic() + budget, config)
             return res
         if progress is not None and time.monotonic() - last >= 1.0:
             last = time.monotonic()
@@ -934,5 +1023,5 @@ def fuzz_main(seconds: float, seed: int, length: int, out: Any, err: Any) -> int
         return 0
     out.write(f"FAILED: {str(r.failure).splitlines()[0]}\n")
     out.write(f"minimal sequence ({len(r.minimal)} operations), as Python:\n\n")
-    out.write(reproducer(r.minimal))
+    out.write(reproducer(r.minimal, r.config))
     return 1

@@ -138,9 +138,10 @@ def mlx5_ib_warn(dev: mlx5_ib_dev, msg: str) -> None:
 #: Fixes the model knows, by the first release assumed to carry each.  A device
 #: loaded with an older `release` keeps the bug (each use is marked # EMU: there).
 MLX5_IB_FIXES: dict[str, tuple[int, int]] = {
-    # "RDMA/mlx5: Release the HW-provided UAR index rather than the SW one" (rdma-next,
-    # June 2026; Fixes: 4ed131d0bb15, v4.15's ALLOC_WC): uar_mmap's error path freed
-    # UAR number `idx`, the page slot.  EMU: assumed first released in 7.2.
+    # uar_mmap's ALLOC_WC error path passes the page slot `idx` to mlx5_cmd_uar_dealloc
+    # instead of the uar_index the firmware returned (since v4.15's ALLOC_WC); the model's
+    # default frees the allocated UAR.  EMU: no released kernel with that fix is on
+    # record here; 7.2 is an assumed boundary so older releases keep the bug.
     "uar_mmap_dealloc_uar_index": (7, 2),
 }
 

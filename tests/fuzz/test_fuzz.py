@@ -96,3 +96,35 @@ def test_run_sequence_returns_the_failure_of_a_sequence():
     assert run_sequence(ops) is None
     failure = run_sequence(ops + [("spawn", {"host": 5, "bogus": 1})])
     assert isinstance(failure, FuzzFailure) and "spawn" in str(failure)
+
+
+def test_the_victim_notices_a_change_no_operation_made():
+    """Isolation is an invariant: a byte of the victim's memory changed or one of its QPs
+    moved out of RTS is a failure, though no operation names the victim."""
+    w = FuzzWorld()
+    w.check("start")
+    w.victim.p.store(w.victim.mr.buf + 100, b"\x00")
+    with pytest.raises(FuzzFailure, match="the victim, which no operation names, had its "
+                                          "memory changed"):
+        w.check("store")
+    w.victim.mr.write(w.victim.pattern)
+    w.check("repaired")
+    qp = w.victim.ends[1].qp
+    from userspace.libibverbs import verbs as v
+    qp.modify(v.ibv_qp_attr(qp_state=v.IBV_QPS_ERR), v.IBV_QP_STATE)
+    with pytest.raises(FuzzFailure, match=f"had its QP {qp.qp_num:#x} moved to state 6"):
+        w.check("modify_qp")
+    w.close()
+
+
+def test_a_sequence_runs_on_the_hosts_its_config_names():
+    """dyn_uar and the page size reach both hosts, and the reproducer rebuilds them."""
+    from peermem_testing.fuzz import reproducer
+    w = FuzzWorld(dyn_uar=1, page_size=65536)
+    assert [m.page_size for m in w.hosts] == [65536, 65536]
+    w.apply("ladder", {"host": 1, "qp_type": 2})
+    assert [o.live for o in w.objs["qp"]] == [True]
+    assert w.objs["ctx"][0].ref.uar == []     # dyn_uar=1: no static UAR pages mapped at open
+    w.finish()
+    script = reproducer([("spawn", {"host": 0})], w.config)
+    assert "w = FuzzWorld(dyn_uar=1, page_size=65536)" in script
