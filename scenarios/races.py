@@ -49,7 +49,8 @@ def race(name: str, fixed: str, legacy: str, finds: tuple[str, ...]) -> Callable
       fixed="nvidia 580.65.06: put_pages on a mapping whose free callback is running "
             "waits for it, then does nothing",
       legacy="nvidia 525.60.13 (R515 up to 535.14): put_pages frees the page table while "
-             "the free callback runs, and the driver frees it again after (seed 002 ch. 10)",
+             "the free callback runs, and the driver frees it again after (NVIDIA's GPUDirect "
+             "RDMA guide, \"Changes in CUDA 12.2\")",
       finds=("UseAfterFree", "DoubleFree"))
 def free_callback_vs_put_pages(legacy: bool) -> None:
     """A third-party driver pinned GPU memory; the owner cudaFrees it (the free callback
@@ -206,10 +207,12 @@ def get_pages_vs_free(legacy: bool) -> None:
       legacy="MLNX_OFED 4.9 (the ticket core) with nvidia-peermem's peerdirect_support=1, "
              "the setting NVIDIA documents for 4.9 LTS: an invalidation before activation "
              "only marks the ticket, activate fails, and peer_umem_release still calls "
-             "dma_unmap on the page table the driver freed after the callback (NVPM #15, "
-             "B3: callback_task guards only the callback's own task); one after activation "
+             "dma_unmap on the page table the driver freed after the callback "
+             "(Mellanox/nv_peer_memory issue #15; callback_task, from nv_peer_memory PR #92, "
+             "guards only the callback's own task); one after activation "
              "tears the MR down inside the callback, release() frees the client context, "
-             "and the callback then writes callback_task into it (B17)",
+             "and the callback then writes callback_task into it (read from nvidia-peermem.c's "
+             "nv_get_p2p_free_callback and MLNX_OFED 4.9's peer_mem.c; not reported upstream)",
       finds=("UseAfterFree",))
 def invalidate_during_reg(legacy: bool) -> None:
     """ibv_reg_mr of GPU memory on one thread while another cudaFrees it; then, if the
@@ -257,7 +260,8 @@ def invalidate_during_reg_with(client: dict[str, int], ofed: str = "25.04") -> N
       legacy="MLNX_OFED 4.9 with nvidia-peermem's peerdirect_support=1: when exit closes "
              "the GPU file first, the free callback deregisters the MR inside "
              "ib_invalidate_peer_memory, release() frees nv_mem_context, and the callback "
-             "writes callback_task into it after (B17); the uverbs-first order is clean",
+             "writes callback_task into it after (nvidia-peermem.c's nv_get_p2p_free_callback, "
+             "as in invalidate-during-reg); the uverbs-first order is clean",
       finds=("UseAfterFree",))
 def exit_order(legacy: bool) -> None:
     """Two processes each exit with a GPU MR registered: one opened its GPU file before

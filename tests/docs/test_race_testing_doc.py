@@ -27,7 +27,8 @@ def test_the_quoted_legacy_report_is_what_the_explorer_prints(capsys):
     assert main(["explore", "free-callback-vs-put-pages", "--legacy"]) == 1
     out = capsys.readouterr().out
     for line in out.splitlines():
-        if line.startswith(("FAILED:", "  schedule", "replay:")):
+        if line.startswith(("free-callback-vs-put-pages (legacy):", "FAILED:", "  schedule",
+                            "replay:")):
             assert line in DOC, line
 
 
