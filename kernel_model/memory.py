@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from kernel_model import trace
 from kernel_model.errno import EBUSY, EINVAL, KernelError
-from kernel_model.mm import (
+from kernel_model.mm_types import (
     VM_DONTDUMP,
     VM_DONTEXPAND,
     VM_IO,
@@ -45,7 +45,7 @@ from kernel_model.pgtable import (
 from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
-    from kernel_model.mm import mm_struct
+    from kernel_model.mm_types import mm_struct
 
 # vm_fault_t (include/linux/mm_types.h)
 VM_FAULT_OOM = 0x000001

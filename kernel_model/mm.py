@@ -1,4 +1,4 @@
-"""Mirrors include/linux/mm_types.h and mm/mmap.c: mm_struct, VMAs, mmap/munmap.
+"""Mirrors mm/mmap.c (and kernel/fork.c's mm lifetime): mmap/munmap, VMA splits, mmput.
 
 An mm is an address space: a sorted list of VMAs (the kernel keeps a maple
 tree; a sorted list with bisect answers the same find_vma() question), page
@@ -6,7 +6,8 @@ tables in emulated RAM (kernel_model.pgtable), and the counters gup and
 ib_umem charge (`pinned_vm`, `locked_vm`).  Lifetime follows the kernel's two
 counts: mm_users (address space in use: mmget/mmput; the last mmput tears the
 mappings down) and mm_count (struct alive: mmgrab/mmdrop; ib_umem holds this
-one, so the counters outlive the process).
+one, so the counters outlive the process).  The structs and flags themselves are
+in kernel_model.mm_types (include/linux/mm_types.h), re-exported here.
 
 Lock order: mmap_lock is implied (EMU: taken as a real rwsem once the
 scheduler issue lands; nothing here yields).
@@ -14,151 +15,59 @@ scheduler issue lands; nothing here yields).
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import attrs
-
-from kernel_model.errno import EACCES, EBADF, EINVAL, ENODEV, ENOMEM, EOVERFLOW, KernelError
-from kernel_model.pgtable import PageTable, vm_get_page_prot
+from kernel_model.errno import (
+    EACCES,
+    EBADF,
+    EINVAL,
+    ENODEV,
+    ENOMEM,
+    EOVERFLOW,
+    KernelBug,
+    KernelError,
+)
+from kernel_model.memory import unmap_vmas
+from kernel_model.mm_types import (  # noqa: F401 - re-exported: callers name them as mm's
+    DEFAULT_MAX_MAP_COUNT,
+    MAP_ANONYMOUS,
+    MAP_FIXED,
+    MAP_POPULATE,
+    MAP_PRIVATE,
+    MAP_SHARED,
+    MMAP_BASE,
+    PROT_EXEC,
+    PROT_NONE,
+    PROT_READ,
+    PROT_WRITE,
+    TASK_SIZE,
+    VM_ACCOUNT,
+    VM_DONTCOPY,
+    VM_DONTDUMP,
+    VM_DONTEXPAND,
+    VM_EXEC,
+    VM_IO,
+    VM_LOCKED,
+    VM_MAYEXEC,
+    VM_MAYREAD,
+    VM_MAYSHARE,
+    VM_MAYWRITE,
+    VM_MIXEDMAP,
+    VM_NORESERVE,
+    VM_PFNMAP,
+    VM_READ,
+    VM_SHARED,
+    VM_WRITE,
+    mm_struct,
+    vm_area_struct,
+    vm_operations_struct,
+)
+from kernel_model.pgtable import _PAGE_ACCESSED, _PAGE_NX, _PAGE_PRESENT, _PAGE_RW, _PAGE_USER
 from kernel_model.trace import traced
+from kernel_model.userfaultfd_k import userfaultfd_unmap_prep
 
 if TYPE_CHECKING:
     from kernel_model.fs import file
-    from kernel_model.machine import Machine
-
-# vm_flags (include/linux/mm.h)
-VM_READ = 0x00000001
-VM_WRITE = 0x00000002
-VM_EXEC = 0x00000004
-VM_SHARED = 0x00000008
-VM_MAYREAD = 0x00000010
-VM_MAYWRITE = 0x00000020
-VM_MAYEXEC = 0x00000040
-VM_MAYSHARE = 0x00000080
-VM_PFNMAP = 0x00000400
-VM_LOCKED = 0x00002000
-VM_IO = 0x00004000
-VM_DONTCOPY = 0x00020000
-VM_DONTEXPAND = 0x00040000
-VM_ACCOUNT = 0x00100000
-VM_NORESERVE = 0x00200000
-VM_MIXEDMAP = 0x10000000
-VM_DONTDUMP = 0x04000000
-
-# mmap(2)
-PROT_NONE, PROT_READ, PROT_WRITE, PROT_EXEC = 0, 1, 2, 4
-MAP_SHARED = 0x01
-MAP_PRIVATE = 0x02
-MAP_FIXED = 0x10
-MAP_ANONYMOUS = 0x20
-MAP_POPULATE = 0x8000
-
-TASK_SIZE = (1 << 47) - 4096  # x86-64 TASK_SIZE_MAX with 4-level paging
-MMAP_BASE = 0x7F80_0000_0000  # EMU: fixed, no ASLR, so traces repeat
-DEFAULT_MAX_MAP_COUNT = 65530
-
-
-@attrs.define(eq=False)
-class vm_operations_struct:
-    """Mirrors struct vm_operations_struct (the callbacks a driver's VMA may have)."""
-
-    open: Any = None
-    close: Any = None
-    fault: Any = None
-    may_split: Any = None
-    name: Any = None
-
-
-@attrs.define(eq=False, repr=False)
-class vm_area_struct:
-    """Mirrors struct vm_area_struct."""
-
-    vm_mm: mm_struct
-    vm_start: int
-    vm_end: int
-    vm_flags: int
-    vm_page_prot: int = 0
-    vm_pgoff: int = 0
-    vm_file: file | None = None
-    vm_ops: vm_operations_struct | None = None
-    vm_private_data: Any = None
-    vm_userfaultfd_ctx: Any = None       # the userfaultfd this range is registered with
-
-    def __repr__(self) -> str:
-        f = self.vm_flags
-        perms = "".join(c if f & b else "-" for c, b in (("r", VM_READ), ("w", VM_WRITE),
-                                                          ("x", VM_EXEC)))
-        perms += "s" if f & VM_SHARED else "p"
-        name = self.vm_file.f_path if self.vm_file else "[anon]"
-        return f"{self.vm_start:012x}-{self.vm_end:012x} {perms} {self.vm_pgoff:08x} {name}"
-
-
-class mm_struct:
-    """Mirrors struct mm_struct: the VMAs, page tables and pin counters."""
-
-    @property
-    def trace_name(self) -> str:
-        return f"mm(pid {self.owner_pid})"
-
-    def __init__(self, machine: Machine, owner_pid: int):
-        self.machine = machine
-        self.owner_pid = owner_pid
-        self.mm_users = 1
-        self.mm_count = 1
-        self.pgtables_bytes = 0
-        self.pgtable = PageTable(self)
-        self.vmas: list[vm_area_struct] = []
-        self._starts: list[int] = []
-        self.pinned_vm = 0  # atomic64_t: pages pinned long-term (ib_umem_get)
-        self.locked_vm = 0
-        self.total_vm = 0
-        self.rss = 0
-        self.mmap_base = MMAP_BASE
-        self.task_size = TASK_SIZE
-        machine.mms.add(self)
-
-    def __repr__(self) -> str:
-        return (f"mm pid {self.owner_pid} users={self.mm_users} count={self.mm_count} "
-                f"vmas={len(self.vmas)} rss={self.rss} pinned_vm={self.pinned_vm}")
-
-    @property
-    def pgd(self) -> int:
-        return self.pgtable.pgd
-
-    # -- the VMA tree ------------------------------------------------------
-    def find_vma(self, addr: int) -> vm_area_struct | None:
-        """Mirrors find_vma(): the first VMA ending above addr."""
-        i = bisect_right(self._starts, addr)
-        if i and self.vmas[i - 1].vm_end > addr:
-            return self.vmas[i - 1]
-        return self.vmas[i] if i < len(self.vmas) else None
-
-    def vma_lookup(self, addr: int) -> vm_area_struct | None:
-        """Mirrors vma_lookup(): the VMA containing addr, if any."""
-        v = self.find_vma(addr)
-        return v if v is not None and v.vm_start <= addr else None
-
-    def link(self, vma: vm_area_struct) -> None:
-        i = bisect_right(self._starts, vma.vm_start)
-        self.vmas.insert(i, vma)
-        self._starts.insert(i, vma.vm_start)
-        self.total_vm += (vma.vm_end - vma.vm_start) >> self.machine.page_shift
-
-    def unlink(self, vma: vm_area_struct) -> None:
-        i = self.vmas.index(vma)
-        del self.vmas[i]
-        del self._starts[i]
-        self.total_vm -= (vma.vm_end - vma.vm_start) >> self.machine.page_shift
-
-    def overlapping(self, start: int, end: int) -> list[vm_area_struct]:
-        out = []
-        v = self.find_vma(start)
-        i = self.vmas.index(v) if v is not None else len(self.vmas)
-        while i < len(self.vmas) and self.vmas[i].vm_start < end:
-            out.append(self.vmas[i])
-            i += 1
-        return out
 
 
 # -- lifetime (kernel/fork.c) ------------------------------------------------
@@ -200,8 +109,6 @@ def exit_mmap(mm: mm_struct) -> None:
     Every VMA goes even if a debug check (KernelBug) fires in one of them;
     the first such oops is raised again at the end.
     """
-    from kernel_model.errno import KernelBug
-    from kernel_model.memory import unmap_vmas
     oops: list[KernelBug] = []
     for vma in list(mm.vmas):
         try:
@@ -223,7 +130,6 @@ def remove_vma(vma: vm_area_struct) -> None:
     going, so munmap and exit never fail because of a driver.  A close that
     raises anyway is a driver bug, recorded as a WARN; the VMA still goes.
     """
-    from kernel_model.errno import KernelBug
     from kernel_model.fs import fput
     if vma.vm_ops is not None and vma.vm_ops.close is not None:
         try:
@@ -258,6 +164,18 @@ def get_unmapped_area(mm: mm_struct, length: int) -> int:
     raise KernelError(ENOMEM, "get_unmapped_area: address space exhausted")
 
 
+def vm_get_page_prot(vm_flags: int) -> int:
+    """Mirrors vm_get_page_prot() (mm/mmap.c before 6.0, now per arch): the PTE bits a
+    VMA's flags give its pages."""
+    prot = _PAGE_PRESENT | _PAGE_USER | _PAGE_ACCESSED
+    # EMU: no fork, so a private writable mapping never needs COW write-protect
+    if vm_flags & VM_WRITE:
+        prot |= _PAGE_RW
+    if not vm_flags & VM_EXEC:
+        prot |= _PAGE_NX
+    return prot
+
+
 def calc_vm_flags(prot: int, flags: int) -> int:
     vm = (VM_READ if prot & PROT_READ else 0) | (VM_WRITE if prot & PROT_WRITE else 0)
     vm |= (VM_EXEC if prot & PROT_EXEC else 0) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC
@@ -275,7 +193,6 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
     is dropped and the VMA never becomes visible (mmap_region's unmap_and_free_vma).
     """
     from kernel_model.fs import FMODE_WRITE, fput, get_file
-    from kernel_model.memory import unmap_vmas
     ps = mm.machine.page_size
     if length == 0:
         raise KernelError(EINVAL, "do_mmap: length is 0")
@@ -379,8 +296,6 @@ def munmap_complete(mm: mm_struct, start: int, end: int, vmas: list[vm_area_stru
     """Mirrors the rest of do_vmi_align_munmap(): split the edges, queue the
     userfaultfd unmap events, zap and remove.  Nothing here fails: munmap_gather
     asked every question first."""
-    from kernel_model.memory import unmap_vmas
-    from kernel_model.userfaultfd import userfaultfd_unmap_prep
     first, last = vmas[0], vmas[-1]
     if first.vm_start < start:
         upper = split_vma(first, start)

@@ -19,7 +19,7 @@ from c_ext import PTE_ADDR_MASK
 from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, PG_pgtable
 
 if TYPE_CHECKING:
-    from kernel_model.mm import mm_struct
+    from kernel_model.mm_types import mm_struct
 
 _PAGE_PRESENT = 1 << 0
 _PAGE_RW = 1 << 1
@@ -64,18 +64,6 @@ def pgprot_writecombine(prot: int) -> int:
 def cache_mode(prot: int) -> str:
     """"WB", "WC" or "UC-": what a mapping's prot asks the CPU for."""
     return {0: "WB", _PAGE_PWT: "WC", _PAGE_PCD: "UC-"}.get(prot & _PAGE_CACHE_MASK, "UC")
-
-
-def vm_get_page_prot(vm_flags: int) -> int:
-    """Mirrors vm_get_page_prot(): the PTE bits a VMA's flags give its pages."""
-    from kernel_model.mm import VM_EXEC, VM_WRITE
-    prot = _PAGE_PRESENT | _PAGE_USER | _PAGE_ACCESSED
-    # EMU: no fork, so a private writable mapping never needs COW write-protect
-    if vm_flags & VM_WRITE:
-        prot |= _PAGE_RW
-    if not vm_flags & VM_EXEC:
-        prot |= _PAGE_NX
-    return prot
 
 
 class PageTable:

@@ -12,6 +12,7 @@ import struct
 
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, ENOTTY, KernelError
+from kernel_model.memory import access_vm
 from kernel_model.trace import traced
 
 
@@ -25,7 +26,6 @@ def access_ok(addr: int, size: int) -> bool:
 @traced
 def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
     """Mirrors copy_from_user(): user bytes into a kernel buffer; returns bytes left."""
-    from kernel_model.memory import access_vm
     if n == 0:
         return 0
     if not access_ok(from_, n):
@@ -47,7 +47,6 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
 @traced
 def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
     """Mirrors copy_to_user(): kernel bytes into user memory; returns bytes left."""
-    from kernel_model.memory import access_vm
     if n == 0:
         return 0
     if not access_ok(to, n):

@@ -32,14 +32,13 @@ from typing import Any
 from kernel_model.current import current
 from kernel_model.errno import EAGAIN, EBUSY, EFAULT, EINVAL, EPERM, KernelError
 from kernel_model.fs import O_CLOEXEC, O_NONBLOCK, O_RDWR, cdev, file, file_operations, inode
-from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
+from kernel_model.locking import init_waitqueue_head, wait_event
 from kernel_model.mm import VM_IO, VM_PFNMAP, split_vma
 from kernel_model.trace import traced
 from kernel_model.uaccess import copy_from_user, copy_to_user
 from kernel_model.uapi.userfaultfd import (
     UFFD_API,
     UFFD_API_IOCTLS,
-    UFFD_EVENT_UNMAP,
     UFFD_FEATURE_EVENT_FORK,
     UFFD_FEATURE_EVENT_REMAP,
     UFFD_FEATURE_EVENT_REMOVE,
@@ -56,6 +55,7 @@ from kernel_model.uapi.userfaultfd import (
     UFFDIO_REGISTER_MODE_WP,
     UFFDIO_UNREGISTER,
 )
+from kernel_model.userfaultfd_k import userfaultfd_unmap_prep  # noqa: F401 - re-exported
 
 UFFD_SUPPORTED = (UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMAP |
                   UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP)
@@ -218,18 +218,3 @@ def new_userfaultfd(flags: int) -> int:
                                 inode(cdev(USERFAULTFD_FOPS)), O_RDWR | (flags & O_NONBLOCK),
                                 3, ctx))
     return fd
-
-
-def userfaultfd_unmap_prep(mm: Any, start: int, end: int) -> None:
-    """Mirrors userfaultfd_unmap_prep() + userfaultfd_unmap_complete(): a munmap of
-    [start, end) queues one UFFD_EVENT_UNMAP for each userfaultfd with VMAs in it
-    that asked for unmap events."""
-    told: list[userfaultfd_ctx] = []
-    for vma in mm.overlapping(start, end):
-        ctx = vma.vm_userfaultfd_ctx
-        if ctx is None or ctx in told or ctx.released or \
-                not ctx.features & UFFD_FEATURE_EVENT_UNMAP:
-            continue
-        told.append(ctx)
-        ctx.events.append((UFFD_EVENT_UNMAP, start, end))
-        wake_up(ctx.wqh)

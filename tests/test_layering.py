@@ -95,8 +95,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
                "drivers.ib_core.verbs"}),
     frozenset({"userspace.libibverbs.cmd", "userspace.libibverbs.verbs",
                "userspace.providers.mlx5.mlx5", "userspace.providers.mlx5.verbs"}),
-    frozenset({"kernel_model.memory", "kernel_model.mm", "kernel_model.pgtable",
-               "kernel_model.uaccess", "kernel_model.userfaultfd"}),
 ]
 
 

@@ -13,6 +13,7 @@ from kernel_model.mm import (
     VM_EXEC,
     VM_READ,
     VM_WRITE,
+    vm_get_page_prot,
 )
 from kernel_model.page_alloc import PG_pgtable, page
 from kernel_model.pgtable import (
@@ -29,7 +30,6 @@ from kernel_model.pgtable import (
     pte_addr,
     pte_present,
     pte_write,
-    vm_get_page_prot,
 )
 
 ADDR_MASK = 0x000FFFFFFFFFF000
