@@ -114,3 +114,22 @@ def test_qp_signatures_reach_the_kernel_and_the_qpc():
     assert init.cap.max_recv_sge == 1
     assert fw(m).qps[qp.qp_num].qpc["wq_signature"] == 1
     p.exit(0)
+
+
+def test_close_device_after_the_program_closed_its_command_fd():
+    """A program that closes the command fd under libibverbs (dyn_uar: the NC UAR object
+    is then already gone with the file) still gets 0 from ibv_close_device, as in C,
+    where mlx5dv_devx_free_uar is void; a second free of the same register is a no-op
+    (found by peermem fuzz: the first close raised EBADF half-way, the retry KeyError)."""
+    from kernel_model.platform import rdma_host
+    m = rdma_host(ram_size=64 << 20)
+    m.load_module("mlx5_ib", dyn_uar=1)
+    p = m.spawn("app")
+    ctx = v.ibv_open_device(p, v.ibv_get_device_list(p)[0])
+    nc = ctx.nc_uar
+    assert nc is not None and nc.uar in ctx.uar_obj_handles
+    assert p.close(ctx.cmd_fd) == 0                  # the kernel tears the context down
+    assert v.ibv_close_device(ctx) == 0
+    assert ctx.uar_obj_handles == {}
+    ctx.free_uar_obj(nc)                             # forgotten: nothing to destroy again
+    p.exit(0)
