@@ -14,7 +14,10 @@ can be looked at many ways (kernel_model.traceout prints any of them):
   * during   - every task, but only while calls to one function ran (from
     the first entry to the last exit of each outermost call): what the HCA,
     the other machine and the kernel threads did meanwhile.  ftrace has no
-    such filter; trace-cmd's time windows on a per-CPU buffer come closest.
+    such filter; trace-cmd's time windows on a per-CPU buffer come closest;
+  * windows() - every task, but only within some stretches of time (what
+    during keeps of some calls): a scenario's story and each of its
+    sections (scenarios.story).
 
 Every filter returns a new Trace of new Call/Point nodes (parents, depths,
 children, roots and timeline rebuilt together) and never touches its input,
@@ -114,6 +117,24 @@ def _during(trace: Trace, name: str) -> Trace:
         t = n.start if isinstance(n, Call) else n.ts
         return any(lo <= t <= hi for lo, hi in windows)
     return _rebuild(trace, keep)
+
+
+def windows(trace: Trace, spans: Sequence[tuple[int, int]], *,
+            depth: int | None = None) -> Trace:
+    """Every task's nodes that started within one of `spans` ([start, end] in ns),
+    nothing at `depth` or below.
+
+    A kept node whose caller started before its span becomes a root, so the
+    HCA's work during one user call reads from its own top.
+    """
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be >= 1 (like max_graph_depth), not {depth!r}")
+    out = _rebuild(trace, lambda n: any(lo <= _start(n) <= hi for lo, hi in spans))
+    return out if depth is None else _rebuild(out, lambda n: n.depth < depth)
+
+
+def _start(n: Node) -> int:
+    return n.start if isinstance(n, Call) else n.ts
 
 
 def _no_function_message(trace: Trace, name: str) -> str:

@@ -39,34 +39,43 @@ _DURATION_WIDTH = 15
 _RULE = " " + "-" * 42
 
 
-def format_ftrace(trace: Trace) -> str:
+def format_ftrace(trace: Trace, *, header: bool = True, cpu: bool = True,
+                  duration: bool = True, columns: int | None = None) -> str:
     """The trace as function_graph text: one line per entry, exit and tracepoint.
 
     A call with no children whose exit comes right after its entry prints
     as one leaf line; a call still running when tracing stopped has no
     closing brace.  A change of task prints ftrace's switch block, whether
     the recorder saw the sched_switch or not.
+
+    The keywords are ftrace's trace_options for a narrower view: cpu and
+    duration are funcgraph-cpu and funcgraph-duration (the columns go);
+    header=False leaves out the `# tracer` lines.  `columns` (EMU: ftrace
+    has no such option) sizes the task column to the tasks shown and cuts
+    arguments and tracepoint fields to `...` so a line fits, where it can.
     """
-    width = max([13] + [len(t) + 1 for t in trace.tracks])
+    shown = _used_tracks(trace) if columns is not None else range(len(trace.tracks))
+    width = max([13] + [len(trace.tracks[t]) + 1 for t in shown])
     lines = [_FTRACE_HEADER[0],
              f"# EMU: one emulated CPU, so CPU is always 0; {trace.clock} clock",
-             *_FTRACE_HEADER[1:]]
+             *_FTRACE_HEADER[1:]] if header else []
+    fmt = _LineFormat(trace, width, cpu, duration, columns)
     running: int | None = None
     leaves: set[int] = set()
     for i, (kind, e) in enumerate(trace.timeline):
         if kind == SWITCH:
-            lines += _switch_block(trace, e.prev, e.next, width)
+            lines += _switch_block(trace, e.prev, e.next, width, cpu)
             running = e.next
             continue
         if kind == EXIT and id(e) in leaves:
             continue
         if running is not None and e.track != running:
-            lines += _switch_block(trace, running, e.track, width)
+            lines += _switch_block(trace, running, e.track, width, cpu)
         running = e.track
         if kind == ENTER and _is_leaf(trace.timeline, i):
             leaves.add(id(e))
-        lines.append(_ftrace_line(trace, kind, e, id(e) in leaves, width))
-    return "\n".join(lines) + "\n"
+        lines.append(fmt.line(kind, e, id(e) in leaves))
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def _is_leaf(timeline: list, i: int) -> bool:
@@ -75,19 +84,39 @@ def _is_leaf(timeline: list, i: int) -> bool:
             and timeline[i + 1][0] == EXIT and timeline[i + 1][1] is call)
 
 
-def _ftrace_line(trace: Trace, kind: str, e: Call | Point, leaf: bool, width: int) -> str:
-    duration = None
-    if kind == POINT:
-        fields = e.fields_text()
-        text = f"/* {e.name}: {fields} */" if fields else f"/* {e.name} */"
-    elif kind == ENTER and not leaf:
-        text = f"{e.func}({e.args}) {{"
-    elif kind == ENTER:
-        text, duration = f"{e.func}({e.args});" + _ret_comment("", e.ret), e.duration
-    else:
-        text, duration = "}" + _ret_comment(e.func, e.ret), e.duration
-    return (f" 0)  {trace.tracks[e.track]:<{width}}|{_duration(duration)}|  "
-            f"{'  ' * e.depth}{text}")
+class _LineFormat:
+    """One function_graph line, with the columns format_ftrace was asked for."""
+
+    def __init__(self, trace: Trace, width: int, cpu: bool, duration: bool,
+                 columns: int | None):
+        self.trace, self.width, self.cpu, self.duration = trace, width, cpu, duration
+        self.columns = columns
+
+    def line(self, kind: str, e: Call | Point, leaf: bool) -> str:
+        ns, head, inner, tail = None, "", "", ""
+        if kind == POINT:
+            head, inner, tail = f"/* {e.name}", e.fields_text(), " */"
+            head += ": " if inner else ""
+        elif kind == ENTER and not leaf:
+            head, inner, tail = f"{e.func}(", e.args, ") {"
+        elif kind == ENTER:
+            head, inner, tail = f"{e.func}(", e.args, ");" + _ret_comment("", e.ret)
+            ns = e.duration
+        else:
+            tail, ns = "}" + _ret_comment(e.func, e.ret), e.duration
+        prefix = (" 0) " if self.cpu else "") + f" {self.trace.tracks[e.track]:<{self.width}}|"
+        if self.duration:
+            prefix += f"{_duration(ns)}|"
+        prefix += "  " + "  " * e.depth
+        if self.columns is not None:
+            room = self.columns - len(prefix) - len(head) - len(tail)
+            inner = _cut(inner, room)
+        return prefix + head + inner + tail
+
+
+def _cut(text: str, room: int) -> str:
+    """text, or as much of it as fits in `room` columns ending in `...` (at least that)."""
+    return text if len(text) <= room else text[:max(room - 3, 0)] + "..."
 
 
 def _ret_comment(func: str, ret: str | None) -> str:
@@ -105,8 +134,10 @@ def _duration(ns: int | None) -> str:
     return f"{marker} {us:>6} us".ljust(_DURATION_WIDTH)
 
 
-def _switch_block(trace: Trace, prev: int, nxt: int, width: int) -> list[str]:
-    return [_RULE, f" 0)   {trace.tracks[prev]:<{width - 1}} =>  {trace.tracks[nxt]}", _RULE]
+def _switch_block(trace: Trace, prev: int, nxt: int, width: int,
+                  cpu: bool = True) -> list[str]:
+    text = f"  {trace.tracks[prev]:<{width - 1}} =>  {trace.tracks[nxt]}"
+    return [_RULE, (" 0) " if cpu else "") + text, _RULE]
 
 
 # -- Perfetto / Chrome trace-event JSON -----------------------------------------

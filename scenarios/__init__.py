@@ -11,6 +11,11 @@ Register one with the decorator; later issues add theirs here:
     @scenario("pin", "a process maps memory; a kernel caller pins and DMA-maps it")
     def pin() -> None: ...
 
+A scenario may also tell its story (scenarios.story): the user-visible
+steps and their outcomes, what `peermem trace NAME` prints by default:
+
+    @scenario("gpudirect", "...", story=GPUDIRECT_STORY)
+
 Scenarios sit above every layer (like tests) and may import anything.
 """
 
@@ -19,10 +24,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kernel_model.sched import SCHED, ReplayDivergence, ReplayStrategy
 from kernel_model.trace import Tracer
 from kernel_model.tracedata import Trace
+
+if TYPE_CHECKING:
+    from scenarios.story import Story
 
 #: the modules that define scenarios, imported on first use
 _MODULES = ("scenarios.pin", "scenarios.open_device", "scenarios.create_qp",
@@ -35,18 +44,20 @@ class Scenario:
     name: str
     summary: str
     run: Callable[[], object]
+    story: Story | None = None    # the default view of `peermem trace NAME`
 
 
 _SCENARIOS: dict[str, Scenario] = {}
 
 
-def scenario(name: str, summary: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
-    """Register fn as the scenario `name` with a one-line summary."""
+def scenario(name: str, summary: str, story: Story | None = None
+             ) -> Callable[[Callable[[], object]], Callable[[], object]]:
+    """Register fn as the scenario `name` with a one-line summary (and its story)."""
 
     def reg(fn: Callable[[], object]) -> Callable[[], object]:
         if name in _SCENARIOS:
             raise ValueError(f"scenario: {name!r} registered twice")
-        _SCENARIOS[name] = Scenario(name, summary, fn)
+        _SCENARIOS[name] = Scenario(name, summary, fn, story)
         return fn
 
     return reg

@@ -23,15 +23,21 @@ can be invalidated):
 cuda-free-invalidate - one machine: a process registers GPU memory, then
 cudaFree revokes it; the free callback's chain on its own.
 
-With `peermem trace gpudirect --stats` the peer-memory statistics the
-server reads from /sys/kernel/mm/memory_peers/ after teardown are printed.
+`peermem trace gpudirect` prints the story (GPUDIRECT_STORY): the five steps
+above, three calls deep, each with what every task did meanwhile and its
+outcome read from the trace, then one summary line; `--full` or any filter
+prints the whole graph.  With `peermem trace gpudirect --stats` the
+peer-memory statistics the server reads from /sys/kernel/mm/memory_peers/
+after teardown are printed.
 """
 
 from __future__ import annotations
 
 from kernel_model.platform import Fabric, rdma_host
 from kernel_model.trace import traced
+from kernel_model.tracedata import Call, Trace
 from scenarios import scenario
+from scenarios.story import Story, StoryStep, calls_of, completions, during
 from userspace.cuda.runtime import cudaMemcpyDeviceToHost, cudart
 from userspace.libc import free, posix_memalign, read_sysfs
 from userspace.libibverbs import verbs as v
@@ -112,9 +118,84 @@ def format_stats(stats: dict[str, int], client: str = "nv_mem") -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the story: each outcome read from the trace ------------------------------------------
+
+def _registered(trace: Trace, call: Call) -> str:
+    mrs = [c for c in call.walk() if isinstance(c, Call) and c.func == "ibv_reg_mr"]
+    peer = [c.ret for c in call.walk() if isinstance(c, Call) and c.func == "nv_mem_get_pages"]
+    how = "pinned by nv_mem (nvidia_p2p_get_pages)" if peer else "no peer client pinned it"
+    ok = "MR registered" if mrs and mrs[-1].ret not in (None, "") and \
+        not mrs[-1].ret.startswith(("!", "-")) else "no MR"
+    return f"{ok} over {GPU_BUF >> 20} MiB of GPU memory, {how}"
+
+
+def _arrived(trace: Trace, call: Call) -> int:
+    """Payload bytes the remote HCA DMA'd into memory while `call` ran (hca_dma_scatter)."""
+    total = 0
+    for c in during(trace, call, "hca_dma_scatter"):
+        if c.track != call.track and "payload=bytes[" in c.args:
+            total += int(c.args.split("payload=bytes[", 1)[1].split("]", 1)[0])
+    return total
+
+
+def _write_outcome(trace: Trace, call: Call) -> str:
+    n = _arrived(trace, call)
+    arrived = f"yes, {n:,} bytes DMA'd by host-b's HCA" if n else "no, nothing DMA'd"
+    return f"completion {'/'.join(completions(call)) or 'none'}; bytes arrived: {arrived}"
+
+
+def _readback(trace: Trace, call: Call) -> str:
+    return f"cudaMemcpy read back {call.ret} (the scenario checks every byte)"
+
+
+def _invalidated(trace: Trace, after: int = 0) -> bool:
+    return any(c.start >= after for c in calls_of(trace, "mlx5_invalidate_umem"))
+
+
+def _freed(trace: Trace, call: Call) -> str:
+    cb = during(trace, call, "nv_p2p_mem_info_free_callback")
+    if not _invalidated(trace, call.start):
+        return "the MR was not invalidated"
+    where = f" on {trace.tracks[cb[0].track]}" if cb else ""
+    return f"MR invalidated: free callback{where} -> ib_invalidate_peer_memory, mkey revoked"
+
+
+def _summary(trace: Trace) -> str:
+    writes = calls_of(trace, "write_to_gpu") + calls_of(trace, "write_after_free")
+    frees = calls_of(trace, "gpu_free")
+    parts = []
+    for w in writes:
+        when = "before cudaFree" if not frees or w.start < frees[0].start else "after cudaFree"
+        status = "/".join(completions(w)) or "no completion"
+        why = "bytes arrived" if _arrived(trace, w) else "no bytes arrived"
+        if when == "after cudaFree" and _invalidated(trace, frees[0].start):
+            why += ", MR invalidated" if _arrived(trace, w) else ": MR invalidated"
+        label = when if frees else ("first" if w is writes[0] else "second")
+        parts.append(f"{label} {status} ({why})")
+    return "gpudirect: WRITE " + ", ".join(parts)
+
+
+GPUDIRECT_STORY = Story(steps=(
+    StoryStep("gpu_register", "the server cudaMallocs 1 MiB and ibv_reg_mrs it (peer memory)",
+              _registered),
+    StoryStep("write_to_gpu", "the client RDMA-WRITEs 64 KiB into it through host-b's BAR1",
+              _write_outcome),
+    StoryStep("gpu_readback", "the server cudaMemcpys it back", _readback),
+    StoryStep("gpu_free", "cudaFree: the GPU driver runs nv_mem's free callback", _freed),
+    StoryStep("write_after_free", "the same WRITE again, after cudaFree", _write_outcome),
+), summary=_summary)
+
+
 @scenario("gpudirect", "host-b cudaMallocs and ibv_reg_mrs GPU memory (nv_peer_mem, "
-          "nvidia_p2p_get_pages), host-a RDMA-WRITEs into it, cudaFree invalidates the MR")
+          "nvidia_p2p_get_pages), host-a RDMA-WRITEs into it, cudaFree invalidates the MR",
+          story=GPUDIRECT_STORY)
 def gpudirect() -> str:
+    return run_gpudirect()
+
+
+def run_gpudirect(*, cuda_free: bool = True) -> str:
+    """The gpudirect run; cuda_free=False leaves the buffer allocated (a variant for
+    tests: the second WRITE then succeeds, and the story says so)."""
     fabric = Fabric()
     a = rdma_host(name="host-a", fabric=fabric)
     b = rdma_host(name="host-b", fabric=fabric, nr_gpus=1)
@@ -131,9 +212,10 @@ def gpudirect() -> str:
     assert client.run(write_to_gpu, cli, d + OFFSET, gmr.rkey) == "SUCCESS"
     got = server.run(gpu_readback, server, d)
     assert got == _pattern(WRITE), "the GPU buffer does not hold what was written"
-    server.run(gpu_free, server, d)
+    if cuda_free:
+        server.run(gpu_free, server, d)
     status = client.run(write_after_free, cli, d + OFFSET, gmr.rkey)
-    assert status == "REM_ACCESS_ERR", status
+    assert status == ("REM_ACCESS_ERR" if cuda_free else "SUCCESS"), status
     client.run(cli.ctx.close)
     server.run(srv.ctx.close)             # dereg: the revoked MR, then the rest
     stats = server.run(read_peer_stats, server)

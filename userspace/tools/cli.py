@@ -405,9 +405,13 @@ def _trace(args: argparse.Namespace) -> int:
     from kernel_model.tracefilter import filter_trace
     from scenarios import get, run_traced
     try:
-        get(args.scenario)
+        story = get(args.scenario).story
     except KeyError as e:
         raise UsageError(e.args[0]) from None
+    given = " ".join(f"{flag} {v}" for attr, flag in _TRACE_FILTERS
+                     for v in _values(getattr(args, attr)))
+    if args.full and given:
+        raise UsageError(f"--full: the whole graph, unfiltered; not with {given}")
     try:
         report: list = []
         trace = run_traced(args.scenario, clock=args.clock, schedule=args.schedule,
@@ -415,22 +419,46 @@ def _trace(args: argparse.Namespace) -> int:
     except (DeadlockError, ReplayDivergence) as e:
         print(f"peermem trace: {args.scenario}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    try:
-        trace = filter_trace(trace, function=args.function, depth=args.depth,
-                             layer=args.layer, task=args.task, during=args.during)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    given = " ".join(f"{flag} {v}" for attr, flag in _TRACE_FILTERS
-                     for v in _values(getattr(args, attr)))
-    if given and not any(trace.roots):
-        raise UsageError(f"{given}: the filters together match nothing in the "
-                         f"{args.scenario} trace")
     if args.stats and not report:  # before the trace: no output that looks like success
         raise UsageError(f"--stats: {args.scenario} keeps no statistics")
-    _emit(trace, args.format, args.o)
+    if story is not None and not given and not args.full:
+        _emit_story(args, trace, story)
+    else:
+        try:
+            trace = filter_trace(trace, function=args.function, depth=args.depth,
+                                 layer=args.layer, task=args.task, during=args.during)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if given and not any(trace.roots):
+            raise UsageError(f"{given}: the filters together match nothing in the "
+                             f"{args.scenario} trace")
+        _emit(trace, args.format, args.o)
     if args.stats:
         sys.stdout.write("".join(report))
     return 0
+
+
+def _emit_story(args: argparse.Namespace, trace: object, story: object) -> None:
+    """A scenario's default view: its story as text, or as Mermaid (every task while
+    the steps ran: the HCA probe and the teardown left out)."""
+    from kernel_model.tracefilter import filter_trace
+    from kernel_model.traceout import format_ftrace, format_mermaid
+    from scenarios.story import MERMAID_MESSAGES, format_story, story_trace
+    if args.format == "mermaid":
+        text = format_mermaid(story_trace(trace, story), max_messages=MERMAID_MESSAGES)
+    elif args.format == "ftrace":
+        full = format_ftrace(filter_trace(trace)).count("\n")    # what --full prints
+        text = format_story(args.scenario, trace, story, full)
+    else:  # perfetto: the viewer is made for the whole run
+        return _emit(trace, args.format, args.o)
+    if args.o is None:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(args.o, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"-o {args.o}: {e.strerror}") from None
 
 
 def _values(v: object) -> list:
@@ -545,11 +573,17 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run SCENARIO under the tracer and write its function "
                        "graph: ftrace function_graph text (default), Chrome/Perfetto JSON "
                        "(open in https://ui.perfetto.dev) or a Mermaid sequence diagram. "
-                       "The filters mirror ftrace's set_graph_function and max_graph_depth.")
+                       "The filters mirror ftrace's set_graph_function and max_graph_depth. "
+                       "A scenario with a story (gpudirect) prints the story by default: its "
+                       "user-visible steps a few calls deep, each step's outcome and a summary "
+                       "line (Mermaid: from the story's first step); --full or any filter "
+                       "gives the whole graph.")
     t.add_argument("scenario", metavar="SCENARIO", help="see `peermem scenarios`")
     t.add_argument("--format", choices=["ftrace", "perfetto", "mermaid"], default="ftrace")
     t.add_argument("-o", type=_out_file, metavar="FILE",
                    help="write to FILE instead of stdout")
+    t.add_argument("--full", action="store_true",
+                   help="the whole function graph, not the scenario's story")
     t.add_argument("--function", metavar="NAME",
                    help="only the graphs under calls of NAME (set_graph_function)")
     t.add_argument("--stats", action="store_true",
