@@ -109,3 +109,9 @@ def test_other_scenarios_keep_the_whole_graph(capsys):
     assert get("pin").story is None
     assert main(["trace", "pin"]) == 0
     assert capsys.readouterr().out.startswith("# tracer: function_graph")
+
+
+def test_stats_follow_the_story(capsys):
+    out = cli(capsys, "--stats")
+    assert SUMMARY in out
+    assert out.rstrip().endswith("num_free_callbacks   1")

@@ -236,3 +236,12 @@ def test_wall_clock_runs():
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("# tracer: function_graph\n")
     assert "wall clock" in r.stdout
+
+
+def test_full_on_a_scenario_without_a_story_changes_nothing(capsys):
+    assert trace(capsys, "--full") == trace(capsys)
+
+
+def test_full_with_a_filter_exits_2(capsys):
+    assert main(["trace", "pin", "--full", "--task", "app"]) == 2
+    assert "--full" in capsys.readouterr().err
