@@ -93,8 +93,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
                "drivers.ib_core.uverbs_ioctl", "drivers.ib_core.uverbs_main",
                "drivers.ib_core.uverbs_std_types", "drivers.ib_core.uverbs_std_types_mr",
                "drivers.ib_core.verbs"}),
-    frozenset({"userspace.libibverbs.cmd", "userspace.libibverbs.verbs",
-               "userspace.providers.mlx5.mlx5", "userspace.providers.mlx5.verbs"}),
 ]
 
 

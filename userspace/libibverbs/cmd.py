@@ -29,6 +29,7 @@ from kernel_model.uapi.rdma_user_ioctl import (
     ib_uverbs_ioctl_hdr,
 )
 from kernel_model.uapi.ustruct import UStruct
+from userspace.libibverbs import verbs_types as v
 from userspace.libibverbs.cint import c_assign
 
 T = TypeVar("T", bound=UStruct)
@@ -193,7 +194,6 @@ def ibv_cmd_modify_qp(qp: Any, attr: Any, attr_mask: int) -> None:
     """Mirrors ibv_cmd_modify_qp(): the attributes attr_mask names (copy_modify_qp_fields)
     in one MODIFY_QP write, no response.  EOPNOTSUPP for mask bits past
     IBV_QP_DEST_QPN (those need the extended command)."""
-    from userspace.libibverbs import verbs as v
     if attr_mask & ~((v.IBV_QP_DEST_QPN << 1) - 1):
         raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_modify_qp")
     cmd = uv.ib_uverbs_modify_qp(qp_handle=qp.handle, attr_mask=attr_mask)
@@ -226,7 +226,6 @@ _CAP_FIELDS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "ma
 def ibv_cmd_query_qp(qp: Any, attr: Any, attr_mask: int, init_attr: Any) -> None:
     """Mirrors ibv_cmd_query_qp(): QUERY_QP, then the response into the caller's
     ibv_qp_attr and ibv_qp_init_attr.  EOPNOTSUPP from IBV_QP_RATE_LIMIT on."""
-    from userspace.libibverbs import verbs as v
     if attr_mask & ~(v.IBV_QP_RATE_LIMIT - 1):
         raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_query_qp")
     resp = execute_write(qp.context, uv.IB_USER_VERBS_CMD_QUERY_QP,

@@ -44,7 +44,7 @@ from kernel_model.uapi.rdma_user_ioctl import (
 )
 from userspace.libc import MAP_SHARED, PROT_WRITE, SysError, free, posix_memalign
 from userspace.libibverbs.cmd import VerbsError, execute_ioctl, ibv_cmd_get_context
-from userspace.libibverbs.verbs import ibv_context
+from userspace.libibverbs.verbs_types import ibv_context
 from userspace.providers.mlx5 import env as mlx5_env
 from userspace.providers.mlx5.errors import ProviderError
 from userspace.providers.mlx5.mlx5dv import MLX5_CTX_FLAGS_NO_KERN_DYN_UAR

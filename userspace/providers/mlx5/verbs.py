@@ -31,7 +31,8 @@ from userspace.libc import free, posix_memalign
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs.cint import s32, u32
 from userspace.libibverbs.cmd import VerbsError
-from userspace.libibverbs.verbs import (
+from userspace.libibverbs.driver import verbs_context_ops, verbs_register_driver
+from userspace.libibverbs.verbs_types import (
     IBV_QP_STATE,
     IBV_QPS_INIT,
     IBV_QPS_RESET,
@@ -45,12 +46,16 @@ from userspace.libibverbs.verbs import (
     ibv_qp,
     ibv_qp_attr,
     ibv_qp_init_attr,
-    verbs_context_ops,
 )
 from userspace.providers.mlx5 import env as mlx5_env
 from userspace.providers.mlx5.cq import mlx5_cq_clean, mlx5_poll_cq
 from userspace.providers.mlx5.dbrec import mlx5_alloc_dbrec, mlx5_free_db
-from userspace.providers.mlx5.mlx5 import mlx5_alloc_context, mlx5_context, mlx5_free_context
+from userspace.providers.mlx5.mlx5 import (
+    MLX5_VENDOR_ID,
+    mlx5_alloc_context,
+    mlx5_context,
+    mlx5_free_context,
+)
 from userspace.providers.mlx5.qp import mlx5_init_qp_indices, mlx5_post_recv, mlx5_post_send
 from userspace.providers.mlx5.uar import (
     bf_for_bfreg_index,
@@ -391,3 +396,7 @@ mlx5_ctx_ops = verbs_context_ops(
     destroy_cq=mlx5_destroy_cq, create_qp=mlx5_create_qp, modify_qp=mlx5_modify_qp,
     query_qp=mlx5_query_qp, destroy_qp=mlx5_destroy_qp,
     post_send=mlx5_post_send, post_recv=mlx5_post_recv, poll_cq=mlx5_poll_cq)
+
+# PROVIDER_DRIVER(mlx5, mlx5_dev_ops): loading the provider offers it for the vendor's
+# devices (its hca_table); libibverbs finds it through that table, never by name
+verbs_register_driver(MLX5_VENDOR_ID, mlx5_ctx_ops)
