@@ -33,6 +33,7 @@ from drivers.ib_core.ib_verbs import (
     IB_GID_TYPE_ROCE,
     IB_GID_TYPE_ROCE_UDP_ENCAP,
     IB_GID_TYPE_SIZE,
+    rdma_is_port_valid,
     rdma_protocol_roce,
     rdma_protocol_roce_eth_encap,
     rdma_protocol_roce_udp_encap,
@@ -94,7 +95,6 @@ class ib_gid_table:
 
 
 def _table(device: Any, port: int) -> ib_gid_table:
-    from drivers.ib_core.device import rdma_is_port_valid
     table = device.gid_tables.get(port) if rdma_is_port_valid(device, port) else None
     if table is None:
         raise KernelError(EINVAL, f"rdma_gid_table: {device.name} has no GID table on "

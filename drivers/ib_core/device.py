@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 import attrs
 
 from drivers.ib_core.cache import ib_cache_cleanup_one, ib_cache_setup_one, ib_setup_gid_attrs
-from drivers.ib_core.ib_verbs import (
+from drivers.ib_core.core_priv import _core  # noqa: F401 - ib_core's globals
+from drivers.ib_core.ib_verbs import (  # noqa: F401 - port helpers re-exported
     RDMA_NODE_IB_CA,
     ib_cq,
     ib_device_attr,
@@ -39,9 +40,13 @@ from drivers.ib_core.ib_verbs import (
     ib_qp,
     ib_ucontext,
     ib_udata,
+    rdma_end_port,
+    rdma_is_port_valid,
+    rdma_start_port,
 )
+from drivers.ib_core.peer_mem import PeerMemState
 from kernel_model.current import current
-from kernel_model.errno import EEXIST, EINVAL, ENODEV, KernelError
+from kernel_model.errno import EEXIST, EINVAL, KernelError
 from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
 from kernel_model.trace import traced
 
@@ -150,19 +155,11 @@ class IbCoreState:
         self.devices: dict[str, ib_device] = {}
         self.clients: list[ib_client] = []
         self.next_index = 0
-        from drivers.ib_core.peer_mem import PeerMemState
         # peer_mem.c's globals (part of ib_core here, as in OFED), for OFED release `ofed`
         self.peer = PeerMemState(ofed)
 
     def __repr__(self) -> str:
         return f"ib_core devices={list(self.devices)} clients={[c.name for c in self.clients]}"
-
-
-def _core() -> IbCoreState:
-    mod = current().machine.modules.get("ib_core")
-    if mod is None:
-        raise KernelError(ENODEV, "ib_core: module not loaded")
-    return mod.state
 
 
 def ib_alloc_device(cls: type[D]) -> D:
@@ -321,18 +318,3 @@ def ib_get_client_data(device: ib_device, client: ib_client) -> Any:
 def ib_device_get_by_name(name: str) -> ib_device | None:
     """Mirrors ib_device_get_by_name() (without the reference)."""
     return _core().devices.get(name)
-
-
-def rdma_start_port(device: ib_device) -> int:
-    """Mirrors rdma_start_port(): 1 for a CA."""
-    return 1
-
-
-def rdma_end_port(device: ib_device) -> int:
-    """Mirrors rdma_end_port()."""
-    return device.phys_port_cnt
-
-
-def rdma_is_port_valid(device: ib_device, port: int) -> bool:
-    """Mirrors rdma_is_port_valid()."""
-    return rdma_start_port(device) <= port <= rdma_end_port(device)

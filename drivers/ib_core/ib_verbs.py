@@ -482,3 +482,27 @@ def ib_check_mr_access(device: ib_device, flags: int) -> None:
                           "local write")
     if flags & IB_ACCESS_ON_DEMAND and not getattr(device.attrs, "odp_supported", False):
         raise KernelError(EOPNOTSUPP, "ib_check_mr_access: on-demand paging not supported")
+
+
+def ib_access_writable(access_flags: int) -> bool:
+    """Mirrors ib_access_writable() (ib_verbs.h): may the device write this memory?
+
+    MW_BIND counts: binding a window may grant remote write later.
+    """
+    return bool(access_flags & (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE
+                                | IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_MW_BIND))
+
+
+def rdma_start_port(device: ib_device) -> int:
+    """Mirrors rdma_start_port(): 1 for a CA."""
+    return 1
+
+
+def rdma_end_port(device: ib_device) -> int:
+    """Mirrors rdma_end_port()."""
+    return device.phys_port_cnt
+
+
+def rdma_is_port_valid(device: ib_device, port: int) -> bool:
+    """Mirrors rdma_is_port_valid()."""
+    return rdma_start_port(device) <= port <= rdma_end_port(device)

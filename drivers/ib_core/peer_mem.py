@@ -44,10 +44,17 @@ and so always adds 0 - peermem_facts §2.6).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
+from drivers.ib_core.core_priv import _core
+from drivers.ib_core.ib_umem import (  # noqa: F401 - the flags re-exported
+    IB_PEER_MEM_ALLOW,
+    IB_PEER_MEM_INVAL_SUPP,
+    ib_umem,
+    ib_umem_num_pages,
+)
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.locking import (
@@ -77,15 +84,9 @@ from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
 from kernel_model.trace import traced, tracepoint
 from kernel_model.xarray import U32_MAX, xa_alloc_cyclic, xa_erase, xa_load, xarray
 
-if TYPE_CHECKING:
-    from drivers.ib_core.umem import ib_umem
-
 IB_PEER_MEMORY_NAME_MAX = 64
 IB_PEER_MEMORY_VER_MAX = 16
 PEER_MEM_INVALIDATE_UNMAPS = 1 << 0
-# enum ib_peer_mem_flags (include/rdma/ib_umem.h)
-IB_PEER_MEM_ALLOW = 1 << 0
-IB_PEER_MEM_INVAL_SUPP = 1 << 1
 PEER_NO_INVALIDATION_ID = U32_MAX
 # enum ib_umem_mapped_state
 UMEM_PEER_UNMAPPED, UMEM_PEER_MAPPED, UMEM_PEER_INVALIDATED = 0, 1, 2
@@ -212,7 +213,6 @@ def peer_ticket_design() -> bool:
 
 
 def _peer_state() -> PeerMemState:
-    from drivers.ib_core.device import _core
     return _core().peer
 
 
@@ -634,7 +634,6 @@ def ib_peer_umem_release(umem: Any) -> None:
     _erase_id(umem_p)
     ib_put_peer_client(client, umem_p.peer_client_context)
     umem_p.ib_peer_client = None
-    from drivers.ib_core.umem import ib_umem_num_pages
     # EMU: OFED 4.x never charged a peer umem to pinned_vm and never mmdrop()s its mm
     # (a leak, code-derived); the model keeps one accounting for every release
     mm = umem_p.owning_mm

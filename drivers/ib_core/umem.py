@@ -29,6 +29,20 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from c_ext import U64Array
+from drivers.ib_core.ib_umem import (  # noqa: F401 - ib_umem.h, re-exported
+    IB_PEER_MEM_ALLOW,
+    IB_PEER_MEM_INVAL_SUPP,
+    _align,
+    _page_shift,
+    ib_umem,
+    ib_umem_dma_offset,
+    ib_umem_num_dma_blocks,
+    ib_umem_num_pages,
+    ib_umem_offset,
+    ib_umem_start_dma_addr,
+)
+from drivers.ib_core.peer_mem import ib_peer_umem_get, ib_peer_umem_release
+from drivers.ib_core.umem_dmabuf import ib_umem_dmabuf_release
 from kernel_model.current import current
 from kernel_model.dma import (
     DMA_ATTR_WEAK_ORDERING,
@@ -50,7 +64,6 @@ from kernel_model.mm import mmdrop, mmgrab
 from kernel_model.scatterlist import (
     UINT_MAX,
     sg_alloc_append_table_from_pages,
-    sg_append_table,
     sg_free_append_table,
     sg_table,
 )
@@ -59,7 +72,6 @@ from kernel_model.trace import traced
 
 if TYPE_CHECKING:
     from drivers.ib_core.device import ib_device
-    from kernel_model.machine import Machine
     from kernel_model.mm import mm_struct
 
 from drivers.ib_core.ib_verbs import (  # noqa: E402,F401 - re-exported for callers
@@ -74,18 +86,10 @@ from drivers.ib_core.ib_verbs import (  # noqa: E402,F401 - re-exported for call
     IB_ACCESS_REMOTE_READ,
     IB_ACCESS_REMOTE_WRITE,
     IB_ZERO_BASED,
+    ib_access_writable,
 )
 
 U64_MAX = (1 << 64) - 1
-
-
-def ib_access_writable(access_flags: int) -> bool:
-    """Mirrors ib_access_writable() (ib_verbs.h): may the device write this memory?
-
-    MW_BIND counts: binding a window may grant remote write later.
-    """
-    return bool(access_flags & (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE
-                                | IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_MW_BIND))
 
 
 def ib_dma_max_seg_size(dev: ib_device) -> int:
@@ -96,71 +100,6 @@ def ib_dma_max_seg_size(dev: ib_device) -> int:
     # EMU: no software-DMA devices (ib_uses_virt_dma, which gives UINT_MAX).
     """
     return dma_get_max_seg_size(dev.dma_device)
-
-
-class ib_umem:
-    """Mirrors struct ib_umem.
-
-    `sgt_append.sgt` holds the pinned page runs (CPU side) and, once mapped,
-    the DMA segments.  address/length are what the user asked for; iova is
-    the device-visible start a driver settles on (find_best_pgsz sets it).
-    """
-
-    def __init__(self, ibdev: ib_device | None, machine: Machine):
-        self.ibdev = ibdev
-        self.owning_mm: mm_struct | None = None
-        self.iova = 0
-        self.length = 0
-        self.address = 0
-        self.writable = False
-        self.is_odp = False
-        self.is_dmabuf = False
-        self.is_peer = False
-        self.sgt_append = sg_append_table(machine)
-
-    @property
-    def trace_name(self) -> str:
-        return f"umem {self.address:#x}+{self.length:#x}"
-
-    def __repr__(self) -> str:
-        sgt = self.sgt_append.sgt
-        return (f"ib_umem {self.address:#x}+{self.length:#x} iova {self.iova:#x} "
-                f"{'rw' if self.writable else 'ro'} pages {ib_umem_num_pages(self)} "
-                f"sg {sgt.orig_nents} dma {sgt.nents}")
-
-
-# -- ib_umem.h: inline helpers ---------------------------------------------------------
-def _page_shift(umem: ib_umem) -> int:
-    return umem.sgt_append.sgt.page_shift
-
-
-def _align(x: int, a: int) -> int:
-    return (x + a - 1) & ~(a - 1)
-
-
-def ib_umem_offset(umem: ib_umem) -> int:
-    """Mirrors ib_umem_offset(): where the umem starts inside its first page."""
-    return umem.address & ((1 << _page_shift(umem)) - 1)
-
-
-def ib_umem_start_dma_addr(umem: ib_umem) -> int:
-    """Mirrors ib_umem_start_dma_addr(): the DMA address of the umem's first byte."""
-    return umem.sgt_append.sgt.dma_addr.view[0] + ib_umem_offset(umem)
-
-
-def ib_umem_dma_offset(umem: ib_umem, pgsz: int) -> int:
-    """Mirrors ib_umem_dma_offset(): the first byte's offset in a pgsz device page."""
-    return ib_umem_start_dma_addr(umem) & (pgsz - 1)
-
-
-def ib_umem_num_dma_blocks(umem: ib_umem, pgsz: int) -> int:
-    """Mirrors ib_umem_num_dma_blocks(): pgsz blocks covering [iova, iova + length)."""
-    return (_align(umem.iova + umem.length, pgsz) - (umem.iova & ~(pgsz - 1))) // pgsz
-
-
-def ib_umem_num_pages(umem: ib_umem) -> int:
-    """Mirrors ib_umem_num_pages(): the same count in PAGE_SIZE blocks (what gets pinned)."""
-    return ib_umem_num_dma_blocks(umem, 1 << _page_shift(umem))
 
 
 def ib_umem_find_best_pgoff(umem: ib_umem, pgsz_bitmap: int, pgoff_bitmask: int) -> int:
@@ -233,7 +172,6 @@ def ib_umem_get_peer(device: ib_device, addr: int, size: int, access: int,
     fails, the peer-memory clients (peer_mem.py); IB_PEER_MEM_INVAL_SUPP in
     peer_mem_flags says the caller can take an invalidation.  If no client takes
     the range, gup's error stands."""
-    from drivers.ib_core.peer_mem import IB_PEER_MEM_ALLOW
     return __ib_umem_get(device, addr, size, access, IB_PEER_MEM_ALLOW | peer_mem_flags)
 
 
@@ -281,7 +219,6 @@ def __ib_umem_get(device: ib_device, addr: int, size: int, access: int,
             dma_map_sgtable(device.dma_device, umem.sgt_append.sgt, DMA_BIDIRECTIONAL, attrs)
         except KernelError as err:
             __ib_umem_release(device, umem, False)  # umem_release:
-            from drivers.ib_core.peer_mem import IB_PEER_MEM_ALLOW, ib_peer_umem_get
             if not peer_mem_flags & IB_PEER_MEM_ALLOW:
                 raise
             # the peer umem keeps the pinned_vm charge and the mm reference
@@ -366,11 +303,9 @@ def ib_umem_release(umem: ib_umem | None) -> None:
     if umem is None:
         return
     if umem.is_peer:
-        from drivers.ib_core.peer_mem import ib_peer_umem_release
         ib_peer_umem_release(umem)
         return
     if umem.is_dmabuf:
-        from drivers.ib_core.umem_dmabuf import ib_umem_dmabuf_release
         ib_umem_dmabuf_release(umem)
         return
     if umem.is_odp:  # EMU: on-demand paging is not modelled

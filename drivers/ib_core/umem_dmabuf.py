@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivers.ib_core.umem import ib_access_writable, ib_umem
+from drivers.ib_core.ib_umem import ib_umem
+from drivers.ib_core.ib_verbs import ib_access_writable
 from kernel_model.dma import DMA_BIDIRECTIONAL
 from kernel_model.dma_buf import (
     dma_buf_attach_ops,

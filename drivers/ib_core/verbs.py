@@ -76,6 +76,7 @@ from drivers.ib_core.ib_verbs import (
     ib_qp_init_attr,
     ib_udata,
     rdma_ah_attr,
+    rdma_is_port_valid,
     rdma_protocol_ib,
     rdma_protocol_roce,
 )
@@ -179,7 +180,6 @@ def ib_destroy_qp_user(qp: ib_qp, udata: ib_udata) -> None:
 @traced
 def ib_query_port(device: Any, port: int, attr: ib_port_attr) -> None:
     """Mirrors ib_query_port(): valid port, then ops.query_port into a zeroed attr."""
-    from drivers.ib_core.device import rdma_is_port_valid
     if not rdma_is_port_valid(device, port):
         raise KernelError(EINVAL, f"ib_query_port: {device.name} has no port {port}")
     device.ops.query_port(device, port, attr)
@@ -298,7 +298,6 @@ def rdma_fill_sgid_attr(device: Any, ah_attr: rdma_ah_attr) -> Any:
     where the port needs one (RoCE: always), and the source GID entry the
     sgid_index names, held (EINVAL outside the table, ENODATA for an empty
     slot).  Returns the entry to put when the modify is over, or None."""
-    from drivers.ib_core.device import rdma_is_port_valid
     if not rdma_is_port_valid(device, ah_attr.port_num):
         raise KernelError(EINVAL, f"rdma_check_ah_attr: port {ah_attr.port_num}")
     if ah_attr.type == RDMA_AH_ATTR_TYPE_ROCE and not ah_attr.ah_flags & IB_AH_GRH:
