@@ -1,21 +1,33 @@
 """The pytest plugin (entry point `pytest11: peermem`): peer-client conformance and race tests.
 
-Conformance:
+Conformance (io_peer_mem here; describe your own client the same way):
 
-    def test_my_client(peer_client_conformance):
-        cut = ClientUnderTest.uio_mapping("my_client")
-        report = peer_client_conformance(cut)     # fails the test, naming each violation
+    from peermem_testing.conformance import ClientUnderTest
+
+    def test_io_peer_mem_conforms(peer_client_conformance):
+        cut = ClientUnderTest.uio_mapping("io_peer_mem")
+        peer_client_conformance(cut)              # fails the test, naming each violation
 
 Races - an ordinary test, marked; the plugin runs its body under the race
 explorer (kernel_model/explore.py), once per schedule, and fails it with the
 explorer's report (the check, the schedule, its interleaved trace and the
-command that replays it):
+command that replays it).  This one deliberately meets a known upstream bug:
+nv_peer_mem as the invalidating client (persistent_api_support=0, what
+ClientUnderTest.nv_peer_mem() loads) lets cudaFree free the page table while
+ibv_dereg_mr's teardown still unmaps it - a KASAN use-after-free in
+nvidia_p2p_dma_unmap_pages, Mellanox/nv_peer_memory issue 53 (open) - so it
+is marked xfail(strict=True): it passes only while the explorer finds that bug.
 
-    @pytest.mark.race(strategy="dfs", bound=2)
+    import pytest
+
+    from peermem_testing.conformance import ClientUnderTest
+
+    @pytest.mark.xfail(strict=True, reason="nv_peer_memory issue 53: use-after-free")
+    @pytest.mark.race(strategy="dfs", bound=1)
     def test_dereg_vs_free(peermem_ladder):
-        lad = peermem_ladder()                    # a fresh machine on every run
-        dereg = lad.proc.start(lad.dereg)
-        free = lad.proc.thread(lad.revoke, name="free")
+        lad = peermem_ladder(ClientUnderTest.nv_peer_mem())  # a fresh machine every run
+        dereg = lad.proc.start(lad.dereg)         # ibv_dereg_mr
+        free = lad.proc.thread(lad.revoke, name="free")      # cudaFree
         dereg.join(); free.join()
         lad.teardown()
 
