@@ -50,9 +50,10 @@ def format_ftrace(trace: Trace, *, header: bool = True, cpu: bool = True,
 
     The keywords are ftrace's trace_options for a narrower view: cpu and
     duration are funcgraph-cpu and funcgraph-duration (the columns go);
-    header=False leaves out the `# tracer` lines.  `columns` (EMU: ftrace
-    has no such option) sizes the task column to the tasks shown and cuts
-    arguments and tracepoint fields to `...` so a line fits, where it can.
+    header=False leaves out the `# tracer` lines.
+    EMU: `columns` has no ftrace twin (ftrace never cuts a line): it sizes
+    the task column to the tasks shown and cuts arguments and tracepoint
+    fields to `...` so a line fits in that many columns, where it can.
     """
     shown = _used_tracks(trace) if columns is not None else range(len(trace.tracks))
     width = max([13] + [len(trace.tracks[t]) + 1 for t in shown])
