@@ -4,7 +4,7 @@ examples in the pytest plugin's docstring.
 A block runs in a fresh namespace, as a reader pastes it into a new session
 (machines numbered from 0, stdout captured).  A block that defines a pytest
 test (a top-level `def test_...`) runs instead as a test file of its own
-through the `pytester` fixture, where the plugin's fixtures are what the
+through the `pytester` fixture (in a subprocess), where the plugin's fixtures are what the
 page says they are; its tests must pass (an `xfail(strict=True)` one only
 while it still fails).  `examples/cmb_peer` is on the path there, as after
 `pip install ./examples/cmb_peer`.
@@ -122,24 +122,28 @@ def test_the_plugin_docstring_examples_are_found():
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
-def test_python_block_runs(block: Block, pytester: pytest.Pytester):
+def test_python_block_runs(block: Block, request: pytest.FixtureRequest):
     if block.skip is not None:
         pytest.skip(f"not-runnable: {block.skip}")
     pending = PENDING.get(block.where.split(":")[0])
     try:
-        run_block(block, pytester)
+        run_block(block, request)
     except (Exception, pytest.fail.Exception) as e:
         if pending is None:
             raise
         pytest.xfail(f"{pending}: {type(e).__name__}: {e}")
 
 
-def run_block(block: Block, pytester: pytest.Pytester) -> None:
+def run_block(block: Block, request: pytest.FixtureRequest) -> None:
     """Run one block as the module docstring says; fail the calling test if it fails."""
     if _defines_tests(block.code):
-        pytester.syspathinsert(CMB_PEER)
+        # only here: pytester drops the modules first imported while it is in use
+        pytester = request.getfixturevalue("pytester")
+        # a subprocess: an in-process run would drop the modules it imported from
+        # sys.modules afterwards, and the next test would import second copies
+        pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(CMB_PEER)!r})\n")
         pytester.makepyfile(test_block=block.code)
-        result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+        result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
         outcomes = result.parseoutcomes()
         assert result.ret == 0 and outcomes.get("passed", 0) + outcomes.get("xfailed", 0) >= 1, \
             f"{block.where}:\n" + "\n".join(result.outlines[-30:])
