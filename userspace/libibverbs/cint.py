@@ -16,6 +16,7 @@ struct before it is packed: the command layer's field-by-field copies
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 #: struct-module integer codes: (bits, signed)
@@ -57,19 +58,34 @@ def u64(value: int) -> int:
 def c_assign(obj: Any) -> Any:
     """Wrap every integer field of a uapi struct (nested ones too) to its C type;
     anything else that packs itself (raw bytes) is left as it is."""
-    for name, code in getattr(obj, "FIELDS", ()):
+    for name, bits, signed, lo, hi in _plan(type(obj)):
+        value = getattr(obj, name)
+        if bits is None:                       # an embedded struct
+            c_assign(value)
+        elif isinstance(value, bool):
+            setattr(obj, name, int(value))
+        elif isinstance(value, int) and not lo <= value <= hi:
+            setattr(obj, name, wrap(value, bits, signed))
+    return obj
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, Any, Any, int, int], ...]:
+    """A struct's integer fields with their width, sign and range, read from FIELDS
+    once per class (c_assign runs on every command the library writes)."""
+    out: list[tuple[str, Any, Any, int, int]] = []
+    for name, code in getattr(cls, "FIELDS", ()):
         if isinstance(code, type):
-            c_assign(getattr(obj, name))
+            out.append((name, None, None, 0, 0))
             continue
         kind = _CODES.get(code[-1]) if isinstance(code, str) else None
         if kind is None or code[:-1]:          # padding, byte arrays, repeat counts
             continue
-        value = getattr(obj, name)
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, int):
-            setattr(obj, name, wrap(value, *kind))
-    return obj
+        bits, signed = kind
+        lo = -(1 << (bits - 1)) if signed else 0
+        hi = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+        out.append((name, bits, signed, lo, hi))
+    return tuple(out)
 
 
 __all__ = ["c_assign", "s32", "u16", "u32", "u64", "u8", "wrap"]
