@@ -221,7 +221,7 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
         if addr % ps:
             raise KernelError(EINVAL, "__get_unmapped_area: MAP_FIXED address not page aligned")
         # mmap_region(): every VMA to be replaced is checked before anything changes
-        old = munmap_gather(mm, addr, addr + length)
+        old = vms_gather_munmap_vmas(mm, addr, addr + length)
     else:
         addr = get_unmapped_area(mm, length)
     if old:
@@ -229,7 +229,7 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
         # runs before the new file's ->mmap (vms_clean_up_area), so a failing ->mmap
         # leaves a hole (vms_abort_munmap_vmas cannot re-open them); an anonymous
         # MAP_FIXED cannot fail past this point.
-        munmap_complete(mm, addr, addr + length, old)
+        vms_complete_munmap_vmas(mm, addr, addr + length, old)
     vma = vm_area_struct(mm, addr, addr + length, vm_flags, vm_get_page_prot(vm_flags), pgoff)
     if f is not None:
         vma.vm_file = get_file(f)
@@ -265,8 +265,9 @@ def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
     return new
 
 
-def munmap_gather(mm: mm_struct, start: int, end: int) -> list[vm_area_struct]:
-    """Mirrors the checks of vms_gather_munmap_vmas(): the VMAs [start, end) touches.
+@traced
+def vms_gather_munmap_vmas(mm: mm_struct, start: int, end: int) -> list[vm_area_struct]:
+    """Mirrors vms_gather_munmap_vmas()'s checks: the VMAs [start, end) touches.
 
     Only the edge VMAs are split, so only they are asked (vm_ops->may_split)
     and only a split that adds a VMA checks max_map_count (ENOMEM).  Every
@@ -292,10 +293,15 @@ def _may_split(vma: vm_area_struct, addr: int) -> None:
         vma.vm_ops.may_split(vma, addr)
 
 
-def munmap_complete(mm: mm_struct, start: int, end: int, vmas: list[vm_area_struct]) -> None:
-    """Mirrors the rest of do_vmi_align_munmap(): split the edges, queue the
-    userfaultfd unmap events, zap and remove.  Nothing here fails: munmap_gather
-    asked every question first."""
+@traced
+def vms_complete_munmap_vmas(mm: mm_struct, start: int, end: int,
+                             vmas: list[vm_area_struct]) -> None:
+    """Mirrors vms_complete_munmap_vmas(): split the edges, queue the
+    userfaultfd unmap events, zap and remove.  Nothing here fails: vms_gather_munmap_vmas
+    asked every question first.
+
+    EMU: the kernel splits the edge VMAs while gathering and undoes them on a later
+    failure; here the splits wait until every check has passed."""
     first, last = vmas[0], vmas[-1]
     if first.vm_start < start:
         upper = split_vma(first, start)
@@ -312,8 +318,8 @@ def munmap_complete(mm: mm_struct, start: int, end: int, vmas: list[vm_area_stru
 
 @traced
 def do_munmap(mm: mm_struct, start: int, length: int) -> None:
-    """Mirrors do_vmi_munmap(): all or nothing - munmap_gather() checks every
-    split first, then munmap_complete() splits, zaps and removes."""
+    """Mirrors do_vmi_munmap(): all or nothing - vms_gather_munmap_vmas() checks every
+    split first, then vms_complete_munmap_vmas() splits, zaps and removes."""
     ps = mm.machine.page_size
     if start % ps or start > mm.task_size or length > mm.task_size - start:
         raise KernelError(EINVAL, "do_munmap: start unaligned or range out of TASK_SIZE")
@@ -321,6 +327,6 @@ def do_munmap(mm: mm_struct, start: int, length: int) -> None:
     if length == 0:
         raise KernelError(EINVAL, "do_munmap: length is 0")
     end = start + length
-    vmas = munmap_gather(mm, start, end)
+    vmas = vms_gather_munmap_vmas(mm, start, end)
     if vmas:
-        munmap_complete(mm, start, end, vmas)
+        vms_complete_munmap_vmas(mm, start, end, vmas)
