@@ -772,12 +772,9 @@ class FuzzWorld:
         c.proc.store(buf, hdr.pack() + bytes(body))
         ret = c.proc.write(c.ref.cmd_fd, buf, max(words - cut, 0) * 4)
         if ret > 0 and which % 4 in (0, 1, 2):
-            self._adopt_response(c, command)
-
-    def _adopt_response(self, c: Obj, command: int) -> None:
-        """A mangled create that succeeded made an object the library does not know; the
-        process simply holds it until the file closes (exit or close_fd)."""
-        c.extra.setdefault("untracked", []).append(command)
+            # a mangled create that succeeded made an object the library does not know:
+            # the process holds it until the file closes (foreign_destroy then skips c)
+            c.extra.setdefault("untracked", []).append(command)
 
     @op(proc=PICK, mode=Num(0, 0x3FF, (0x2C, 0x6C, 0x1FC)), hmem=Num(0, 1))
     def op_fi_domain(self, proc: int, mode: int, hmem: int) -> None:
