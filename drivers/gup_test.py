@@ -18,6 +18,7 @@ import struct
 import time
 
 from c_ext import U64Array
+from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, ENOMEM, KernelError
 from kernel_model.fs import cdev, cdev_add, cdev_del, file_operations
 from kernel_model.gup import FOLL_LONGTERM, pin_user_pages, pin_user_pages_fast, unpin_user_pages
@@ -98,7 +99,6 @@ def gup_test_open(inode, filep) -> None:
 
 def module_init(mod) -> cdev:
     """debugfs_create_file_unsafe("gup_test", ...)."""
-    from kernel_model.current import current
     cd = cdev(file_operations(owner=mod, open=gup_test_open, unlocked_ioctl=gup_test_ioctl))
     cd.private = current().machine
     cdev_add(cd, GUP_TEST_PATH)

@@ -36,7 +36,7 @@ from kernel_model.errno import EEXIST, EINVAL, KernelError
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 
 class auxiliary_device_id:

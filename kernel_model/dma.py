@@ -29,7 +29,7 @@ from kernel_model.errno import EINVAL, EIO, ENOMEM, KernelError
 from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
     from kernel_model.scatterlist import sg_table
 
 DMA_BIDIRECTIONAL = 0

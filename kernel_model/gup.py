@@ -18,7 +18,7 @@ so FOLL_LONGTERM never migrates.
 
 from __future__ import annotations
 
-from c_ext import U64Array
+from c_ext import U64Array, UnpinUnderflow
 from kernel_model import trace
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOVERFLOW, KernelError
@@ -188,7 +188,6 @@ def _pin_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int, pages: 
 
 
 def _unpin(m, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool) -> None:
-    from c_ext import UnpinUnderflow
     total = n if counts is None else sum(counts.view[:n])
     freed = getattr(m, "_unpin_scratch", None)  # reused: a 1 GiB unpin needs 2 MiB of it
     if freed is None or freed.n < total:

@@ -28,7 +28,7 @@ from kernel_model.errno import EINVAL, ENOMEM, KernelError
 
 if TYPE_CHECKING:
     from kernel_model.dma import device
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
     from kernel_model.scatterlist import sg_table
 
 DMA_BIT_MASK_32 = 0xFFFFFFFF

@@ -39,7 +39,7 @@ from kernel_model.errno import KernelBug
 from kernel_model.sched import SCHED, Task
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 #: source files whose frames are skipped when naming where a lock was taken
 _SKIP = ("kernel_model/lockdep.py", "kernel_model/locking.py", "kernel_model/workqueue.py",

@@ -27,6 +27,7 @@ from kernel_model.errno import (
     KernelBug,
     KernelError,
 )
+from kernel_model.fs import FMODE_WRITE, fput, get_file
 from kernel_model.memory import unmap_vmas
 from kernel_model.mm_types import (  # noqa: F401 - re-exported: callers name them as mm's
     DEFAULT_MAX_MAP_COUNT,
@@ -130,7 +131,6 @@ def remove_vma(vma: vm_area_struct) -> None:
     going, so munmap and exit never fail because of a driver.  A close that
     raises anyway is a driver bug, recorded as a WARN; the VMA still goes.
     """
-    from kernel_model.fs import fput
     if vma.vm_ops is not None and vma.vm_ops.close is not None:
         try:
             vma.vm_ops.close(vma)
@@ -192,7 +192,6 @@ def do_mmap(mm: mm_struct, f: file | None, addr: int, length: int, prot: int, fl
     A failing ->mmap unwinds: PTEs it installed are zapped, the file reference
     is dropped and the VMA never becomes visible (mmap_region's unmap_and_free_vma).
     """
-    from kernel_model.fs import FMODE_WRITE, fput, get_file
     ps = mm.machine.page_size
     if length == 0:
         raise KernelError(EINVAL, "do_mmap: length is 0")
@@ -254,7 +253,6 @@ def split_vma(vma: vm_area_struct, addr: int) -> vm_area_struct:
                          vma.vm_file, vma.vm_ops, vma.vm_private_data)
     new.vm_userfaultfd_ctx = vma.vm_userfaultfd_ctx
     if new.vm_file is not None:
-        from kernel_model.fs import get_file
         get_file(new.vm_file)
     if new.vm_ops is not None and new.vm_ops.open is not None:
         new.vm_ops.open(new)

@@ -19,8 +19,8 @@ import attrs
 from kernel_model.pgtable import PageTable
 
 if TYPE_CHECKING:
+    from kernel_model.emu.machine import Machine
     from kernel_model.fs import file
-    from kernel_model.machine import Machine
 
 # vm_flags (include/linux/mm.h)
 VM_READ = 0x00000001

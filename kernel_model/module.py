@@ -28,7 +28,7 @@ from kernel_model.errno import EBUSY, EEXIST, ENOENT, EWOULDBLOCK, KernelError
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 SEARCH_PATH = ("drivers.", "peermem_clients.", "")
 

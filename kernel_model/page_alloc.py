@@ -19,11 +19,12 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from kernel_model.current import current
 from kernel_model.errno import ENOMEM, KernelError
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 MAX_ORDER = 10  # MAX_PAGE_ORDER: the largest block is 2^10 pages
 PAGE_POISON = 0xAA
@@ -204,7 +205,6 @@ def _caller() -> str:
 
 
 def _zone() -> zone:
-    from kernel_model.current import current
     return current().machine.zone
 
 

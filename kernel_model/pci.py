@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING
 from kernel_model import dma
 from kernel_model.current import current, current_or_none, running
 from kernel_model.errno import EEXIST, EINVAL, ENOMEM, KernelError
-from kernel_model.machine import MmioRegion
+from kernel_model.ioport import MmioRegion
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 PCI_STD_NUM_BARS = 6
 IORESOURCE_MEM = 0x00000200

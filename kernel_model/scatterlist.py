@@ -31,7 +31,7 @@ from kernel_model.page_alloc import page
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 UINT_MAX = 0xFFFFFFFF
 _COLUMNS = ("sg_pfn", "sg_off", "sg_len", "dma_addr", "dma_len")

@@ -52,7 +52,7 @@ from greenlet import getcurrent, greenlet
 from kernel_model import current as _cur
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
     from kernel_model.task import task_struct
 
 HZ = 1000  # jiffies per virtual second

@@ -31,7 +31,7 @@ from kernel_model.sched import SCHED
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 T = TypeVar("T")
 

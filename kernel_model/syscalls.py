@@ -14,10 +14,13 @@ from collections.abc import Callable
 from functools import wraps
 
 from kernel_model.current import current
-from kernel_model.errno import EBADF, EINVAL, ENOTTY, KernelError
+from kernel_model.errno import EBADF, EINVAL, ENOENT, ENOTTY, KernelError
 from kernel_model.fs import do_filp_open, fput
 from kernel_model.mm import MAP_ANONYMOUS, do_mmap, do_munmap
+from kernel_model.sched import SCHED
+from kernel_model.sysfs import list_dir
 from kernel_model.trace import traced
+from kernel_model.userfaultfd import new_userfaultfd
 
 
 def syscall(fn: Callable[..., int]) -> Callable[..., int]:
@@ -122,7 +125,6 @@ def sys_munmap(addr: int, length: int) -> int:
 def sys_userfaultfd(flags: int) -> int:
     """userfaultfd(2): a file that reports what happens to the memory registered with
     it (kernel_model/userfaultfd.py)."""
-    from kernel_model.userfaultfd import new_userfaultfd
     return new_userfaultfd(flags)
 
 
@@ -132,8 +134,6 @@ def sys_getdents(path: str) -> list[str] | int:
     EMU: returns the names instead of filling a linux_dirent64 buffer; open +
     getdents + close of a directory fold into this one call.
     """
-    from kernel_model.errno import ENOENT
-    from kernel_model.sysfs import list_dir
     names = list_dir(current().machine, path)
     return names if names else -ENOENT
 
@@ -143,7 +143,6 @@ def sys_sched_yield() -> int:
 
     Not traced: a busy-polling loop calls it once per empty poll.
     """
-    from kernel_model.sched import SCHED
     SCHED.yield_("sched_yield")
     return 0
 

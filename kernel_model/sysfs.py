@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kernel_model.current import current
-from kernel_model.errno import EEXIST, KernelError
+from kernel_model.errno import EACCES, EEXIST, EFAULT, KernelError
 from kernel_model.fs import O_ACCMODE, O_RDONLY, cdev, file_operations
 from kernel_model.uaccess import copy_to_user
 
@@ -29,14 +29,12 @@ def _sysfs_read(f, buf: int, count: int) -> int:
     text = f.f_inode.i_cdev.private().encode()
     n = min(count, len(text))
     if n and copy_to_user(buf, text[:n], n):
-        from kernel_model.errno import EFAULT
         raise KernelError(EFAULT, "sysfs_kf_read: copy_to_user")
     return n
 
 
 def _sysfs_open(inode, f) -> None:
     """kernfs_fop_open(): attributes here are read-only."""
-    from kernel_model.errno import EACCES
     if f.f_flags & O_ACCMODE != O_RDONLY:
         raise KernelError(EACCES, f"kernfs_fop_open: {f.f_path} is read-only")
 

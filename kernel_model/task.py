@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import current, running
 from kernel_model.errno import KernelBug
+from kernel_model.mm import mmput
 from kernel_model.uapi.resource import (  # noqa: F401 - task_struct's rlimits, as ever
     MLOCK_LIMIT,
     RLIM_INFINITY,
@@ -27,8 +28,8 @@ from kernel_model.uapi.resource import (  # noqa: F401 - task_struct's rlimits, 
 )
 
 if TYPE_CHECKING:
+    from kernel_model.emu.machine import Machine
     from kernel_model.fs import files_struct
-    from kernel_model.machine import Machine
     from kernel_model.mm import mm_struct
 
 INR_OPEN_CUR = 1024
@@ -85,7 +86,6 @@ class task_struct:
         debug check's KernelBug (use-after-free, lockdep) is the model's oops:
         the remaining steps still run, then the first one is raised again.
         """
-        from kernel_model.mm import mmput
         oops: list[KernelBug] = []
         with running(self):
             self.flags |= PF_EXITING

@@ -3,7 +3,7 @@
 Emulator-level (the kernel's nearest kin is the ftrace ring buffer once read
 out).  kernel_model.trace records raw events while the run goes on; when it
 stops it builds one Trace from them, and everything downstream - the filters,
-assert_call_flow, and the three output formats in kernel_model.traceout -
+assert_call_flow, and the three output formats in kernel_model.emu.traceout -
 reads only this model, so a new format or filter never touches the recorder.
 
 The model:

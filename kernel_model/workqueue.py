@@ -60,7 +60,7 @@ from kernel_model.sched import SCHED, Task
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 WQ_UNBOUND = 1 << 1
 WQ_FREEZABLE = 1 << 2

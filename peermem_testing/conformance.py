@@ -52,8 +52,8 @@ from drivers.ib_core.peer_mem import (
     peer_clients,
 )
 from kernel_model.current import current_or_none
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import KernelError
-from kernel_model.platform import rdma_host
 from kernel_model.sched import SCHED
 from peermem_testing.gpu import gpu_load
 from userspace.cuda.runtime import cudart

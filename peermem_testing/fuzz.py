@@ -45,10 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.process import SegmentationFault
 from kernel_model.hw.fabric import Fabric
 from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED
-from kernel_model.platform import rdma_host
-from kernel_model.process import SegmentationFault
 from kernel_model.sched import SCHED, DeadlockError
 from kernel_model.uapi import ib_user_verbs as uv
 from userspace.libibverbs import verbs as v

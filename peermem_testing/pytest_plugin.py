@@ -9,7 +9,7 @@ Conformance (io_peer_mem here; describe your own client the same way):
         peer_client_conformance(cut)              # fails the test, naming each violation
 
 Races - an ordinary test, marked; the plugin runs its body under the race
-explorer (kernel_model/explore.py), once per schedule, and fails it with the
+explorer (kernel_model/emu/explore.py), once per schedule, and fails it with the
 explorer's report (the check, the schedule, its interleaved trace and the
 command that replays it).  This one deliberately meets a known upstream bug:
 nv_peer_mem as the invalidating client (persistent_api_support=0, what
@@ -83,7 +83,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def race_report(failure: Any, program: Callable[[], Any], nodeid: str, depth: int = 4) -> str:
     """The report of a failing race test: the check and its details, the schedule, the
     interleaved trace of the schedule, and the pytest command that replays it."""
-    from kernel_model.explore import interleaving
+    from kernel_model.emu.explore import interleaving
 
     return (f"race: {failure}\n"
             f"interleaving of the failing schedule (depth {depth}, its last lines):\n"
@@ -97,7 +97,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("race")
     if marker is None:
         return None
-    from kernel_model.explore import explore, replay
+    from kernel_model.emu.explore import explore, replay
 
     opts = dict(marker.kwargs)
     bad = set(opts) - set(RACE_KEYWORDS)

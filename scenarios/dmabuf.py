@@ -3,7 +3,7 @@ peer-memory scenarios (cuda-free-invalidate)."""
 
 from __future__ import annotations
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from scenarios import scenario
 from userspace.cuda.runtime import CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, cudart
 from userspace.libibverbs import verbs as v

@@ -33,7 +33,7 @@ after teardown are printed.
 
 from __future__ import annotations
 
-from kernel_model.platform import Fabric, rdma_host
+from kernel_model.emu.platform import Fabric, rdma_host
 from kernel_model.trace import traced
 from kernel_model.tracedata import Call, Trace
 from scenarios import scenario

@@ -11,7 +11,7 @@ loopback and reads the bytes back through its own mapping of the BAR.
 
 from __future__ import annotations
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from kernel_model.trace import traced
 from scenarios import scenario
 from scenarios.gpudirect import format_stats, read_peer_stats

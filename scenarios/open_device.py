@@ -20,7 +20,7 @@ The process exits and the machine must pass the leak check.
 
 from __future__ import annotations
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from kernel_model.trace import traced
 from scenarios import scenario
 from userspace.libibverbs.verbs import ibv_close_device, ibv_get_device_list, ibv_open_device

@@ -24,11 +24,11 @@ from kernel_model.dma import (
     dma_set_mask_and_coherent,
     dma_unmap_sgtable,
 )
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.process import Process
 from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE, pin_user_pages_remote, unpin_user_pages
 from kernel_model.kthread import kthread_run
-from kernel_model.machine import Machine
 from kernel_model.mm import mm_struct
-from kernel_model.process import Process
 from kernel_model.scatterlist import (
     sg_alloc_append_table_from_pages,
     sg_append_table,

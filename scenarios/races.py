@@ -1,6 +1,6 @@
 """Race scenarios for `peermem explore`: each in a fixed and a legacy configuration.
 
-A race scenario is a program the explorer (kernel_model/explore.py) runs
+A race scenario is a program the explorer (kernel_model/emu/explore.py) runs
 under many schedules: it builds its machine, sets up, starts the competing
 tasks, joins them and asserts.  `legacy=True` builds the configuration
 with the real bug (an older driver release, core design or client); the
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from drivers.nvidia.nv_p2p import nvidia_p2p_get_pages, nvidia_p2p_put_pages
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.locking import cond_resched
-from kernel_model.platform import rdma_host
 from kernel_model.syscalls import sys_exit
 from userspace.cuda.runtime import cudart
 

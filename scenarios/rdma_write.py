@@ -28,8 +28,8 @@ the leak check.
 
 from __future__ import annotations
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.fabric import Fabric
-from kernel_model.platform import rdma_host
 from kernel_model.trace import traced
 from scenarios import scenario
 from userspace.libibverbs import verbs as v

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from scenarios import scenario
 from userspace.cuda.runtime import cudart
 from userspace.libfabric.fi_mr import (

@@ -16,7 +16,7 @@ process exits and the machine must pass the leak check.
 
 from __future__ import annotations
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from kernel_model.trace import traced
 from scenarios import scenario
 from userspace.libc import check

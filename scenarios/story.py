@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernel_model.emu.tracefilter import windows
+from kernel_model.emu.traceout import format_ftrace
 from kernel_model.tracedata import Call, Trace
-from kernel_model.tracefilter import windows
-from kernel_model.traceout import format_ftrace
 from userspace.libibverbs.verbs import ibv_wc_status_str
 
 COLUMNS = 120

@@ -1,6 +1,6 @@
 """Suite-wide fixtures: the leak check after every test that builds a Machine.
 
-Every Machine registers itself in kernel_model.machine.live_machines.  After
+Every Machine registers itself in kernel_model.emu.machine.live_machines.  After
 each test, each machine built during it is shut down (its processes exit in
 the kernel's order) and must pass check_leaks(): no page, pin, mm or object
 left behind.  A test that deliberately leaves a leak marks the machine with
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine, live_machines
 from kernel_model.sched import SCHED
 
 pytest_plugins = ["pytester"]

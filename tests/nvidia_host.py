@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.nvgpu import GpuConfig
-from kernel_model.platform import rdma_host
 
 
 def gpu_host(release: str | None = None, nr_gpus: int = 1, gpu: GpuConfig | None = None,

@@ -5,7 +5,7 @@ functions; run-time module loading by name (kernel_model.module, like
 modprobe) is the one sanctioned way upward.
 
 Within a package imports point down too: the import graph of product code has no circle
-(strongly connected component) beyond the shrinking KNOWN_CIRCLES list (issue 19).
+(strongly connected component), and between the folders no import goes up a floor (FLOORS).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ ALLOWED = {
 # the tracer's reading side (like trace-cmd reading /sys/kernel/tracing), with the
 # scheduler's exceptions a traced run may end in, and the race explorer that runs
 # programs under many schedules (a harness, like the platform).
-USERSPACE_KERNEL_OK = ("kernel_model.uapi", "kernel_model.machine", "kernel_model.process",
-                       "kernel_model.platform", "kernel_model.explore",
+USERSPACE_KERNEL_OK = ("kernel_model.uapi", "kernel_model.emu.machine", "kernel_model.emu.process",
+                       "kernel_model.emu.platform", "kernel_model.emu.explore",
                        "kernel_model.errno", "kernel_model.trace", "kernel_model.sched")
 
 
@@ -81,18 +81,7 @@ def test_the_check_catches_an_upward_import(tmp_path: pathlib.Path) -> None:
 # Every import statement counts wherever it stands (a function-level import is still a
 # dependency, only a deferred one); an import under `if TYPE_CHECKING:` does not, since it
 # never runs and only serves annotations.
-CYCLE_PACKAGES = PACKAGES + ("peermem_testing", "scenarios")
-
-# Each entry is an import circle issue 19 has not broken yet. This list must only shrink:
-# a new circle fails test_no_new_import_circles, and a broken (or changed) one fails
-# test_known_circles_are_not_stale until its entry is removed or corrected.
-KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset({"drivers.ib_core.rdma_core", "drivers.ib_core.uverbs_cmd",
-               "drivers.ib_core.uverbs_ioctl", "drivers.ib_core.uverbs_main",
-               "drivers.ib_core.uverbs_std_types", "drivers.ib_core.uverbs_std_types_mr",
-               "drivers.ib_core.verbs"}),
-]
-
+CYCLE_PACKAGES = PACKAGES + ("peermem_testing", "scenarios", "peermem")
 
 def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -218,20 +207,12 @@ def _describe(graph: dict[str, set[str]], circles: list[frozenset[str]]) -> str:
     return "\n".join(f"  {len(c)} modules: {cycle_path(graph, c)}" for c in circles)
 
 
-def test_no_new_import_circles() -> None:
+def test_no_import_circles() -> None:
     graph = import_graph(ROOT, CYCLE_PACKAGES)
-    new = [c for c in import_circles(graph) if c not in KNOWN_CIRCLES]
-    assert not new, ("import circle(s) in product code; make the imports point down "
-                     "(a definition module below, an ops table for the upward call, or a "
-                     "TYPE_CHECKING import for annotations):\n" + _describe(graph, new))
-
-
-def test_known_circles_are_not_stale() -> None:
-    """Breaking (or shrinking) a circle must remove (or correct) its KNOWN_CIRCLES entry."""
-    circles = import_circles(import_graph(ROOT, CYCLE_PACKAGES))
-    stale = [sorted(c) for c in KNOWN_CIRCLES if c not in circles]
-    assert not stale, f"KNOWN_CIRCLES entries that are no longer circles as listed: {stale}"
-    assert len(set(KNOWN_CIRCLES)) == len(KNOWN_CIRCLES)
+    circles = import_circles(graph)
+    assert not circles, ("import circle(s) in product code; make the imports point down "
+                         "(a definition module below, an ops table for the upward call, or "
+                         "a TYPE_CHECKING import for annotations):\n" + _describe(graph, circles))
 
 
 def test_the_finder_reports_a_planted_cycle(tmp_path: pathlib.Path) -> None:
@@ -252,3 +233,66 @@ def test_the_finder_reports_a_planted_cycle(tmp_path: pathlib.Path) -> None:
     assert cycle_path(graph, circles[0]) == "pkg.a -> pkg.b -> pkg.c -> pkg.a"
     # the function-level import is what closes it
     assert import_circles(import_graph(tmp_path, ("pkg",), module_level_only=True)) == []
+
+
+# --- floors ------------------------------------------------------------------------------
+# The folders are floors of one stack, bottom first.  A module may import from its own
+# floor and the floors below; an import to a floor above fails, wherever the statement
+# stands (an import under `if TYPE_CHECKING:` is an annotation, not a dependency).  The
+# kernel's primitives are the bottom floors, the emulated silicon sits on them (it uses
+# the bus, the IOMMU and the scheduler to model itself), the drivers know the silicon's
+# interface (its PRM and register headers) but the silicon never knows a driver, and the
+# test bench (kernel_model/emu: Machine, Process, platform, explore, the leak check and
+# the trace reader) sits above everything the kernel has: no kernel, device or driver
+# code reaches into it.  The front door, `peermem`, is the top floor.
+FLOORS: tuple[str, ...] = (
+    "c_ext",
+    "kernel_model",          # the kernel's primitives (and its uapi headers, its tracer)
+    "kernel_model.hw",       # the emulated silicon
+    "drivers",
+    "peermem_clients",
+    "kernel_model.emu",      # the test bench
+    "userspace",             # what a process runs (and the harness that boots it)
+    "scenarios",             # the stories `peermem trace` tells
+    "peermem_testing",       # the pytest plugin, the conformance kit, the fuzzer
+    "peermem",               # the command line
+)
+
+
+def floor_of(module: str) -> int:
+    """The index in FLOORS of the longest floor name that is module or a package of it."""
+    best = -1
+    for i, floor in enumerate(FLOORS):
+        if (module == floor or module.startswith(floor + ".")) and (
+                best < 0 or len(floor) > len(FLOORS[best])):
+            best = i
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module to one on a higher floor, as "a (floor) -> b (floor)"."""
+    out = []
+    for mod in sorted(graph):
+        for target in sorted(graph[mod]):
+            if floor_of(target) > floor_of(mod):
+                out.append(f"{mod} ({FLOORS[floor_of(mod)]}) -> {target} "
+                           f"({FLOORS[floor_of(target)]})")
+    return out
+
+
+def test_imports_never_go_up_a_floor() -> None:
+    graph = import_graph(ROOT, CYCLE_PACKAGES)
+    assert all(floor_of(m) >= 0 for m in graph), [m for m in graph if floor_of(m) < 0]
+    bad = upward_imports(graph)
+    assert not bad, "imports that go up a floor:\n  " + "\n  ".join(bad)
+
+
+def test_the_floor_check_catches_an_upward_import() -> None:
+    assert floor_of("kernel_model.emu.machine") > floor_of("kernel_model.hw.mlx5") > \
+        floor_of("kernel_model.pci")
+    graph = {"kernel_model.pci": {"kernel_model.emu.machine"},
+             "kernel_model.hw.nvgpu": {"kernel_model.pci"},
+             "userspace.tools.x": {"scenarios.story"}}
+    assert upward_imports(graph) == [
+        "kernel_model.pci (kernel_model) -> kernel_model.emu.machine (kernel_model.emu)",
+        "userspace.tools.x (userspace) -> scenarios.story (scenarios)"]

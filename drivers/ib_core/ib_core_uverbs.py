@@ -31,7 +31,7 @@ from typing import Any
 
 from kernel_model.errno import EAGAIN, EINVAL, ENOMEM, KernelError
 from kernel_model.locking import spinlock_t
-from kernel_model.memory import io_remap_pfn_range
+from kernel_model.memory import io_remap_pfn_range, zap_vma_ptes
 from kernel_model.mm import VM_SHARED, vm_area_struct
 from kernel_model.refcount import kref, kref_get, kref_get_unless_zero, kref_init, kref_put
 from kernel_model.trace import traced
@@ -252,3 +252,21 @@ def rdma_user_mmap_entry_remove(entry: rdma_user_mmap_entry | None) -> None:
     with _xa_lock(entry.ucontext):
         entry.driver_removed = True
     rdma_user_mmap_entry_put(entry)
+
+
+def uverbs_user_mmap_disassociate(ufile: Any) -> None:
+    """Mirrors uverbs_user_mmap_disassociate(): zap every user mapping of the
+    device's pages, so nothing can reach the hardware after removal, and drop each
+    mapping's reference on its mmap entry, so the driver's mmap_free runs (a dynamic
+    UAR's DEALLOC_UAR) while the device is still there - before dealloc_ucontext,
+    whose DESTROY_UCTX fails while a UAR of the context is allocated.
+
+    The upstream commit that added rdma_user_mmap_disassociate() for drivers moved it
+    from uverbs_main.c to ib_core_uverbs.c and exported it; here too it sits below both rdma_core,
+    which calls it at device removal, and uverbs_main, which owns the umaps."""
+    with ufile.umap_lock:
+        for i, (vma, entry) in enumerate(ufile.umaps):
+            zap_vma_ptes(vma, vma.vm_start, vma.vm_end - vma.vm_start)
+            if entry is not None:
+                ufile.umaps[i] = (vma, None)  # rdma_umap_close then has nothing to put
+                rdma_user_mmap_entry_put(entry)

@@ -15,7 +15,7 @@ from kernel_model.scatterlist import sg_append_table
 
 if TYPE_CHECKING:
     from drivers.ib_core.device import ib_device
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
     from kernel_model.mm import mm_struct
 
 # enum ib_peer_mem_flags (include/rdma/ib_umem.h)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from kernel_model.errno import EFAULT, EINVAL, KernelError
+from kernel_model.errno import EFAULT, EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.refcount import atomic_t
 from kernel_model.uaccess import copy_from_user, copy_to_user
 from kernel_model.uapi.ib_user_verbs import (
@@ -110,6 +110,13 @@ RDMA_REMOVE_CLOSE = 1
 RDMA_REMOVE_DRIVER_REMOVE = 2
 RDMA_REMOVE_ABORT = 3
 RDMA_REMOVE_DRIVER_FAILURE = 4
+
+
+def ib_is_destroy_retryable(why: int, uobj: Any) -> bool:
+    """Mirrors ib_is_destroy_retryable() (a static inline in include/rdma/ib_verbs.h): an
+    in-use object may refuse only on an explicit destroy or while the teardown still
+    retries."""
+    return why == RDMA_REMOVE_DESTROY or bool(getattr(uobj.context, "cleanup_retryable", False))
 
 
 def ib_mtu_enum_to_int(mtu: int) -> int:
@@ -473,7 +480,6 @@ def rdma_flow_label_to_udp_sport(fl: int) -> int:
 def ib_check_mr_access(device: ib_device, flags: int) -> None:
     """Mirrors ib_check_mr_access(): remote write or atomic need local write;
     unknown bits are EINVAL, ODP without device support EOPNOTSUPP."""
-    from kernel_model.errno import EOPNOTSUPP
     if flags & ~IB_ACCESS_SUPPORTED:
         raise KernelError(EINVAL, f"ib_check_mr_access: unknown access flags {flags:#x}")
     if flags & (IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_REMOTE_WRITE) and \

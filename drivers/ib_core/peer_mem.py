@@ -55,6 +55,7 @@ from drivers.ib_core.ib_umem import (  # noqa: F401 - the flags re-exported
     ib_umem,
     ib_umem_num_pages,
 )
+from kernel_model import trace
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.locking import (
@@ -487,7 +488,6 @@ def _erase_id(umem_p: ib_umem_peer) -> None:
 def _set_state(umem_p: ib_umem_peer, new: int, old: int | None = None) -> None:
     old = umem_p.mapped_state if old is None else old
     umem_p.mapped_state = new
-    from kernel_model import trace
     if trace.enabled:
         trace_peer_mem_state(umem_p.ib_peer_client.peer_mem.name if umem_p.ib_peer_client
                              else "-", umem_p.xa_id, STATE_NAMES[old], STATE_NAMES[new])
@@ -539,7 +539,6 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
     if umem_p is not None:
         kref_get(umem_p.kref)
     spin_unlock(client.umem_xa.xa_lock)
-    from kernel_model import trace
     if trace.enabled:
         trace_peer_invalidate(client.peer_mem.name, core_context, umem_p is not None)
     if umem_p is None:
@@ -737,7 +736,6 @@ def ib_invalidate_peer_memory_tickets(client: ib_peer_memory_client,
     mutex_lock(client.lock)
     client.stats["num_free_callbacks"] += 1
     ctx = client.core_ticket_list.get(core_context)
-    from kernel_model import trace
     if trace.enabled:
         trace_peer_invalidate(client.peer_mem.name, core_context, ctx is not None)
     if ctx is None:

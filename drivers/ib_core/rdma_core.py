@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from drivers.ib_core.ib_core_uverbs import uverbs_user_mmap_disassociate
 from drivers.ib_core.ib_verbs import (
     RDMA_REMOVE_ABORT,
     RDMA_REMOVE_CLOSE,
@@ -43,7 +44,7 @@ from drivers.ib_core.ib_verbs import (
     RDMA_REMOVE_DRIVER_REMOVE,
     ib_udata,
 )
-from kernel_model.errno import EBUSY, EINVAL, ENOENT, KernelError
+from kernel_model.errno import EBUSY, EINVAL, EIO, ENOENT, KernelError
 from kernel_model.rwsem import down_read, down_write, init_rwsem, up_read, up_write
 from kernel_model.trace import traced
 
@@ -105,7 +106,6 @@ def _idr_alloc(ufile: Any, uobj: ib_uobject) -> int:
 def ib_uverbs_get_ucontext_file(ufile: Any) -> Any:
     """Mirrors ib_uverbs_get_ucontext_file(): EINVAL before GET_CONTEXT, EIO once
     the device is gone (disassociated)."""
-    from kernel_model.errno import EIO
     if ufile.ucontext is None:
         if ufile.disassociated:
             raise KernelError(EIO, "ib_uverbs_get_ucontext_file: device removed")
@@ -227,12 +227,6 @@ def uobj_perform_destroy(type_: uverbs_obj_type, id_: int, attrs_: uverbs_attr_b
         up_read(ufile.hw_destroy_rwsem)
 
 
-def ib_is_destroy_retryable(why: int, uobj: ib_uobject) -> bool:
-    """Mirrors ib_is_destroy_retryable(): an in-use object may refuse only on an
-    explicit destroy or while the teardown still retries."""
-    return why == RDMA_REMOVE_DESTROY or bool(getattr(uobj.context, "cleanup_retryable", False))
-
-
 def _cleanup_pass(ufile: Any, reason: int) -> bool:
     """Mirrors __uverbs_cleanup_ufile(): one walk, newest first; True if any went."""
     attrs_ = uverbs_attr_bundle(ufile)
@@ -277,7 +271,6 @@ def uverbs_destroy_ufile_hw(ufile: Any, reason: int) -> None:
 def ufile_destroy_ucontext(ufile: Any, reason: int) -> None:
     """Mirrors ufile_destroy_ucontext(): on device removal zap the mmaps first
     (uverbs_user_mmap_disassociate), then ops.dealloc_ucontext."""
-    from drivers.ib_core.uverbs_main import uverbs_user_mmap_disassociate
     ucontext = ufile.ucontext
     if reason == RDMA_REMOVE_DRIVER_REMOVE:
         uverbs_user_mmap_disassociate(ufile)

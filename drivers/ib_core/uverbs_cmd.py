@@ -45,6 +45,7 @@ from drivers.ib_core.ib_verbs import (
     IB_QPT_XRC_TGT,
     IB_SIGNAL_ALL_WR,
     ib_check_mr_access,
+    ib_copy_from_udata,
     ib_cq_init_attr,
     ib_global_route,
     ib_port_attr,
@@ -71,6 +72,7 @@ from drivers.ib_core.uverbs_std_types import (
     UVERBS_OBJECT_PD,
     UVERBS_OBJECT_QP,
 )
+from drivers.ib_core.uverbs_std_types_async_fd import ib_uverbs_alloc_async_event_file
 from drivers.ib_core.verbs import (
     ib_create_qp_user,
     ib_modify_qp_with_udata,
@@ -93,7 +95,6 @@ IB_UVERBS_QPF_GRH_REQUIRED = 1 << 0  # ib_uverbs_query_port_flags
 
 def uverbs_request(attrs_: uverbs_attr_bundle, cls: type[T]) -> T:
     """Mirrors uverbs_request(): copy the core request (shorter: zero-filled)."""
-    from drivers.ib_core.ib_verbs import ib_copy_from_udata
     return ib_copy_from_udata(cls, attrs_.ucore, min(attrs_.ucore.inlen, cls.SIZE))
 
 
@@ -122,7 +123,6 @@ def ib_uverbs_get_context(attrs_: uverbs_attr_bundle) -> None:
     """Mirrors ib_uverbs_get_context(): one ucontext per file (a second is EINVAL);
     ops.alloc_ucontext reads the driver request and writes its response; the
     async event file becomes a new fd, returned in the core response."""
-    from drivers.ib_core.uverbs_main import ib_uverbs_alloc_async_event_file
     ufile = attrs_.ufile
     uverbs_request(attrs_, uv.ib_uverbs_get_context)
     with ufile.ucontext_lock:

@@ -14,11 +14,10 @@ that destroys names the handle with access DESTROY and the core destroys it.
     EPROTONOSUPPORT  reserved header fields set, or no such method
     ENOTTY        any other ioctl number (the kernel's -ENOIOCTLCMD)
 
-# EMU: the kernel builds its method tree (uapi radix tree) from chained
-# definitions of the core and each driver; here a driver lists its methods
-# in ib_device_ops.uapi_methods, keyed by (object_id, method_id).  Only the
-# attribute kinds the model's methods use (const in, ptr out, IDR new and
-# destroy) are handled.
+# EMU: the method table is built per device by uverbs_uapi.uverbs_alloc_api
+# (the core's methods and ib_device_ops.uapi_methods, keyed by (object_id,
+# method_id)).  Only the attribute kinds the model's methods use (const in,
+# ptr out, IDR new and destroy) are handled.
 
 Lock order: ufile.hw_destroy_rwsem (read) around the handler, as in write().
 """
@@ -37,7 +36,7 @@ from drivers.ib_core.rdma_core import (
     uverbs_attr_bundle,
     uverbs_obj_type,
 )
-from kernel_model.errno import EFAULT, EINVAL, ENOSPC, ENOTTY, EPROTONOSUPPORT, KernelError
+from kernel_model.errno import EFAULT, EINVAL, EIO, ENOSPC, ENOTTY, EPROTONOSUPPORT, KernelError
 from kernel_model.fs import file
 from kernel_model.trace import traced
 from kernel_model.uaccess import copy_from_user, copy_to_user, put_user_u64
@@ -163,14 +162,15 @@ def ib_uverbs_ioctl(filp: file, cmd: int, arg: int) -> int:
     if hdr.reserved1 or hdr.reserved2:
         raise KernelError(EPROTONOSUPPORT, "ib_uverbs_ioctl: reserved header fields set")
     ufile = filp.private_data
-    ib_dev = ufile.device.ib_dev
-    from drivers.ib_core.uverbs_std_types_mr import CORE_METHODS
-    method = CORE_METHODS.get((hdr.object_id, hdr.method_id))
-    if method is None and ib_dev is not None:
-        method = (ib_dev.ops.uapi_methods or {}).get((hdr.object_id, hdr.method_id))
+    uapi = ufile.device.uapi  # uverbs_uapi.uverbs_api, built at ib_uverbs_add_one
+    key = (hdr.object_id, hdr.method_id)
+    method = uapi.methods.get(key)
     if method is None:
         raise KernelError(EPROTONOSUPPORT, f"uapi_get_method: object {hdr.object_id:#x} "
                           f"method {hdr.method_id:#x} not supported")
+    if key in uapi.disabled:
+        raise KernelError(EIO, f"ib_uverbs_run_method: object {hdr.object_id:#x} method "
+                          f"{hdr.method_id:#x}: the driver is disassociated")
     user_attrs = arg + ib_uverbs_ioctl_hdr.SIZE
     bundle = uverbs_attr_bundle(ufile)
     bundle.ioctl = ioctl_attrs(user_attrs, _read_attrs(hdr, user_attrs))

@@ -28,8 +28,10 @@ import attrs
 
 from drivers.ib_core import uverbs_cmd as cmds
 from drivers.ib_core.device import ib_client, ib_set_client_data
+from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry_put
 from drivers.ib_core.ib_verbs import RDMA_REMOVE_CLOSE, RDMA_REMOVE_DRIVER_REMOVE, ib_udata
 from drivers.ib_core.rdma_core import (
+    ib_uverbs_get_ucontext_file,
     rdma_alloc_abort_uobject,
     rdma_alloc_commit_uobject,
     ufile_init_uobjects,
@@ -37,10 +39,9 @@ from drivers.ib_core.rdma_core import (
     uverbs_destroy_ufile_hw,
 )
 from drivers.ib_core.uverbs_ioctl import ib_uverbs_ioctl
-from kernel_model.current import current
+from drivers.ib_core.uverbs_uapi import uverbs_alloc_api, uverbs_api, uverbs_disassociate_api_pre
 from kernel_model.errno import EFAULT, EINVAL, EIO, ENOSPC, EOPNOTSUPP, KernelError
 from kernel_model.fs import (
-    O_RDWR,
     cdev,
     cdev_add,
     cdev_del,
@@ -49,7 +50,6 @@ from kernel_model.fs import (
     inode,
 )
 from kernel_model.locking import mutex_init
-from kernel_model.memory import zap_vma_ptes
 from kernel_model.mm import vm_operations_struct
 from kernel_model.pci import to_pci_dev
 from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
@@ -119,6 +119,7 @@ class ib_uverbs_device:
         self.num_comp_vectors = ib_dev.num_comp_vectors
         self.files: list[ib_uverbs_file] = []  # protected by lists_mutex (EMU: implied)
         self.cdev: cdev | None = None
+        self.uapi: uverbs_api | None = None  # the ioctl methods, from uverbs_alloc_api
 
     def __repr__(self) -> str:
         dev = self.ib_dev.name if self.ib_dev else "(removed)"
@@ -216,7 +217,6 @@ def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
 # -- mmap --------------------------------------------------------------------------
 def rdma_umap_close(vma: Any) -> None:
     """Mirrors rdma_umap_close(): forget the mapping, drop its mmap entry."""
-    from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry_put
     ufile: ib_uverbs_file = vma.vm_file.private_data
     with ufile.umap_lock:
         for item in [u for u in ufile.umaps if u[0] is vma]:
@@ -231,19 +231,10 @@ rdma_umap_ops = vm_operations_struct(close=rdma_umap_close)
 @traced
 def ib_uverbs_mmap(filp: file, vma: Any) -> None:
     """Mirrors ib_uverbs_mmap(): needs a ucontext; the driver maps the pages."""
-    from drivers.ib_core.rdma_core import ib_uverbs_get_ucontext_file
     ufile: ib_uverbs_file = filp.private_data
     ucontext = ib_uverbs_get_ucontext_file(ufile)
     vma.vm_ops = rdma_umap_ops
     ucontext.device.ops.mmap(ucontext, vma)
-
-
-def uverbs_user_mmap_disassociate(ufile: ib_uverbs_file) -> None:
-    """Mirrors uverbs_user_mmap_disassociate(): zap every user mapping of the
-    device's pages, so nothing can reach the hardware after removal."""
-    with ufile.umap_lock:
-        for vma, _entry in list(ufile.umaps):
-            zap_vma_ptes(vma, vma.vm_start, vma.vm_end - vma.vm_start)
 
 
 # -- open / close -------------------------------------------------------------------
@@ -265,28 +256,6 @@ def ib_uverbs_close(ino: inode, filp: file) -> None:
     uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_CLOSE)
     if ufile in ufile.device.files:
         ufile.device.files.remove(ufile)
-
-
-def _async_release(ino: inode, filp: file) -> None:
-    """ib_uverbs_async_event_close(): nothing queued in this model."""
-
-
-ASYNC_EVENT_FOPS = file_operations(release=_async_release)
-
-
-def ib_uverbs_alloc_async_event_file(ufile: ib_uverbs_file) -> int:
-    """Mirrors uverbs_alloc_async_event_file() + the fd GET_CONTEXT returns:
-    an anonymous "[infinibandevent]" file installed in the caller's fd table.
-
-    EMU: async events are never delivered; the file exists so fds and their
-    close order are as on a real system.
-    """
-    t = current()
-    fd = t.files.alloc_fd()
-    f = file(ASYNC_EVENT_FOPS, "anon_inode:[infinibandevent]", inode(cdev(ASYNC_EVENT_FOPS)),
-             O_RDWR, 3, ufile)
-    t.files.fd_install(fd, f)
-    return fd
 
 
 def uverbs_fops(owner: Any) -> file_operations:
@@ -315,6 +284,7 @@ class UverbsState:
             return
         devnum = next(i for i in range(IB_UVERBS_MAX_DEVICES) if i not in self.devices)
         udev = ib_uverbs_device(device, devnum)
+        udev.uapi = uverbs_alloc_api(device)
         cd = cdev(uverbs_fops(self.owner))
         cd.private = udev
         cdev_add(cd, f"/dev/infiniband/{udev.name}")
@@ -341,6 +311,7 @@ class UverbsState:
             return
         cdev_del(udev.cdev)
         sysfs_remove_dir(f"/sys/class/infiniband_verbs/{udev.name}")
+        uverbs_disassociate_api_pre(udev.uapi)
         for ufile in list(udev.files):  # ib_uverbs_free_hw_resources()
             uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_DRIVER_REMOVE)
             ufile.disassociated = True

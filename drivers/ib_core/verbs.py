@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from drivers.ib_core.cache import rdma_get_gid_attr, rdma_hold_gid_attr, rdma_put_gid_attr
+from drivers.ib_core.device import rdma_zalloc_drv_obj
 from drivers.ib_core.ib_addr import (
     ip_eth_mc_map,
     ipv6_addr_v4mapped,
@@ -69,6 +70,7 @@ from drivers.ib_core.ib_verbs import (
     IB_QPT_XRC_INI,
     IB_QPT_XRC_TGT,
     RDMA_AH_ATTR_TYPE_ROCE,
+    ib_is_destroy_retryable,
     ib_mr,
     ib_port_attr,
     ib_qp,
@@ -90,7 +92,6 @@ IB_MR_TYPE_USER = 3  # enum ib_mr_type: MEM_REG, SG_GAPS, DM, USER
 def ib_destroy_usecnt(usecnt: Any, why: int, uobj: Any, what: str) -> None:
     """Mirrors ib_destroy_usecnt(): an object still used refuses (EBUSY) while
     the destroy may be retried."""
-    from drivers.ib_core.rdma_core import ib_is_destroy_retryable
     if atomic_read(usecnt) and ib_is_destroy_retryable(why, uobj):
         raise KernelError(EBUSY, f"ib_destroy_usecnt: {what} still in use "
                           f"(usecnt {atomic_read(usecnt)})")
@@ -147,7 +148,6 @@ def ib_create_qp_user(device: Any, pd: Any, attr: ib_qp_init_attr, udata: ib_uda
                       uobj: Any) -> ib_qp:
     """Mirrors ib_create_qp_user() -> create_qp(): allocate the driver's QP,
     fill the core fields, ops.create_qp, then count it on its PD and CQs."""
-    from drivers.ib_core.device import rdma_zalloc_drv_obj
     qp = rdma_zalloc_drv_obj(device, "ib_qp")
     qp.pd, qp.uobject, qp.qp_type = pd, uobj, attr.qp_type
     qp.send_cq, qp.recv_cq, qp.srq = attr.send_cq, attr.recv_cq, attr.srq

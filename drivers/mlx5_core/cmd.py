@@ -73,8 +73,8 @@ from kernel_model.errno import (
     ETIMEDOUT,
     KernelError,
 )
+from kernel_model.ioport import MachineCheck
 from kernel_model.locking import mutex
-from kernel_model.machine import MachineCheck
 from kernel_model.page_alloc import (
     __GFP_ZERO,
     GFP_KERNEL,

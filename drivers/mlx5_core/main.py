@@ -105,7 +105,7 @@ from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
     from kernel_model.pci import pci_dev
 
 DRIVER_NAME = "mlx5_core"

@@ -20,6 +20,7 @@ from drivers.ib_core.umem import (
     ib_umem_find_best_pgsz,
 )
 from drivers.mlx5_core.ifc import MLX5_ADAPTER_PAGE_SHIFT, __mlx5_bit_sz
+from kernel_model.current import current
 from kernel_model.trace import traced
 
 BITS_PER_LONG = 64
@@ -73,7 +74,6 @@ def __mlx5_umem_find_best_quantized_pgoff(umem: ib_umem, pgsz_bitmap: int,
         return 0, 0  # not aligned, or the offset cannot be represented
     quantized = page_offset // (page_size // scale)
     if quantized > page_offset_mask:
-        from kernel_model.current import current
         current().machine.report_bug("__mlx5_umem_find_best_quantized_pgoff",
                                      f"page_offset_quantized {quantized} too large")
         return 0, 0

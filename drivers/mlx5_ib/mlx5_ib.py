@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from drivers.ib_core.device import ib_device
 from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry
 from drivers.ib_core.ib_verbs import ib_cq, ib_mr, ib_pd, ib_qp, ib_ucontext
+from drivers.mlx5_core.cq import mlx5_core_cq
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, KernelError
@@ -333,7 +334,6 @@ class mlx5_ib_cq(ib_cq):
 
     def __init__(self, device: ib_device):
         super().__init__(device)
-        from drivers.mlx5_core.cq import mlx5_core_cq
         self.mcq: mlx5_core_cq = mlx5_core_cq()
         self.buf = mlx5_ib_cq_buf()
         self.db = mlx5_db()

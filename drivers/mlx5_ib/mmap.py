@@ -61,7 +61,8 @@ from drivers.mlx5_ib.mlx5_ib import (
 from drivers.mlx5_ib.qp import mlx5_ib_free_bfreg
 from kernel_model.errno import EBUSY, EINVAL, ENOSYS, EOPNOTSUPP, EPERM, KernelError
 from kernel_model.mm import VM_EXEC, VM_MAYWRITE, VM_MIXEDMAP, VM_SHARED, VM_WRITE, vm_area_struct
-from kernel_model.pgtable import pgprot_noncached, pgprot_writecombine
+from kernel_model.page_alloc import get_page
+from kernel_model.pgtable import _PAGE_PRESENT, pgprot_noncached, pgprot_writecombine
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
 from kernel_model.uapi.mlx5_abi import (
@@ -212,8 +213,6 @@ def vm_insert_page(vma: vm_area_struct, addr: int, pg: object) -> None:
 
     # TODO(kernel_model): belongs in kernel_model/memory.py beside remap_pfn_range.
     """
-    from kernel_model.page_alloc import get_page
-    from kernel_model.pgtable import _PAGE_PRESENT
     mm = vma.vm_mm
     vma.vm_flags |= VM_MIXEDMAP
     slot = mm.pgtable.pte_slot(addr, True)

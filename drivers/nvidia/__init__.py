@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from drivers.nvidia.nv import nvidia_fops
+from drivers.nvidia.rm import NvDevice
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, KernelError
 from kernel_model.fs import cdev, cdev_add, cdev_del
@@ -52,8 +54,6 @@ class NvidiaState:
     @traced
     def probe(self, pdev: Any, ident: tuple[int, int]) -> None:
         """nv_pci_probe(): an NvDevice and its /dev/nvidiaN."""
-        from drivers.nvidia.nv import nvidia_fops
-        from drivers.nvidia.rm import NvDevice
         gpu = getattr(pdev, "model", None)
         if gpu is None:
             raise KernelError(EINVAL, f"nv_pci_probe: {pdev.name} is not a GPU this driver "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drivers.nvidia.nv_dmabuf import nv_dma_buf_export
 from drivers.nvidia.rm import NvClient, NvDevice, rm_alloc_memory, rm_free_client, rm_free_memory
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, KernelError
@@ -176,7 +177,6 @@ def _set_attr(client: NvClient, fields: list[int]) -> None:
 
 
 def _export_dmabuf(client: NvClient, fields: list[int]) -> list[int]:
-    from drivers.nvidia.nv_dmabuf import nv_dma_buf_export
     fields[2] = nv_dma_buf_export(client, fields[0], fields[1])
     return fields
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from kernel_model.hw.nvgpu import GpuConfig, NvGpu
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 MiB = 1 << 20
 PCI_VENDOR_ID_ATI = 0x1002

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kernel_model.pci import MemoryBar, pci_add_device, pci_dev
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 PCI_VENDOR_ID_REDHAT, PCI_DEVICE_ID_REDHAT_NVME = 0x1B36, 0x0010
 CMB_BAR = 2

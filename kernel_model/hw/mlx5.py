@@ -68,7 +68,7 @@ from kernel_model.hw.mlx5_ifc import LAYOUTS, CmdqMemory
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 CMD_IF_REV = 5
 CMDQ_LOG_SZ, CMDQ_LOG_STRIDE = 5, 6      # 32 entries of 64 bytes

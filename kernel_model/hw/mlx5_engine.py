@@ -74,8 +74,8 @@ from kernel_model.errno import KernelBug
 from kernel_model.hw.fabric import route
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_SET
 from kernel_model.iommu import IommuFault, dma_to_phys
+from kernel_model.ioport import MachineCheck
 from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
-from kernel_model.machine import MachineCheck
 from kernel_model.sched import SCHED, DeadlockError, ReplayDivergence, Task
 from kernel_model.trace import traced, tracepoint
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from c_ext import U64Array
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 # -- opcodes (enum in mlx5_ifc.h) -------------------------------------------------
 MLX5_CMD_OP_QUERY_HCA_CAP = 0x100

@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING
 import attrs
 
 from c_ext import U64Array
-from kernel_model.machine import MachineCheck
+from kernel_model.ioport import MachineCheck
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 GPU_PAGE_SHIFT = 16
 GPU_PAGE_SIZE = 1 << GPU_PAGE_SHIFT

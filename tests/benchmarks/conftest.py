@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from c_ext import U64Array
+from kernel_model.emu.machine import GiB, Machine
 from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
-from kernel_model.machine import GiB, Machine
 
 GIB_PAGES = GiB // 4096
 

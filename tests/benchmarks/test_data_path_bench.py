@@ -44,9 +44,9 @@ from c_ext._pm import ffi
 
 import c_ext
 from c_ext import U64Array
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.fabric import Fabric
-from kernel_model.machine import Machine
-from kernel_model.platform import rdma_host
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import SendWR
 from userspace.tools.write_bw import connect, setup

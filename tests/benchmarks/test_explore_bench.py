@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from kernel_model.explore import PCT, Recording, explore, explore_dfs, run_once
-from kernel_model.machine import Machine, live_machines
+from kernel_model.emu.explore import PCT, Recording, explore, explore_dfs, run_once
+from kernel_model.emu.machine import Machine, live_machines
 from kernel_model.sched import SCHED
 from scenarios.races import RACES
 

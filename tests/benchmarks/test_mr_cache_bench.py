@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.machine import GiB
-from kernel_model.platform import rdma_host
+from kernel_model.emu.machine import GiB
+from kernel_model.emu.platform import rdma_host
 from kernel_model.task import RLIM_INFINITY, RLIMIT_MEMLOCK
 from tests.benchmarks.conftest import Faulted
 from userspace.libfabric.fi_mr import (

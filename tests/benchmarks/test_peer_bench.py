@@ -27,7 +27,7 @@ import pytest
 
 import c_ext
 from c_ext import U64Array
-from kernel_model.platform import Fabric, GpuConfig, rdma_host
+from kernel_model.emu.platform import Fabric, GpuConfig, rdma_host
 from userspace.cuda.runtime import cudart
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import PD, Context, SendWR

@@ -18,9 +18,9 @@ import threading
 
 from greenlet import greenlet
 
+from kernel_model.emu.machine import Machine
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import complete, init_completion, wait_for_completion
-from kernel_model.machine import Machine
 from kernel_model.sched import SCHED
 
 N = 2000

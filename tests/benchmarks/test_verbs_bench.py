@@ -30,10 +30,10 @@ import pytest
 
 import c_ext
 from c_ext import U64Array
+from kernel_model.emu.machine import GiB
+from kernel_model.emu.platform import rdma_host
 from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
-from kernel_model.machine import GiB
 from kernel_model.pgtable import pte_addr
-from kernel_model.platform import rdma_host
 from kernel_model.task import RLIM_INFINITY, RLIMIT_MEMLOCK
 from tests.benchmarks.conftest import Faulted
 from tests.benchmarks.test_pin_bench import PinMap

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 import c_ext
 from c_ext import U64Array, UnpinUnderflow
 from kernel_model.current import running
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.process import SegmentationFault
 from kernel_model.errno import KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
 from kernel_model.gup import (
@@ -31,7 +33,6 @@ from kernel_model.gup import (
     unpin_user_pages,
     unpin_user_pages_dirty_lock,
 )
-from kernel_model.machine import Machine
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import (
     MAP_ANONYMOUS,
@@ -50,7 +51,6 @@ from kernel_model.pgtable import (
     _PAGE_SPECIAL,
     _PAGE_USER,
 )
-from kernel_model.process import SegmentationFault
 
 RAM = 32 << 20
 BACKENDS = ("c", "python")

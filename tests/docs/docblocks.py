@@ -8,7 +8,7 @@ a fenced block holding exactly what that printed:
     ...the command's stdout...
     ```
 
-`peermem ...` markers run the CLI in-process (userspace.tools.cli.main);
+`peermem ...` markers run the CLI in-process (peermem.cli.main);
 `example: NAME` markers run one of the small programs a doc's test module
 lists in its EXAMPLES (for output the CLI does not print).  A test module
 wires a document to this with a `DocBlocks` and three lines:
@@ -87,7 +87,7 @@ def fresh_process() -> Iterator[None]:
     whatever the test run built before.  The counter is put back afterwards
     so serials stay unique for the leak check of the tests that follow.
     """
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
     saved = Machine.next_serial
     Machine.next_serial = 0
     try:
@@ -99,7 +99,7 @@ def fresh_process() -> Iterator[None]:
 def run_cli(command: str) -> str:
     """What `peermem ...` prints on stdout, run in-process as if in a fresh process;
     RuntimeError unless it exits 0."""
-    from userspace.tools.cli import main
+    from peermem.cli import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), fresh_process():
         rc = main(cli_argv(command))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
+from peermem.cli import main
 from tests.docs.docblocks import ROOT
-from userspace.tools.cli import main
 
 DOC = (ROOT / "docs" / "race-testing.md").read_text()
 TEST = (ROOT / "tests" / "peermem_testing" / "test_race_cmb_peer.py").read_text()

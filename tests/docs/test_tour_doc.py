@@ -93,7 +93,7 @@ class _Limits:
 
 def _qp_bfregs(dyn_uar: bool) -> str:
     """Create 17 small RC QPs in one context; where each one rings its doorbell."""
-    from kernel_model.platform import rdma_host
+    from kernel_model.emu.platform import rdma_host
     from kernel_model.trace import Tracer
     from userspace.libibverbs import verbs as v
 

@@ -8,7 +8,7 @@ a fenced block holding exactly what that printed:
     ...the command's stdout...
     ```
 
-`peermem ...` markers run the CLI in-process (userspace.tools.cli.main);
+`peermem ...` markers run the CLI in-process (peermem.cli.main);
 `example: NAME` markers run one of the small programs in EXAMPLES (for
 output the CLI does not print, such as an assert_call_flow failure).  The
 machinery is shared with the other docs (tests/docs/docblocks.py).  When the
@@ -41,7 +41,7 @@ CALL_FLOW_FAILURE = ('["sys_mmap", "pin_user_pages_remote", '
 
 
 def _call_flow_failure() -> str:
-    from kernel_model.tracefilter import assert_call_flow
+    from kernel_model.emu.tracefilter import assert_call_flow
     from scenarios import run_traced
     trace = run_traced("pin")
     try:

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EBUSY, EEXIST, EFAULT, EINVAL, ENOENT, KernelError
-from kernel_model.machine import Machine
 from kernel_model.uapi.gup_test import (
     GUP_TEST_FMT,
     GUP_TEST_PATH,

@@ -23,10 +23,10 @@ import struct
 import attrs
 import pytest
 
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.hw.fabric import Fabric
-from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError
 from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr, SendWR

@@ -25,12 +25,12 @@ import attrs
 import pytest
 
 from drivers.ib_core.peer_mem import peer_clients
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import KernelError
 from kernel_model.hw.fabric import Fabric
-from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
 from kernel_model.tracedata import Call
-from kernel_model.tracefilter import assert_call_flow
 from peermem_testing.gpu import gpu_load, gpu_store
 from userspace.cuda.runtime import cudart
 from userspace.libc import read_sysfs

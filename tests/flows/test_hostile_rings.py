@@ -19,8 +19,8 @@ import struct
 import attrs
 import pytest
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.mlx5_engine import OP_NOP, OP_RDMA_WRITE, OP_SEND, engine_of
-from kernel_model.platform import rdma_host
 from kernel_model.sched import SCHED
 from kernel_model.uapi import ib_user_verbs as uv
 from tests.flows.test_data_path import QPS_ERR, QPS_RTS, SIG, endpoint, pattern

@@ -27,11 +27,11 @@ import errno
 import attrs
 import pytest
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
 from kernel_model.mm import MAP_SHARED, PROT_READ, PROT_WRITE
 from kernel_model.page_alloc import page
 from kernel_model.pgtable import pte_addr, pte_present
-from kernel_model.platform import rdma_host
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi import nvidia as nv_uapi
 from peermem_testing.gpu import gpu_load, gpu_store

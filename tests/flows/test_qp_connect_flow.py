@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF
-from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import CQ, PD, QP, Context, QPCap, QPInitAttr
 

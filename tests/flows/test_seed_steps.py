@@ -23,8 +23,8 @@ Names a seed uses that are deliberately not checked, and why:
 
 from __future__ import annotations
 
+from kernel_model.emu.tracefilter import assert_call_flow, filter_trace
 from kernel_model.tracedata import Trace
-from kernel_model.tracefilter import assert_call_flow, filter_trace
 from scenarios import run_traced
 
 #: seed 004 "User-space Implementation" / "Kernel-space Implementation": the

@@ -1,4 +1,4 @@
-"""The race explorer (kernel_model/explore.py) on a toy race and on a real one.
+"""The race explorer (kernel_model/emu/explore.py) on a toy race and on a real one.
 
 The toy: two kernel threads increment a shared counter with a scheduling
 point between the read and the write (a lost update).  The default
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.explore import (
+from kernel_model.emu.explore import (
     PCT,
     Recording,
     explore,
@@ -21,14 +21,14 @@ from kernel_model.explore import (
     run_once,
     shrink,
 )
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.platform import rdma_host
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import cond_resched
-from kernel_model.machine import Machine
-from kernel_model.platform import rdma_host
 from kernel_model.sched import RandomStrategy, ReplayDivergence
 from kernel_model.slab import kfree, kmalloc_obj
+from peermem.cli import main
 from scenarios.races import RACES, UNMAPS, dereg_vs_invalidate_with
-from userspace.tools.cli import main
 
 
 def lost_update() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import current, running
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EBADF, EEXIST, EMFILE, ENODEV, ENOENT, KernelError
 from kernel_model.fs import (
     FMODE_READ,
@@ -21,7 +22,6 @@ from kernel_model.fs import (
     fput,
     get_file,
 )
-from kernel_model.machine import Machine
 from kernel_model.mm import MAP_SHARED, PROT_READ, PROT_WRITE
 
 

@@ -11,6 +11,7 @@ import pytest
 from c_ext import U64Array
 from kernel_model import gup
 from kernel_model.current import running
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOVERFLOW, KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
 from kernel_model.gup import (
@@ -24,7 +25,6 @@ from kernel_model.gup import (
     unpin_user_pages,
     unpin_user_pages_dirty_lock,
 )
-from kernel_model.machine import Machine
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import (
     MAP_ANONYMOUS,

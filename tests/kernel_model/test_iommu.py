@@ -17,10 +17,10 @@ from kernel_model.dma import (
     dma_unmap_resource,
     dma_unmap_sgtable,
 )
+from kernel_model.emu.leakcheck import find_leaks
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import ENOMEM, KernelError
 from kernel_model.iommu import IommuFault, dma_to_phys, iova_domain
-from kernel_model.leakcheck import find_leaks
-from kernel_model.machine import Machine
 from kernel_model.scatterlist import sg_alloc_table_from_pages_segment, sg_table
 
 P = 4096

@@ -1,4 +1,4 @@
-"""Tests for kernel_model/leakcheck.py: what a leak report names."""
+"""Tests for kernel_model/emu/leakcheck.py: what a leak report names."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 
 from c_ext import U64Array
 from kernel_model.current import running
+from kernel_model.emu.leakcheck import MAX_LINES, LeakError, find_leaks
+from kernel_model.emu.machine import Machine
 from kernel_model.gup import FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
-from kernel_model.leakcheck import MAX_LINES, LeakError, find_leaks
-from kernel_model.machine import Machine
 from kernel_model.mm import mmdrop, mmgrab
 from kernel_model.page_alloc import GFP_KERNEL, alloc_pages, put_page
 

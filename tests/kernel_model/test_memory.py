@@ -6,10 +6,11 @@ import pytest
 
 from c_ext import U64Array
 from kernel_model.current import running
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.process import SegmentationFault
 from kernel_model.errno import EBUSY, EINVAL, ENOMEM, KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
 from kernel_model.gup import FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
-from kernel_model.machine import Machine
 from kernel_model.memory import (
     VM_FAULT_SIGBUS,
     access_vm,
@@ -40,7 +41,6 @@ from kernel_model.page_alloc import (
     put_page,
 )
 from kernel_model.pgtable import _PAGE_DIRTY, _PAGE_PRESENT, _PAGE_RW, _PAGE_SPECIAL, pte_addr
-from kernel_model.process import SegmentationFault
 
 RW = PROT_READ | PROT_WRITE
 _IO_FLAGS = VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import running
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EACCES, EBADF, EINVAL, ENODEV, ENOMEM, KernelError
 from kernel_model.fs import O_RDONLY, cdev, cdev_add, file_operations
-from kernel_model.machine import Machine
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import (
     MAP_ANONYMOUS,

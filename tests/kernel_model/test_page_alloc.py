@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import running
+from kernel_model.emu.machine import KernelBug, Machine
 from kernel_model.errno import ENOMEM, KernelError
-from kernel_model.machine import KernelBug, Machine
 from kernel_model.page_alloc import (
     __GFP_ZERO,
     GFP_KERNEL,

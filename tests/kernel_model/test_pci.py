@@ -8,7 +8,7 @@ import pytest
 
 from kernel_model.dma import DMA_BIT_MASK
 from kernel_model.errno import EEXIST, EINVAL, KernelError
-from kernel_model.machine import PCI_MMIO_BASE, MachineCheck
+from kernel_model.ioport import PCI_MMIO_BASE, MachineCheck
 from kernel_model.pci import (
     IORESOURCE_MEM,
     IORESOURCE_MEM_64,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.machine import Machine, pgtable_levels
+from kernel_model.emu.machine import Machine, pgtable_levels
 from kernel_model.mm import (
     MAP_ANONYMOUS,
     MAP_FIXED,

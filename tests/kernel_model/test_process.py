@@ -1,4 +1,4 @@
-"""Tests for kernel_model/process.py, syscalls.py and task.py's do_exit().
+"""Tests for kernel_model/emu/process.py, syscalls.py and task.py's do_exit().
 
 A small test char device stands in for a driver: read/write move bytes
 through a kernel buffer with copy_{to,from}_user, ioctl doubles its argument,
@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import current, running
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.process import SegmentationFault
 from kernel_model.errno import EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, KernelBug, KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
-from kernel_model.machine import Machine, MachineCheck, MmioRegion
+from kernel_model.ioport import MachineCheck, MmioRegion
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import MAP_SHARED, PROT_READ, PROT_WRITE, TASK_SIZE, vm_operations_struct
 from kernel_model.pgtable import cache_mode, pgprot_noncached
-from kernel_model.process import SegmentationFault
 from kernel_model.task import PF_EXITING
 from kernel_model.uaccess import copy_from_user, copy_to_user
 

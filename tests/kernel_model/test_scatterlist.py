@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from c_ext import U64Array
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EINVAL, KernelError
-from kernel_model.machine import Machine
 from kernel_model.scatterlist import (
     for_each_sgtable_dma_sg,
     for_each_sgtable_sg,

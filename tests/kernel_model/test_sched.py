@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import current
+from kernel_model.emu.leakcheck import find_leaks
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EINTR
 from kernel_model.kthread import kthread_run, kthread_should_stop, kthread_stop
-from kernel_model.leakcheck import find_leaks
 from kernel_model.locking import (
     complete,
     cond_resched,
@@ -17,7 +18,6 @@ from kernel_model.locking import (
     schedule_timeout,
     wait_for_completion,
 )
-from kernel_model.machine import Machine
 from kernel_model.sched import (
     SCHED,
     DeadlockError,

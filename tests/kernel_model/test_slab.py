@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.leakcheck import find_leaks
 from kernel_model.errno import KernelBug
 from kernel_model.kthread import kthread_run
-from kernel_model.leakcheck import find_leaks
 from kernel_model.slab import DoubleFree, UseAfterFree, kfree, kmalloc_obj, kmem_is_freed
 
 HERE = "tests/kernel_model/test_slab.py"

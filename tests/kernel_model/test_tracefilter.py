@@ -1,4 +1,4 @@
-"""Tests for kernel_model/tracefilter.py: filter_trace and assert_call_flow.
+"""Tests for kernel_model/emu/tracefilter.py: filter_trace and assert_call_flow.
 
 Every filtered trace is checked whole with check_consistent() (trees,
 depths, timeline, switches) and the input is checked untouched.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.tracefilter import assert_call_flow, filter_trace
+from kernel_model.emu.traceout import format_ftrace
 from kernel_model.tracedata import ENTER, EXIT, LAYERS, POINT, SWITCH, Call, Point
-from kernel_model.tracefilter import assert_call_flow, filter_trace
-from kernel_model.traceout import format_ftrace
 from tests.kernel_model.tracebuild import TraceBuilder, check_consistent
 
 

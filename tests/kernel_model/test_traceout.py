@@ -1,4 +1,4 @@
-"""Tests for kernel_model/traceout.py: ftrace text, Perfetto JSON and Mermaid output.
+"""Tests for kernel_model/emu/traceout.py: ftrace text, Perfetto JSON and Mermaid output.
 
 The traces are synthetic (tests/kernel_model/tracebuild.py), so each format
 is checked against a trace whose every timestamp is known.
@@ -11,9 +11,9 @@ import re
 
 import pytest
 
+from kernel_model.emu.tracefilter import filter_trace
+from kernel_model.emu.traceout import format_ftrace, format_mermaid, format_perfetto, to_perfetto
 from kernel_model.tracedata import LAYERS
-from kernel_model.tracefilter import filter_trace
-from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto, to_perfetto
 from tests.kernel_model.tracebuild import TraceBuilder
 
 

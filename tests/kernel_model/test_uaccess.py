@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.current import running
+from kernel_model.emu.machine import Machine
 from kernel_model.errno import EFAULT, KernelError
-from kernel_model.machine import Machine
 from kernel_model.mm import PROT_READ, TASK_SIZE
 from kernel_model.uaccess import (
     access_ok,

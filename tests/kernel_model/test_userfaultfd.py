@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from kernel_model.uapi.userfaultfd import (
     UFFD_API,
     UFFD_EVENT_UNMAP,

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from kernel_model.current import current
-from kernel_model.leakcheck import find_leaks
+from kernel_model.emu.leakcheck import find_leaks
 from kernel_model.lockdep import LockBug
 from kernel_model.locking import msleep, mutex_init
 from kernel_model.sched import SCHED, DeadlockError

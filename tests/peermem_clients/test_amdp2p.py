@@ -17,8 +17,8 @@ import errno
 import pytest
 
 from drivers.ib_core.peer_mem import peer_clients
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import KernelError
-from kernel_model.platform import rdma_host
 from kernel_model.slab import UseAfterFree
 from kernel_model.trace import Tracer
 from peermem_clients.amdp2p import amd_mem_context

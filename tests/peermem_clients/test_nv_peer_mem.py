@@ -35,14 +35,14 @@ from drivers.ib_core.peer_mem import (
     ib_peer_unmap_on_invalidate,
     peer_clients,
 )
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.tracefilter import assert_call_flow, filter_trace
 from kernel_model.errno import KernelError
 from kernel_model.hw.nvgpu import GpuConfig
-from kernel_model.platform import rdma_host
 from kernel_model.scatterlist import sg_table
 from kernel_model.slab import UseAfterFree
 from kernel_model.trace import Tracer
 from kernel_model.tracedata import Call
-from kernel_model.tracefilter import assert_call_flow, filter_trace
 from peermem_clients.nv_peer_mem import DRV_VERSION, GPU_PAGE_SIZE, nv_mem_context
 from peermem_testing.gpu import gpu_load, gpu_store
 from userspace.cuda.runtime import cudart

@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from kernel_model.platform import peer_client_modules, rdma_host
+from kernel_model.emu.platform import peer_client_modules, rdma_host
 from peermem_testing.conformance import ClientUnderTest, run_conformance
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

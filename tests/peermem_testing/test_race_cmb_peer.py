@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.explore import explore, replay
+from kernel_model.emu.explore import explore, replay
 from peermem_testing.conformance import ClientUnderTest
 from peermem_testing.ladder import build_ladder
 from tests.peermem_testing.test_conformance import _broken, _import_example

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.tracefilter import filter_trace
+from kernel_model.emu.traceout import format_ftrace
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import filter_trace
-from kernel_model.traceout import format_ftrace
+from peermem.cli import main
 from scenarios import get, run_traced
 from scenarios.gpudirect import GPUDIRECT_STORY, run_gpudirect
 from scenarios.story import COLUMNS, completions, format_story, step_calls
 from userspace.libibverbs.verbs import ibv_wc_status_str
-from userspace.tools.cli import main
 
 SUMMARY = ("gpudirect: WRITE before cudaFree SUCCESS (bytes arrived), "
            "after cudaFree REM_ACCESS_ERR (no bytes arrived: MR invalidated)")

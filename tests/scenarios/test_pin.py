@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.emu.traceout import format_ftrace
 from kernel_model.sched import SCHED
 from kernel_model.tracedata import Call
-from kernel_model.traceout import format_ftrace
 from scenarios import run_traced
 
 

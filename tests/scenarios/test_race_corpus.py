@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.explore import explore, explore_dfs, replay, schedule_trace
+from kernel_model.emu.explore import explore, explore_dfs, replay, schedule_trace
 from scenarios.races import RACES, UNMAPS, invalidate_during_reg_with
 
 FIXED_BUDGET = 120

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from userspace.tools.cli import main
+from peermem.cli import main
 
 
 def test_help_lists_the_subcommands(capsys):
@@ -33,6 +33,6 @@ def test_gup_test_python_backend_longterm_64k_pages(capsys):
 
 
 def test_console_script_is_installed():
-    r = subprocess.run([sys.executable, "-m", "userspace.tools.cli", "--version"],
+    r = subprocess.run([sys.executable, "-m", "peermem", "--version"],
                        capture_output=True, text=True, check=True)
     assert "peermem-model" in r.stdout

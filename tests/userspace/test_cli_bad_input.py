@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine, live_machines
 from kernel_model.sched import SCHED
-from scenarios.races import RACES
-from userspace.tools import cli
-from userspace.tools.cli import (
+from peermem import cli
+from peermem.cli import (
     GUP_MAX_MB,
     MAX_DECISIONS,
     MAX_ITERS,
@@ -24,6 +23,7 @@ from userspace.tools.cli import (
     build_parser,
     main,
 )
+from scenarios.races import RACES
 
 RACE = "free-callback-vs-put-pages"
 
@@ -279,5 +279,5 @@ def test_the_clis_bar1_reserve_is_the_drivers():
     """write-bw --use-gpu's size bound copies the nvidia driver's BAR1 reserve (a user
     tool may not import the driver): the two figures must stay equal."""
     from drivers.nvidia.rm import CLI_THIRD_PARTY_P2P_BAR1_RESERVE
-    from userspace.tools import cli
+    from peermem import cli
     assert cli.CLI_THIRD_PARTY_P2P_BAR1_RESERVE == CLI_THIRD_PARTY_P2P_BAR1_RESERVE

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from peermem.cli import main
 from peermem_testing import fuzz
-from userspace.tools.cli import main
 
 
 def test_a_clean_campaign_reports_its_operations_and_exits_0(capsys):

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from kernel_model.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.emu.tracefilter import assert_call_flow, filter_trace
 from kernel_model.sched import SCHED
 from kernel_model.tracedata import LAYERS
-from kernel_model.tracefilter import assert_call_flow, filter_trace
+from peermem.cli import main
 from scenarios import get, run_traced
-from userspace.tools.cli import main
 
 #: the pin scenario's story, in order (every task counts)
 PIN_FLOW = ["map_and_touch", "sys_mmap", "do_mmap", "handle_mm_fault", "demo_pin_and_map",
@@ -83,7 +83,7 @@ def test_two_runs_print_the_same_bytes(capsys):
     first = trace(capsys)
     assert trace(capsys) == first
     # and a fresh process agrees: nothing in this one leaks into the output
-    r = subprocess.run([sys.executable, "-m", "userspace.tools.cli", "trace", "pin"],
+    r = subprocess.run([sys.executable, "-m", "peermem", "trace", "pin"],
                        capture_output=True, text=True, check=True)
     assert r.stdout == first
 
@@ -231,7 +231,7 @@ def test_malformed_schedule_is_a_clean_error(capsys):
 
 
 def test_wall_clock_runs():
-    r = subprocess.run([sys.executable, "-m", "userspace.tools.cli", "trace", "pin",
+    r = subprocess.run([sys.executable, "-m", "peermem", "trace", "pin",
                         "--clock", "wall"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("# tracer: function_graph\n")

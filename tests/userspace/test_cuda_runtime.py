@@ -15,11 +15,11 @@ import errno
 import pytest
 
 from c_ext import U64Array
+from kernel_model.emu.process import SegmentationFault
 from kernel_model.errno import KernelError
 from kernel_model.gup import FOLL_WRITE, pin_user_pages_fast
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
 from kernel_model.mm import VM_IO, VM_PFNMAP
-from kernel_model.process import SegmentationFault
 from tests.nvidia_host import gpu_host, nvdev
 from userspace.cuda.runtime import (
     CU_MEMORYTYPE_DEVICE,

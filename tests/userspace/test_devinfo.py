@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
+from peermem.cli import main
 from userspace.tools import devinfo
-from userspace.tools.cli import main
 
 #: the seed's gdb dump of the alloc_ucontext response (UAR seed document)
 SEED_RESP = {

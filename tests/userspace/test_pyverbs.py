@@ -7,7 +7,7 @@ import errno
 
 import pytest
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from kernel_model.trace import Tracer
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.explore import explore
-from kernel_model.platform import rdma_host
+from kernel_model.emu.explore import explore
+from kernel_model.emu.platform import rdma_host
 from userspace.cuda.runtime import cudart
 from userspace.hip.runtime import HipError, hiprt
 from userspace.libc import MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, reserve_aligned

@@ -13,8 +13,8 @@ import re
 import pytest
 
 from kernel_model.sched import SCHED
+from peermem.cli import main
 from userspace.tools import write_bw
-from userspace.tools.cli import main
 
 HEADER = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
 
@@ -71,7 +71,7 @@ def test_write_bw_python_backend(capsys):
 @pytest.mark.parametrize("kw", [{"size": 0}, {"iters": 0}, {"size": -5}])
 def test_write_bw_bad_sizes_are_refused(capsys, kw):
     """The tool refuses them itself (the CLI's parser refuses them before: test_cli_bad_input)."""
-    from kernel_model.platform import rdma_host
+    from kernel_model.emu.platform import rdma_host
     m = rdma_host()
     m.load_module("mlx5_ib")
     with pytest.raises(ValueError, match="must be at least 1"):

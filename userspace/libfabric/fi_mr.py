@@ -51,6 +51,7 @@ from typing import Any
 import attrs
 
 from kernel_model.trace import traced
+from userspace.cuda.runtime import CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, cudart
 from userspace.libfabric.fabric import (  # noqa: F401 - they are fi_mr's API too
     FI_ACCESS_ALL,
     FI_CLASS_CNTR,
@@ -258,7 +259,6 @@ def fi_domain(proc: Any, mr_mode: int, caps: int = 0, name: str | None = None,
 
 def _cuda_runtime(proc: Any) -> Any:
     """The process's CUDA runtime, or None when it has no GPU to open."""
-    from userspace.cuda.runtime import cudart
     try:
         return cudart(proc)
     except OSError:
@@ -294,7 +294,6 @@ def _is_cuda(domain: fid_domain, addr: int) -> bool:
     without FI_HMEM every buffer is system memory to the layer."""
     if domain.cuda is None:
         return False
-    from userspace.cuda.runtime import CU_MEMORYTYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE
     try:
         kind = domain.cuda.cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
     except OSError:

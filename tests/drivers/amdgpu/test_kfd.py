@@ -22,9 +22,9 @@ from drivers.amdgpu.kfd_rdma import (
     put_pages,
 )
 from kernel_model.current import current
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE
 from kernel_model.locking import mutex_is_locked
-from kernel_model.platform import rdma_host
 from kernel_model.uapi import kfd as uapi
 from userspace.hip.runtime import FIRST_GPU_ID, HipError, hiprt
 

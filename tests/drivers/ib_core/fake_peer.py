@@ -284,7 +284,7 @@ class PeerEnv:
     and frees their backing RAM - so the suite's leak check finds nothing."""
 
     def __init__(self, ram_size: int = 128 << 20, ofed: str = "25.04"):
-        from kernel_model.platform import rdma_host
+        from kernel_model.emu.platform import rdma_host
         from userspace.cuda.runtime import cudart
         from userspace.libibverbs.pyverbs import PD, Context
         m = rdma_host(ram_size=ram_size, nr_gpus=1, modules=())

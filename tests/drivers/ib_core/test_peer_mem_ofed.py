@@ -26,9 +26,9 @@ from drivers.ib_core.peer_mem import (
 from drivers.ib_core.umem import ib_umem_get_peer, ib_umem_release
 from drivers.mlx5_ib import mr as mr_mod
 from drivers.mlx5_ib import umr as umr_mod
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import KernelBug, KernelError
 from kernel_model.locking import mutex_is_locked
-from kernel_model.platform import rdma_host
 from kernel_model.slab import kmem_is_freed
 from tests.drivers.ib_core.fake_peer import K64, PeerEnv
 from userspace.libibverbs.cmd import VerbsError

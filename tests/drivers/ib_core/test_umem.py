@@ -42,15 +42,15 @@ from drivers.ib_core.umem import (
     rdma_umem_for_each_dma_block,
 )
 from kernel_model.dma import DMA_ATTR_WEAK_ORDERING, device
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import EFAULT, EINVAL, EIO, ENOMEM, EOPNOTSUPP, EPERM, KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
 from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE
-from kernel_model.machine import Machine
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE
 from kernel_model.page_alloc import PG_dirty, page
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 
 K4, M1, M2, G1 = 1 << 12, 1 << 20, 1 << 21, 1 << 30
 VA = 0x7F00_0000_0000  # aligned to every page-table span

@@ -25,11 +25,11 @@ from kernel_model.dma_buf import (
     dma_buf_ops,
     dma_buf_put,
 )
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import KernelError
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import mutex_lock, mutex_unlock
 from kernel_model.page_alloc import alloc_pages, page_to_phys, put_page
-from kernel_model.platform import rdma_host
 from kernel_model.scatterlist import sg_table
 from kernel_model.slab import kfree, kmalloc_obj
 from tests.nvidia_host import nvdev
@@ -363,7 +363,7 @@ def _reg_while_the_exporter_moves() -> None:
 
 
 def test_no_interleaving_builds_a_live_mr_on_a_moved_buffer():
-    from kernel_model.explore import explore
+    from kernel_model.emu.explore import explore
     ex = explore(_reg_while_the_exporter_moves, "dfs", bound=2, max_schedules=300)
     assert ex.failure is None, ex.failure
     assert ex.runs > 1

@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from kernel_model.uapi import rdma_user_ioctl as ui
 from userspace.libibverbs import verbs as v
 
@@ -85,3 +85,20 @@ def test_an_output_pointer_into_nothing_is_efault(ctx):
 
 def test_a_header_outside_the_process_is_efault(ctx):
     assert ctx.proc.ioctl(ctx.cmd_fd, ui.RDMA_VERBS_IOCTL, 8) == -errno.EFAULT
+
+
+def test_after_device_removal_a_driver_method_is_eio_and_an_unknown_one_eprotonosupport():
+    """uverbs_disassociate_api_pre: removal takes the handler from every driver method
+    (EIO), while a method the table never had stays EPROTONOSUPPORT."""
+    m = rdma_host(ram_size=64 << 20)
+    m.load_module("mlx5_ib", dyn_uar=True)
+    p = m.spawn("app")
+    ctx = v.ibv_open_device(p, v.ibv_get_device_list(p)[0])
+    attrs = _alloc_attrs(base=ctx.cmd_buf + 0x800)
+    m.unload_module("mlx5_ib")
+    assert _ioctl(ctx, attrs) == -errno.EIO
+    assert "disassociated" in str(p.task.last_error)
+    assert _ioctl(ctx, attrs, method_id=0x7f) == -errno.EPROTONOSUPPORT
+    v.ibv_close_device(ctx)
+    p.exit(0)
+    m.check_leaks()

@@ -36,12 +36,12 @@ from kernel_model.auxiliary import (
     auxiliary_driver_unregister,
 )
 from kernel_model.dma import DMA_BIT_MASK
+from kernel_model.emu.leakcheck import find_leaks
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import ETIMEDOUT
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
-from kernel_model.leakcheck import find_leaks
-from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 
 KiB, MiB = 1 << 10, 1 << 20
 

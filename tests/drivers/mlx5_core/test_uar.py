@@ -11,7 +11,7 @@ import pytest
 
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.uar import uar2pfn, uars_per_sys_page
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from tests.drivers.mlx5_core.test_core_main import mdev_of
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from drivers.mlx5_ib.mlx5_ib import mlx5_ib_dev, mlx5_ib_ucontext
 from kernel_model.auxiliary import auxiliary_bus
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.mlx5 import Mlx5Config
 from kernel_model.hw.mlx5_ifc import MLX5_CMD_STAT_LIM_ERR  # noqa: F401 - ENOMEM
-from kernel_model.machine import Machine
-from kernel_model.platform import rdma_host
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_ALLOC_UCTX_DEVX,

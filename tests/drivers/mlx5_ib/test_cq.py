@@ -10,11 +10,11 @@ from drivers.ib_core.ib_verbs import ib_cq_init_attr, ib_udata
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_ib.cq import mlx5_ib_create_cq
 from drivers.mlx5_ib.mlx5_ib import mlx5_ib_cq
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5 import Mlx5Config
 from kernel_model.hw.mlx5_ifc import MLX5_CMD_OP_CREATE_CQ, MLX5_CMD_STAT_LIM_ERR
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_CREATE_CQ_FLAGS_CQE_128B_PAD,

@@ -12,6 +12,7 @@ import pytest
 
 from drivers.mlx5_ib.main import calc_total_bfregs, mlx5_ib_alloc_ucontext
 from drivers.mlx5_ib.mlx5_ib import MLX5_IB_INVALID_UAR_INDEX, mlx5_bfreg_info
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5 import Mlx5Config
 from kernel_model.hw.mlx5_ifc import (
@@ -21,7 +22,6 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_STAT_LIM_ERR,
 )
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_ALLOC_UCONTEXT_RESP_MASK_CORE_CLOCK_OFFSET,

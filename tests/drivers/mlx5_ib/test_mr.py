@@ -7,9 +7,9 @@ import errno
 import pytest
 
 from drivers.mlx5_ib.mr import get_octo_len
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.hw.mlx5_ifc import MLX5_CMD_OP_CREATE_MKEY, MLX5_CMD_STAT_LIM_ERR
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from tests.drivers.mlx5_ib.ladder import (
     cmds,
     errno_of,

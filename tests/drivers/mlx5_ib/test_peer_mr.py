@@ -26,6 +26,7 @@ from drivers.ib_core.peer_mem import (
     UMEM_PEER_UNMAPPED,
 )
 from drivers.mlx5_ib.mr import mlx5_invalidate_umem
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_OP_CREATE_MKEY,
@@ -36,7 +37,6 @@ from kernel_model.kthread import kthread_run
 from kernel_model.locking import mutex_is_locked, mutex_unlock
 from kernel_model.sched import SCHED, Strategy
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from tests.drivers.ib_core.fake_peer import ALL_ACCESS, K64, PeerEnv
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cmd import VerbsError

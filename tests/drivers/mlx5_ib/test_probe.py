@@ -10,16 +10,16 @@ import pytest
 import drivers.mlx5_ib.probe as probe
 from drivers.ib_core.device import ib_device_get_by_name
 from kernel_model.auxiliary import auxiliary_bus
+from kernel_model.emu.leakcheck import find_leaks
+from kernel_model.emu.platform import rdma_host
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import ENOMEM, KernelError
 from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT,
     MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS,
     MLX5_CMD_STAT_LIM_ERR,
 )
-from kernel_model.leakcheck import find_leaks
-from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from tests.drivers.mlx5_ib.ladder import (
     cmds,
     errno_of,
@@ -86,6 +86,26 @@ def test_unload_with_an_open_context_disassociates_it():
     assert v.ibv_dealloc_pd(pd) == errno.EIO
     v.ibv_close_device(ctx)
     p.exit(0)
+
+
+def test_unload_with_an_open_dyn_uar_context_frees_its_uar_before_the_uctx():
+    """uverbs_user_mmap_disassociate drops each mapping's mmap entry, so the dynamic
+    UAR's DEALLOC_UAR runs before DESTROY_UCTX (which fails while a UAR of the
+    context is allocated) - no UCTX is left for TEARDOWN_HCA to find."""
+    m = bare()
+    m.load_module("mlx5_ib", dyn_uar=True)
+    p = m.spawn("app")
+    ctx = open_ctx(p)
+    assert [u for u in fw(m).uars.values() if u.uid]  # the context's UAR object
+    since = len(fw(m).cmd_log)
+    m.unload_module("mlx5_ib")
+    names = cmds(m, since)
+    assert names.index("DEALLOC_UAR") < names.index("DESTROY_UCTX")
+    assert fw(m).uctxs == {} and not [u for u in fw(m).uars.values() if u.uid]
+    v.ibv_close_device(ctx)
+    p.exit(0)
+    assert cmds(m, since).count("DEALLOC_UAR") == 1  # munmap at exit frees nothing twice
+    m.check_leaks()
 
 
 def test_unknown_parameter_is_einval():

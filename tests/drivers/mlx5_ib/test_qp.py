@@ -32,11 +32,11 @@ from drivers.mlx5_ib.qp import (
     mlx5_ib_free_bfreg,
     num_med_bfreg,
 )
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import ENOMEM, KernelError
 from kernel_model.hw.mlx5 import Mlx5Config
 from kernel_model.hw.mlx5_ifc import MLX5_CMD_OP_CREATE_QP, MLX5_CMD_STAT_LIM_ERR
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from kernel_model.uapi import ib_user_verbs as uv
 from kernel_model.uapi import mlx5_abi as abi
 from kernel_model.uapi.mlx5_abi import (

@@ -28,6 +28,7 @@ from drivers.mlx5_ib.qp_modify import (
     opt_mask,
     optab,
 )
+from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5 import Mlx5Config
 from kernel_model.hw.mlx5_ifc import (
@@ -43,7 +44,6 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_SET,
 )
 from kernel_model.trace import Tracer
-from kernel_model.tracefilter import assert_call_flow
 from kernel_model.uapi.mlx5_abi import mlx5_ib_modify_qp as ucmd_cls
 from kernel_model.uapi.mlx5_abi import mlx5_ib_modify_qp_resp
 from tests.drivers.mlx5_ib.ladder import (

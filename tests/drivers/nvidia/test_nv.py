@@ -17,10 +17,10 @@ import pytest
 
 from drivers.nvidia import DEFAULT_RELEASE, parse_release
 from drivers.nvidia.rm import rm_free_memory
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import KernelError
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
 from kernel_model.mm import MAP_FIXED, MAP_SHARED, PROT_NONE, PROT_READ, PROT_WRITE
-from kernel_model.platform import rdma_host
 from kernel_model.trace import Tracer
 from kernel_model.uapi import nvidia as uapi
 from tests.nvidia_host import gpu_host, nvdev

@@ -37,14 +37,14 @@ from drivers.nvidia.nv_p2p import (
 from drivers.nvidia.rm import CLI_THIRD_PARTY_P2P_BAR1_RESERVE
 from kernel_model.current import current
 from kernel_model.dma import DMA_BIT_MASK, dma_set_mask
+from kernel_model.emu.explore import explore, replay
+from kernel_model.emu.platform import rdma_host
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
-from kernel_model.explore import explore, replay
 from kernel_model.hw.nvgpu import GPU_PAGE_SIZE, GpuConfig
 from kernel_model.iommu import IommuFault, dma_to_phys
+from kernel_model.ioport import MachineCheck
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import complete, complete_all, init_completion, wait_for_completion
-from kernel_model.machine import MachineCheck
-from kernel_model.platform import rdma_host
 from kernel_model.sched import BLOCKED, DONE, SCHED
 from kernel_model.slab import DoubleFree, UseAfterFree, kmem_is_freed
 from kernel_model.trace import Tracer

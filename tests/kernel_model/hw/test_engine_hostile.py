@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.mlx5_engine import engine_of
-from kernel_model.platform import rdma_host
 from kernel_model.sched import SCHED
 from tests.flows.test_data_path import pattern
 from tests.flows.test_hostile_rings import Hca, _pair

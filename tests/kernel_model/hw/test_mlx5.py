@@ -6,6 +6,7 @@ import struct
 
 import pytest
 
+from kernel_model.emu.leakcheck import find_leaks
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config, UarWrite
 from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_NAMES,
@@ -15,7 +16,6 @@ from kernel_model.hw.mlx5_ifc import (
     IfcStruct,
     mlx5_cmd_layout,
 )
-from kernel_model.leakcheck import find_leaks
 from kernel_model.pci import (
     IORESOURCE_PREFETCH,
     pci_remove_device,

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.hw.fabric import Fabric, route
 from kernel_model.hw.mlx5_engine import OP_RDMA_WRITE, engine_of
-from kernel_model.platform import rdma_host
 from kernel_model.sched import SCHED
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import CQ, MR, PD, QP, Context, QPCap, QPInitAttr, SendWR

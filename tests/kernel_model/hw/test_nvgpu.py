@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.leakcheck import find_leaks
+from kernel_model.emu.machine import Machine
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE, GpuConfig, NvGpu
-from kernel_model.leakcheck import find_leaks
-from kernel_model.machine import Machine, MachineCheck
+from kernel_model.ioport import MachineCheck
 from kernel_model.pci import IORESOURCE_MEM_64, IORESOURCE_PREFETCH
 
 MiB = 1 << 20

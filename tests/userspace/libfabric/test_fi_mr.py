@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from kernel_model.platform import rdma_host
+from kernel_model.emu.platform import rdma_host
 from userspace.cuda.runtime import cudart
 from userspace.libfabric.fi_errno import (
     FI_EBADFLAGS,

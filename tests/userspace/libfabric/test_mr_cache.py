@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.emu.platform import rdma_host
 from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE
-from kernel_model.platform import rdma_host
 from userspace.cuda.runtime import cudart
 from userspace.libfabric.fi_errno import FI_EFAULT, FI_EINVAL
 from userspace.libfabric.fi_mr import (

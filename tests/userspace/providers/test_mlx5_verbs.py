@@ -121,7 +121,7 @@ def test_close_device_after_the_program_closed_its_command_fd():
     is then already gone with the file) still gets 0 from ibv_close_device, as in C,
     where mlx5dv_devx_free_uar is void; a second free of the same register is a no-op
     (found by peermem fuzz: the first close raised EBADF half-way, the retry KeyError)."""
-    from kernel_model.platform import rdma_host
+    from kernel_model.emu.platform import rdma_host
     m = rdma_host(ram_size=64 << 20)
     m.load_module("mlx5_ib", dyn_uar=1)
     p = m.spawn("app")

@@ -12,12 +12,12 @@ kernel_model never imports a driver.
 
 from __future__ import annotations
 
+from kernel_model.emu.machine import Machine
 from kernel_model.hw.amdgpu import AmdGpu
 from kernel_model.hw.cmb import CmbDevice
 from kernel_model.hw.fabric import Fabric
 from kernel_model.hw.mlx5 import ConnectX, Mlx5Config
 from kernel_model.hw.nvgpu import GpuConfig, NvGpu
-from kernel_model.machine import Machine
 from kernel_model.module import peer_client_modules
 
 # Fabric: hosts on one switch; peer_client_modules: what `modprobe` could load

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from c_ext import U64Array
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 MAX_LINES = 20
 

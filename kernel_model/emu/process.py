@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, Any
 from kernel_model import syscalls
 from kernel_model.current import current_or_none, running
 from kernel_model.fs import files_struct
-from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mm_struct
+from kernel_model.memory import access_vm
+from kernel_model.mm import (
+    MAP_ANONYMOUS,
+    MAP_FIXED,
+    MAP_PRIVATE,
+    PROT_READ,
+    PROT_WRITE,
+    mm_struct,
+    mmget,
+    mmput,
+)
 from kernel_model.sched import SCHED, Task
 from kernel_model.task import (
     CAP_IPC_LOCK,
@@ -29,7 +39,7 @@ from kernel_model.task import (
 )
 
 if TYPE_CHECKING:
-    from kernel_model.machine import Machine
+    from kernel_model.emu.machine import Machine
 
 
 class SegmentationFault(Exception):
@@ -113,7 +123,6 @@ class Process:
         first runs at the caller's next scheduling point.  Join it with
         `.join()`, which returns fn's result or raises its exception.
         """
-        from kernel_model.mm import mmget, mmput
         if not self.alive:
             raise RuntimeError(f"{self} has exited")
         leader = self.task
@@ -177,7 +186,6 @@ class Process:
 
     # -- the CPU: loads and stores through the page tables ---------------------
     def _access(self, va: int, n: int, write: bool, chunk) -> None:
-        from kernel_model.memory import access_vm
         if not self.alive:
             raise RuntimeError(f"{self} has exited")
         with running(self.task):

@@ -24,42 +24,32 @@ from collections import Counter
 from collections.abc import Callable
 
 import c_ext
-from kernel_model.current import live_machines  # noqa: F401 - explore.py and tests read it here
+from kernel_model.current import (
+    live_machines,  # noqa: F401 - explore.py and tests read it here
+    running,
+)
+from kernel_model.emu.leakcheck import check_leaks
+from kernel_model.emu.process import Process
 from kernel_model.errno import EINVAL, KernelBug, KernelError
+from kernel_model.fs import chrdev_table
+from kernel_model.iommu import make_iommu
+from kernel_model.ioport import PCI_MMIO_BASE, MachineCheck, MmioRegion
+from kernel_model.lockdep import lockdep_graph
+from kernel_model.module import delete_module, load_module, unload_all
 from kernel_model.page_alloc import PG_reserved, zone
+from kernel_model.sched import SCHED
+from kernel_model.task import init_task
 
 GiB = 1 << 30
 MiB = 1 << 20
 VA_BITS = 48
 PAGE_SIZES = (4096, 16384, 65536)
-PCI_MMIO_BASE = 0x40_0000_0000  # 256 GiB: 64-bit BARs live above RAM
-
-
-
-class MachineCheck(Exception):
-    """A CPU or device access to a physical address nothing decodes."""
 
 
 def pgtable_levels(page_shift: int) -> int:
     """Page-table levels for a 48-bit VA: 4 with 4 KiB pages, 3 with 64 KiB."""
     bits = page_shift - 3
     return -(-(VA_BITS - page_shift) // bits)
-
-
-class MmioRegion:
-    """A physical address range decoded by a device: read/write callbacks."""
-
-    def __init__(self, name: str, start: int, size: int,
-                 read: Callable[[int, int], bytes], write: Callable[[int, bytes], None]):
-        self.name, self.start, self.size = name, start, size
-        self.read, self.write = read, write
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
-
-    def __repr__(self) -> str:
-        return f"MMIO {self.name} [{self.start:#x}-{self.end - 1:#x}]"
 
 
 class Machine:
@@ -104,9 +94,6 @@ class Machine:
         self._mmio_next = max(PCI_MMIO_BASE, -(-ram_size // (256 * GiB)) * 256 * GiB)
         self.leak_checks: list[Callable[[Machine], list[str]]] = []
         self.shutdown_hooks: list[Callable[[Machine], None]] = []  # run newest first
-        from kernel_model.fs import chrdev_table
-        from kernel_model.iommu import make_iommu
-        from kernel_model.task import init_task
         self.chrdevs = chrdev_table()
         self.iommu = make_iommu(self, iommu)
         self.tasks: dict[int, object] = {}
@@ -115,8 +102,6 @@ class Machine:
         self.mms: weakref.WeakSet = weakref.WeakSet()
         self.init_task = init_task(self)
         self.modules: dict = {}  # name -> kernel_model.module.module, load order
-        from kernel_model.lockdep import lockdep_graph
-        from kernel_model.sched import SCHED
         self.sched = SCHED
         SCHED.new_epoch()
         self.lockdep = lockdep_graph(self)
@@ -131,7 +116,6 @@ class Machine:
               cap_ipc_lock: bool = False, uid: int = 1000,
               environ: dict[str, str] | None = None):
         """Start a user process with an empty address space (fork+exec, in short)."""
-        from kernel_model.process import Process
         return Process(self, comm, rlimit_memlock=rlimit_memlock, cap_ipc_lock=cap_ipc_lock,
                        uid=uid, environ=environ)
 
@@ -140,7 +124,6 @@ class Machine:
 
     def kernel(self):
         """Run the body as kernel code in init_task's context (module init, tests)."""
-        from kernel_model.current import running
         return running(self.init_task)
 
     # -- physical address map --------------------------------------------
@@ -212,7 +195,6 @@ class Machine:
         the shutdown hooks run (system workqueues are destroyed), and every
         task still alive on this machine is joined.
         """
-        from kernel_model.module import unload_all
         if self.sched.dead is not None:
             self.sched.abandon()
         for task in list(self.tasks.values()):
@@ -224,15 +206,12 @@ class Machine:
 
     def load_module(self, name: str, **params):
         """insmod: run the named module's module_init (see kernel_model.module)."""
-        from kernel_model.module import load_module
         return load_module(self, name, **params)
 
     def unload_module(self, name: str) -> None:
         """rmmod: EBUSY while in use."""
-        from kernel_model.module import delete_module
         delete_module(self, name)
 
     def check_leaks(self, shutdown: bool = True) -> None:
         """Shut down, then raise LeakError naming every page, pin, mm or object still held."""
-        from kernel_model.leakcheck import check_leaks
         check_leaks(self, shutdown)

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from kernel_model.machine import GiB, Machine, MiB
+from kernel_model.emu.machine import GiB, Machine, MiB
 
 MAX_RAM = 4 * GiB           # the largest machine a command builds (Machine's default)
 GUP_MAX_MB = MAX_RAM // 2 // MiB  # gup-test: half the machine; page tables need room too
@@ -160,7 +160,7 @@ def _gup_test(args: argparse.Namespace) -> int:
 
 def _rdma_host(args: argparse.Namespace) -> Machine:
     """A machine with one ConnectX HCA, mlx5_core and mlx5_ib loaded (modprobe mlx5_ib)."""
-    from kernel_model.platform import rdma_host
+    from kernel_model.emu.platform import rdma_host
     m = rdma_host(page_size=args.page_size, backend=args.backend)
     m.load_module("mlx5_ib", dyn_uar=args.dyn_uar)
     return m
@@ -187,7 +187,7 @@ def _gpu_size_check(args: argparse.Namespace) -> None:
     """--use-gpu: the buffers are registered through the GPU's BAR1, which the driver
     maps only while `bar1_size - CLI_THIRD_PARTY_P2P_BAR1_RESERVE` is left (rm.py);
     on one machine both buffers share one GPU's BAR1."""
-    from kernel_model.platform import GpuConfig
+    from kernel_model.emu.platform import GpuConfig
     from userspace.cuda.runtime import GPU_PAGE_SIZE
     room = GpuConfig().bar1_size - CLI_THIRD_PARTY_P2P_BAR1_RESERVE
     per_gpu = 1 if args.two_machines else 2
@@ -200,7 +200,7 @@ def _gpu_size_check(args: argparse.Namespace) -> None:
 
 
 def _write_bw(args: argparse.Namespace) -> int:
-    from kernel_model.platform import Fabric, rdma_host
+    from kernel_model.emu.platform import Fabric, rdma_host
     from userspace.tools import write_bw
     if args.use_gpu:
         _gpu_size_check(args)
@@ -250,8 +250,8 @@ def _client_param(text: str) -> tuple[str, str, int]:
 
 
 def _clients(args: argparse.Namespace) -> int:
-    from kernel_model.platform import peer_client_modules
-    from userspace.tools import clients
+    from kernel_model.emu.platform import peer_client_modules
+    from peermem import clients
     params: dict[str, dict[str, int]] = {}
     for mod, key, value in args.param or []:
         params.setdefault(mod, {})[key] = value
@@ -282,7 +282,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 def _emit(trace: object, fmt: str, path: str | None) -> None:
     """Write a Trace in format `fmt` (ftrace, perfetto, mermaid) to `path`, or stdout."""
-    from kernel_model.traceout import format_ftrace, format_mermaid, format_perfetto
+    from kernel_model.emu.traceout import format_ftrace, format_mermaid, format_perfetto
     text = {"ftrace": format_ftrace, "perfetto": format_perfetto,
             "mermaid": format_mermaid}[fmt](trace)
     if not text.endswith("\n"):
@@ -311,7 +311,7 @@ def _explore_checks(args: argparse.Namespace) -> None:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from kernel_model.explore import explore, interleaving, replay, schedule_trace
+    from kernel_model.emu.explore import explore, interleaving, replay, schedule_trace
     from kernel_model.sched import SCHED, ReplayDivergence
     from scenarios.races import RACES
     if args.list:
@@ -335,7 +335,7 @@ def _explore(args: argparse.Namespace) -> int:
     if args.replay is not None:
         try:
             if args.trace:
-                from kernel_model.tracefilter import filter_trace
+                from kernel_model.emu.tracefilter import filter_trace
                 _emit(filter_trace(schedule_trace(program, args.replay), depth=args.depth),
                       args.format or "ftrace", args.o)
             run = replay(program, args.replay)
@@ -401,8 +401,8 @@ _TRACE_FILTERS = (("during", "--during"), ("function", "--function"), ("layer", 
 
 
 def _trace(args: argparse.Namespace) -> int:
+    from kernel_model.emu.tracefilter import filter_trace
     from kernel_model.sched import DeadlockError, ReplayDivergence
-    from kernel_model.tracefilter import filter_trace
     from scenarios import get, run_traced
     try:
         story = get(args.scenario).story
@@ -441,8 +441,8 @@ def _trace(args: argparse.Namespace) -> int:
 def _emit_story(args: argparse.Namespace, trace: object, story: object) -> None:
     """A scenario's default view: its story as text, or as Mermaid (every task while
     the steps ran: the HCA probe and the teardown left out)."""
-    from kernel_model.tracefilter import filter_trace
-    from kernel_model.traceout import format_ftrace, format_mermaid
+    from kernel_model.emu.tracefilter import filter_trace
+    from kernel_model.emu.traceout import format_ftrace, format_mermaid
     from scenarios.story import MERMAID_MESSAGES, format_story, story_trace
     if args.format == "mermaid":
         text = format_mermaid(story_trace(trace, story), max_messages=MERMAID_MESSAGES)

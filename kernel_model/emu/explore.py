@@ -41,8 +41,10 @@ from typing import Any
 
 import attrs
 
+from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.emu.tracefilter import filter_trace
+from kernel_model.emu.traceout import format_ftrace
 from kernel_model.errno import KernelBug
-from kernel_model.machine import Machine, live_machines
 from kernel_model.sched import (
     SCHED,
     DeadlockError,
@@ -54,6 +56,7 @@ from kernel_model.sched import (
     format_schedule,
     parse_schedule,
 )
+from kernel_model.trace import Tracer
 
 Program = Callable[[], Any]
 
@@ -251,7 +254,6 @@ def replay(program: Program, schedule: str, tracer: Any = None) -> Run:
 def schedule_trace(program: Program, schedule: str) -> Any:
     """The kernel_model.tracedata.Trace of one replayed schedule (the program's part):
     every task's calls on its own track, for any of the tracer's output formats."""
-    from kernel_model.trace import Tracer
 
     tracer = Tracer()
     replay(program, schedule, tracer)
@@ -264,8 +266,6 @@ def interleaving(program: Program, schedule: str, *, depth: int | None = 4,
     calls (to `depth`) with a marker at each context switch, so the report shows which
     task ran what, in which order, up to the failure.  `lines` keeps the last that many
     (the program's trace ends where the failure unwound it)."""
-    from kernel_model.tracefilter import filter_trace
-    from kernel_model.traceout import format_ftrace
 
     trace = filter_trace(schedule_trace(program, schedule), depth=depth)
     text = format_ftrace(trace).splitlines()

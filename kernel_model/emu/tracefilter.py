@@ -2,7 +2,7 @@
 
 Emulator-level.  ftrace filters while it records; here the whole run is
 recorded once and every view is cut from the model afterwards, so one run
-can be looked at many ways (kernel_model.traceout prints any of them):
+can be looked at many ways (kernel_model.emu.traceout prints any of them):
 
   * function - like set_graph_function: only the subtrees under calls to
     one function, each match becoming a root at depth 0;

@@ -14,8 +14,8 @@ of the directories ib_core publishes per registration), then unloads it.
 
 from __future__ import annotations
 
+from kernel_model.emu.platform import peer_client_modules, rdma_host
 from kernel_model.errno import KernelError
-from kernel_model.platform import peer_client_modules, rdma_host
 from userspace.libc import read_sysfs
 
 PEERS = "/sys/kernel/mm/memory_peers"
