@@ -26,7 +26,7 @@ Module parameter (# EMU: ROCnRDMA has no parameters; this picks the release):
       callback called PeerDirect will also call put_pages. We should ignore such
       call."), where the callback sets free_callback_called after ib_core's
       invalidate returns - on a 4.x core that write lands in a context release()
-      already freed (B17).  0: the release before it, whose callback calls ib_core
+      already freed.  0: the release before it, whose callback calls ib_core
       and touches nothing after; put_pages then always calls KFD.
 
 Its only module reference is the MR's (acquire to release): nothing holds the

@@ -24,7 +24,8 @@ It registers with no invalidate callback: it serves every caller.
 # EMU: v0.2 allocates ceil(size / PAGE_SIZE) entries and maps raw physical
 # addresses whatever the IOMMU; the model covers an unaligned range with one
 # more entry when it needs it and maps through the IOMMU when one translates
-# (peermem_facts §5.1 lists both as defects of the original).
+# (both are defects of io_peer_mem v0.2, sbates130272/io_peer_mem master:
+# io_peer_mem.c, get_pages and dma_map).
 """
 
 from __future__ import annotations

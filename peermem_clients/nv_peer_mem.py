@@ -36,8 +36,10 @@ Module parameters (nvidia-peermem's):
       Mellanox nv_peer_memory 1.0, the client MLNX_OFED 4.x shipped with: one
       old-style client "nv_mem" (no _ex, no persistent twin), whose free
       callback sets a sticky `is_callback` - dma_unmap and put_pages then do
-      nothing on any task (B5) - and touches the context no more once ib_core's
-      invalidate returned (so no B17 on a 4.x core).  The other parameters are
+      nothing on any task (Mellanox/nv_peer_memory PR 92 made it callback_task,
+      the callback's task only) - and touches the context no more once ib_core's
+      invalidate returned (so no write to a context a 4.x core's invalidate may
+      have freed through release()).  The other parameters are
       ignored.
 
 Lock order: none of its own; see peer_mem.py and drivers/nvidia/nv_p2p.py.

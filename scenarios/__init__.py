@@ -6,7 +6,7 @@ tears everything down and passes the leak check.  They are the demos of
 the docs and the CLI, so they must be deterministic: the same trace,
 byte for byte, on every run under the default schedule.
 
-Register one with the decorator; later issues add theirs here:
+Register one with the decorator, in a module listed in _MODULES:
 
     @scenario("pin", "a process maps memory; a kernel caller pins and DMA-maps it")
     def pin() -> None: ...

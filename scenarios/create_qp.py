@@ -26,7 +26,7 @@ from kernel_model.trace import traced
 from scenarios import scenario
 from userspace.libibverbs import verbs as v
 
-#: the QP's capabilities (kernel_facts.md's RC 64/64/1/1 sizing vector)
+#: the QP's capabilities: send WRs, receive WRs, send SGEs, receive SGEs
 QP_CAP = (64, 64, 1, 1)
 
 

@@ -12,7 +12,7 @@ def module_init(mod, ofed: str = "25.04"):
     `ofed` (# EMU: a module parameter standing for which MLNX_OFED release's
     ib_core this is) picks the peer-memory core's design: "25.04" and later
     (the default), "5.1" up to "24.10" (ib_umem_stop_invalidation_notifier's
-    lock condition inverted, B6), or "4.9" and earlier (the ticket design,
+    lock condition inverted), or "4.9" and earlier (the ticket design,
     peer_mem.py's last section).  EINVAL for a malformed release.
     """
     from drivers.ib_core.device import IbCoreState

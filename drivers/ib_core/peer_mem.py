@@ -39,7 +39,7 @@ Statistics per client (struct ib_peer_memory_statistics) are kept and
 published under /sys/kernel/mm/memory_peers/<name>/ as the OFED releases
 before 24.04 did.  # EMU: num_dereg_pages counts the entries that were
 registered (the intended count; OFED 5.5+ reads it after zeroing the table
-and so always adds 0 - peermem_facts §2.6).
+and so always adds 0 - peer_mem.c, ib_unmap_peer_client()).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ STATS = ("num_alloc_mrs", "num_dealloc_mrs", "num_reg_pages", "num_dereg_pages",
 # MLNX_OFED releases where the core's design changed (ib_core's `ofed` parameter)
 OFED_NEW_DESIGN = (5, 1)        # 5.1b: mapping_lock, xarray ids, stop, _ex/UNMAPS
 OFED_FIX_PEER_SGLS = (5, 5)     # fix_peer_sgls, get_page_size read after dma_map
-OFED_STOP_LOCK_FIXED = (25, 4)  # ib_umem_stop_invalidation_notifier's `==` (B6)
+OFED_STOP_LOCK_FIXED = (25, 4)  # ib_umem_stop_invalidation_notifier's `==` (was `!=`)
 
 
 def parse_ofed_release(release: str) -> tuple[int, int]:
@@ -550,7 +550,7 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
             umem_p.invalidation_func(umem_p, umem_p.invalidation_private)
         # unconditional, as in peer_mem.c: from any state it records INVALIDATED (UNMAPS)
         # or UNMAPPED - an invalidation after stop leaves INVALIDATED for release to count
-        # again, and one after release dereferences the cleared ib_peer_client (B15)
+        # again, and one after release dereferences ib_peer_client, which release set NULL
         if ib_peer_unmap_on_invalidate(umem_p.ib_peer_client):
             ib_unmap_peer_client(umem_p, cur, UMEM_PEER_INVALIDATED)
         else:
@@ -597,8 +597,9 @@ def ib_umem_stop_invalidation_notifier(umem: Any) -> None:
     unmap_on_inval = ib_peer_unmap_on_invalidate(umem_p.ib_peer_client)
     no_id = umem_p.xa_id == PEER_NO_INVALIDATION_ID
     if state.ofed < OFED_STOP_LOCK_FIXED:
-        # OFED 5.1b up to 24.10 test `!=` here (B6): a stop without activate locks the
-        # mapping_lock it already holds, and a non-invalidating umem's is never taken
+        # OFED 5.1b up to 24.10 test `!=` here (fixed in 25.04): a stop without
+        # activate locks the mapping_lock it already holds, and a non-invalidating
+        # umem's is never taken
         no_id = not no_id
     if umem_p.invalidation_func is not None:
         mutex_lock(umem_p.mapping_lock)
@@ -624,7 +625,8 @@ def ib_peer_umem_release(umem: Any) -> None:
     client = umem_p.ib_peer_client
     if _peer_state().ticket_design:
         # OFED 4.x peer_umem_release: the ticket goes, then the pages are unmapped and
-        # put whatever the peer did before - nothing records an invalidation (B3)
+        # put whatever the peer did before - nothing records an invalidation
+        # (Mellanox/nv_peer_memory issue 15)
         ib_peer_destroy_invalidation_ctx(client, umem_p)
     elif umem_p.invalidation_func is not None:
         current().machine.report_bug("ib_peer_umem_release", "invalidation still active "
@@ -653,7 +655,8 @@ def _free_umem_p(k: kref) -> None:
 # (peer_invalidated) and the registration fails in activate; one after calls
 # the owner's func(cookie, umem, 0, 0) with that lock held - mlx5 4.x tears the
 # whole MR down inside it, umem and client context included - and release()
-# always unmaps and puts, whatever the peer did (peermem_facts §2.12).
+# always unmaps and puts, whatever the peer did (MLNX_OFED 4.9 umem.c,
+# peer_umem_release()).
 class invalidation_ctx:
     """Mirrors OFED 4.x struct invalidation_ctx: a peer umem's ticket and callback."""
 

@@ -10,7 +10,7 @@ _pgoff) and walks the mapping in blocks of that size to fill its page
 tables (rdma_umem_for_each_dma_block; ib_umem_fill_dma_blocks is the same
 walk as one C loop, for an MTT/PAS of a quarter-million entries).
 
-Facts the callers rely on (kernel_facts.md §8):
+Facts the callers rely on (ib_umem_get(), ib_umem_find_best_pgsz()):
   * writable is decided by the access flags only; a read-only umem pins
     without FOLL_WRITE (since 5.x; 5.3 always pinned for write).
   * find_best_pgsz writes umem->iova, and num_dma_blocks, num_pages and the

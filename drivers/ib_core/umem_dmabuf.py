@@ -1,6 +1,6 @@
 """Mirrors drivers/infiniband/core/umem_dmabuf.c: a umem backed by a dma-buf.
 
-The upstream alternative to peer memory (peermem_facts §8.1): instead of a
+The upstream alternative to peer memory: instead of a
 peer client pinning a GPU's memory behind ib_core's back, the GPU driver
 exports the memory as a dma-buf and the RDMA driver imports it:
 

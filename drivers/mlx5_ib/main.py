@@ -308,7 +308,7 @@ def _read_request(udata: ib_udata) -> tuple[int, mlx5_ib_alloc_ucontext_req_v2]:
 
 @traced
 def mlx5_ib_alloc_ucontext(uctx: mlx5_ib_ucontext, udata: ib_udata) -> None:
-    """Mirrors mlx5_ib_alloc_ucontext(): the order of kernel_facts §3.
+    """Mirrors mlx5_ib_alloc_ucontext(), in the kernel's order of steps.
 
     EAGAIN before the device is active; EINVAL for a request length between
     v0 and v2 or too many low-latency bfregs (u32: a total of 0 passes here);

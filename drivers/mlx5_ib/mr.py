@@ -255,7 +255,7 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
 # completion says "the MR is built, or failed"); an invalidation deregisters
 # the whole MR - mkey, umem, the client's context - inside the peer's callback,
 # and mr->invalidated decides whether that or the user's dereg does the
-# teardown; the loser waits for the winner (peermem_facts §2.8, OFED-4.9 mlx5).
+# teardown; the loser waits for the winner (MLNX_OFED 4.9 hw/mlx5/mr.c).
 class mlx5_ib_peer_id:
     """Mirrors OFED 4.x struct mlx5_ib_peer_id: the MR an invalidation should tear down,
     once `comp` says registration finished (mr None: it failed)."""

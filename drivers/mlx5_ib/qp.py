@@ -2,7 +2,7 @@
 (modify and query are in qp_modify.py, the firmware commands in qpc.py).
 
 ibv_create_qp (libmlx5 has sized the queues, allocated the WQ buffer and a
-doorbell record) reaches mlx5_ib_create_qp(), whose order is kernel_facts §5:
+doorbell record) reaches mlx5_ib_create_qp(), which runs, in this order:
 
     check_qp_type -> check_valid_flow -> process_udata_size -> check_ucmd_data
     -> copy ucmd -> process_vendor_flags -> get_qp_uidx -> process_create_flags
@@ -280,7 +280,7 @@ def _choose_uar(dev: mlx5_ib_dev, context: mlx5_ib_ucontext, qp: mlx5_ib_qp,
     flags = qp.flags_en & (MLX5_QP_FLAG_UAR_PAGE_INDEX | MLX5_QP_FLAG_BFREG_INDEX)
     if flags == MLX5_QP_FLAG_UAR_PAGE_INDEX:
         qp.bfregn = MLX5_IB_INVALID_BFREG
-        return ucmd.bfreg_index  # a firmware UAR index, unchecked (kernel_facts §12)
+        return ucmd.bfreg_index  # a firmware UAR index; the kernel does not check it
     if flags == MLX5_QP_FLAG_BFREG_INDEX:
         qp.bfregn = MLX5_IB_INVALID_BFREG
         return bfregn_to_uar_index(dev, bfregi, ucmd.bfreg_index, True)
@@ -370,7 +370,7 @@ def _qp_lists(dev: mlx5_ib_dev, qp: mlx5_ib_qp, op: Callable[[list, mlx5_ib_qp],
 
 def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcStruct,
               uidx: int) -> None:
-    """create_user_qp()'s QPC fields (kernel_facts §5)."""
+    """The QPC fields create_user_qp() writes."""
     context: mlx5_ib_ucontext = rdma_udata_to_drv_context(qp)
     MLX5_SET("qpc", qpc, "st", _MLX5_ST[attr.qp_type])
     MLX5_SET("qpc", qpc, "pm_state", MLX5_QP_PM_MIGRATED)

@@ -8,9 +8,10 @@ Module parameters:
   release   the driver release, "580.65.06" by default.  Before 535.14 (and
             R525 before 525.105.17) a NULL free callback means "persistent"
             and there is no nvidia_p2p_get_pages_persistent; from R515 up to
-            those fixes put_pages also has the free-callback race of seed 002
-            chapter 10.  Later releases refuse a NULL callback and export the
-            persistent calls.  See nv_p2p.py.
+            those fixes put_pages also has the free-callback race NVIDIA's
+            GPUDirect RDMA guide describes ("Changes in CUDA 12.2").  Later
+            releases refuse a NULL callback and export the persistent calls.
+            See nv_p2p.py.
   p2p_latency_us
             the fixed latency of one nv-p2p call into RM on a real system (0 by
             default).  It is a parameter, not work: each get_pages, put_pages,

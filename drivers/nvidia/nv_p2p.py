@@ -9,7 +9,7 @@ for its device's DMA with this API:
     nvidia_p2p_dma_unmap_pages(peer_pdev, pt, map)
     nvidia_p2p_put_pages(0, 0, va, pt)
 
-The rules (peermem_facts.md §4):
+The rules (nv-p2p.c and nv-p2p.h; BAR1 in RM's gpu/bus/p2p.c):
   * va and len must both be 64 KiB aligned (EINVAL), and lie in one
     allocation of the calling process - or of the VA space the tokens name;
   * a get_pages maps the pages into BAR1; ENOMEM when BAR1 is exhausted;
@@ -30,9 +30,9 @@ Driver releases: the module parameter `release` picks the branch.  From
 535.14 (and 525.105.17 on R525) get_pages refuses a NULL callback and the
 persistent calls exist.  From R515 up to those releases put_pages does not
 wait for an in-flight free callback: both free the page table, which is the
-null-pointer dereference seed 002 chapter 10 describes (here a KASAN report:
-the teardown touching the mem_info put_pages freed - UseAfterFree - or
-freeing it again - DoubleFree).  Before R515 neither exists (not modelled).
+null-pointer dereference of the GPUDirect RDMA guide's "Changes in CUDA 12.2"
+(here a KASAN report: the teardown touching the mem_info put_pages freed -
+UseAfterFree - or freeing it again - DoubleFree).  Before R515: not modelled.
 
 Lock order: rm_lock (rm.py) -> nothing; a mapping's teardown_done
 completion is what put_pages waits on.
@@ -194,8 +194,8 @@ def _devices() -> list[NvDevice]:
 
 
 def _api_fixed(dev: NvDevice) -> bool:
-    """A release with the fix of seed 002 chapter 10: 535.14 on, 525.105.17 on R525
-    (NULL callbacks refused, the persistent calls exported, put_pages waits)."""
+    """The GPUDirect RDMA guide's "Changes in CUDA 12.2": 535.14 on, 525.105.17 on
+    R525 (NULL callbacks refused, the persistent calls exported, put_pages waits)."""
     branch, build, patch = (tuple(dev.release) + (0,))[:3]
     if branch == 525:
         return (build, patch) >= FIXED_RELEASES[525]
@@ -266,9 +266,9 @@ def nv_p2p_get_pages(persistent: bool, p2p_token: int, va_space: int, virtual_ad
     the free callback.  A free of the same range between the two (another
     CPU's cudaFree) makes the registration fail with OBJECT_NOT_FOUND; the
     error path then hands the mapping back through nv_p2p_put_pages (a no-op:
-    the teardown already took it).  Releases before the fix of PR #557 take
-    the common `failed` label there and free the scratch arrays a second
-    time - KASAN's double-free (B9).
+    the teardown already took it).  Releases before the fix of
+    NVIDIA/open-gpu-kernel-modules PR #557 take the common `failed` label
+    there and free the scratch arrays a second time - KASAN's double-free.
     """
     if virtual_address % GPU_PAGE_SIZE or length % GPU_PAGE_SIZE:
         raise KernelError(EINVAL, f"{what}: Invalid argument in nv_p2p_get_pages, address "

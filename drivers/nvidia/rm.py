@@ -31,11 +31,11 @@ nvidia_p2p_get_pages/put_pages (see nv_p2p.py for how put_pages waits for
 an in-flight callback instead).
 
 # EMU: RM calls the free callbacks synchronously in the freeing task, with its
-# own locks held (seed 002 11.3); the model runs them on nv_queue - the GPU
-# driver's own task, so a trace shows them on their own track - with the
-# freeing task waiting and rm_lock not held.  BAR1 windows are reused per GPU
-# page (a use count each); RM reuses whole mapping extents, so partially
-# overlapping pins keep different windows mapped after one is put.
+# own locks held (GPUDirect RDMA guide, "Unpin Callback"); the model runs them
+# on nv_queue - the GPU driver's own task, so a trace shows them on their own
+# track - with the freeing task waiting and rm_lock not held.  BAR1 windows are
+# reused per GPU page (a use count each); RM reuses whole mapping extents, so
+# partially overlapping pins keep different windows mapped after one is put.
 
 # EMU: RM's object model (handles, classes, memory descriptors, GMMU page
 # tables) is reduced to these three objects; allocations are placed in

@@ -139,11 +139,12 @@ class CmbPeer:
     # put_pages: the range is no longer used by the device.  If revoke_all is
     # invalidating this very registration, wait until it is done: right after
     # put_pages the core clears the umem's client, and an invalidation still
-    # on its way would find it NULL (the core's bug B15; nvidia's put_pages
-    # waits for its free callback the same way).  No lock of the core is held
-    # here, so the invalidation can finish.  The test of `revoking` must be
-    # under our lock, with the removal from `live`: revoke_all either takes the
-    # context before (and we wait) or never sees it.
+    # on its way would find it NULL (MLNX_OFED's peer_mem.c: an
+    # ib_invalidate_peer_memory() running after ib_peer_umem_release(); nvidia's
+    # put_pages waits for its free callback the same way).  No lock of the core
+    # is held here, so the invalidation can finish.  The test of `revoking` must
+    # be under our lock, with the removal from `live`: revoke_all either takes
+    # the context before (and we wait) or never sees it.
     def put_pages(self, sg_head, ctx) -> None:
         mutex_lock(self.lock)
         if ctx in self.live:

@@ -6,7 +6,8 @@ may change before INIT_HCA with SET_HCA_CAP - only the fields the PRM marks
 writable, and never beyond the maximum.
 
 The defaults reproduce, through the real mlx5_core and mlx5_ib code paths,
-the alloc_ucontext response dumped on a 4 KiB-page host (reference seed 000):
+the alloc_ucontext response a real mlx5 device gives on a 4 KiB-page
+host (struct mlx5_ib_alloc_ucontext_resp, as a debugger prints it):
 qp_tab_size 262144 (log_max_qp 18), bf_reg_size 512 (log_bf_reg_size 9),
 max_sq_desc_sz 1024, max_rq_desc_sz 512, max_send_wqebb = max_recv_wr 32768
 (log_max_qp_sz 15), max_srq_recv_wr 32768 (log_max_srq_sz 15), num_ports 1,

@@ -16,9 +16,9 @@ enabled function; resource commands need INIT_HCA.  TEARDOWN_HCA (or a
 function reset) drops every object; whatever a driver still had allocated
 then is recorded in `leaked`, which the machine's leak check reports.
 
-What the firmware keeps - the objects the next issue's data path executes
-through - is in mlx5_fw_ctx.py (EQ, CQ, QP, mkey contexts); the QP state
-transitions and the RoCE address table in mlx5_fw_qp.py; the port and
+What the firmware keeps - the objects the data path (mlx5_engine.py)
+executes through - is in mlx5_fw_ctx.py (EQ, CQ, QP, mkey contexts); the QP
+state transitions and the RoCE address table in mlx5_fw_qp.py; the port and
 vport queries in mlx5_fw_port.py.  This file has the dispatch, the
 capability pages and the small resources (UAR, PD, transport domain, uctx).
 

@@ -19,11 +19,11 @@ against it:
               each search, where libfabric has a thread reading it) and drops
               the entries it names
   disabled    no cache: every fi_mr_reg registers, every fi_close deregisters
-  cuda        tag-based (seed 002: the buffer ID): an entry for CUDA memory
-              remembers CU_POINTER_ATTRIBUTE_BUFFER_ID; a search compares it
-              with the address's current one, and a different ID (cudaFree +
-              cudaMalloc reused the address) makes the entry stale - dropped,
-              and registered anew
+  cuda        tag-based (the GPUDirect RDMA guide's buffer ID tag check): an
+              entry for CUDA memory remembers CU_POINTER_ATTRIBUTE_BUFFER_ID;
+              a search compares it with the address's current one, and a
+              different ID (cudaFree + cudaMalloc reused the address) makes
+              the entry stale - dropped, and registered anew
 
 Configuration, read from the environment given to the domain, as libfabric
 reads its own:

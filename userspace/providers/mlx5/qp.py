@@ -1,6 +1,6 @@
 """Mirrors rdma-core providers/mlx5/qp.c: posting work requests and ringing the doorbell.
 
-Posting a send is three steps, all in user space (seed 000):
+Posting a send is three steps, all in user space (mlx5_post_send, post_send_db):
   1. write the WQE into the SQ ring, in 64-byte basic blocks: a control
      segment (opcode, WQE counter, QPN, size in 16-byte units, completion
      flag, immediate), a remote-address segment for RDMA, then data segments
@@ -180,7 +180,7 @@ def mlx5_post_send(qp: Any, wr: Any, bad_wr: list | None = None) -> int:
 def post_send_db(qp: Any, bf: Any, nreq: int, inl: bool, size: int, ctrl: bytes) -> None:
     """Mirrors post_send_db(): doorbell record, then BlueFlame copy or 64-bit
     doorbell to bf->reg + bf->offset, then toggle the offset (see the module
-    docstring; the rule is in kernel_facts, "post_send doorbell")."""
+    docstring)."""
     if not nreq:
         return
     qp.sq.head += nreq
