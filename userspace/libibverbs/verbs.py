@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from kernel_model.trace import traced
-from userspace.libc import O_CLOEXEC, O_RDWR, free, posix_memalign, read_sysfs
+from userspace.libc import O_CLOEXEC, O_RDONLY, O_RDWR, free, posix_memalign, read_sysfs
 from userspace.libibverbs.cmd import (
     CMD_BUF_SIZE,
     VerbsError,
@@ -288,6 +288,40 @@ def ibv_query_gid(ctx: ibv_context, port_num: int, index: int) -> bytes:
     except ValueError:
         raise VerbsError(errno.EINVAL, f"ibv_query_gid({path})") from None
     return b"".join(g.to_bytes(2, "big") for g in groups)
+
+
+# enum ibv_gid_type_sysfs: what gid_attrs/types/<index> says
+IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2 = 0, 1
+
+
+@traced
+def ibv_query_gid_type(ctx: ibv_context, port_num: int, index: int) -> int:
+    """Mirrors ibv_query_gid_type() (libibverbs' sysfs path): read
+    ports/<port>/gid_attrs/types/<index>; "RoCE v2" is IBV_GID_TYPE_SYSFS_ROCE_V2,
+    "IB/RoCE v1" IBV_GID_TYPE_SYSFS_IB_ROCE_V1.  A port without the file (InfiniBand,
+    where the kernel answers EINVAL) is IB/RoCE v1; an empty slot is VerbsError(ENODATA)."""
+    path = f"{ctx.device.ibdev_path}/ports/{port_num}/gid_attrs/types/{index}"
+    fd = ctx.proc.open(path, O_RDONLY)
+    if fd < 0:
+        if -fd == errno.EINVAL:
+            return IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+        raise VerbsError(-fd, f"ibv_query_gid_type({path})")
+    try:
+        buf = posix_memalign(ctx.proc, 0, 64)
+        try:
+            n = ctx.proc.read(fd, buf, 64)
+            if n < 0:
+                raise VerbsError(-n, f"ibv_query_gid_type({path})")
+            text = ctx.proc.load(buf, n).decode().strip()
+        finally:
+            free(ctx.proc, buf, 64)
+    finally:
+        ctx.proc.close(fd)
+    if text == "RoCE v2":
+        return IBV_GID_TYPE_SYSFS_ROCE_V2
+    if text == "IB/RoCE v1":
+        return IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+    raise VerbsError(errno.EINVAL, f"ibv_query_gid_type({path}): {text!r}")
 
 
 def _errno_of(fn, obj) -> int:

@@ -1,0 +1,125 @@
+"""The implicit host a pyverbs program runs on.
+
+A real pyverbs program is one process on a host with an RDMA device.  Here the first
+pyverbs call that needs the device builds that host: an emulated machine with
+ConnectX HCAs (RoCE ports), booted with the kernel modules loaded, and one emulated
+process standing for the calling Python process - its uid, CAP_IPC_LOCK when it runs
+as root, its RLIMIT_MEMLOCK and its environment (os.environ itself, so a variable the
+program sets later, such as MLX5_SHUT_UP_BF, is what libmlx5's getenv() reads).
+Every verb then goes through that process's system calls, as with rdma-core.  At
+interpreter exit the process exits and the machine is shut down and leak-checked.
+
+Configure it before the first verb, with environment variables or configure():
+
+    PEERMEM_PYVERBS_HCAS=2            ConnectX functions (default 1)
+    PEERMEM_PYVERBS_RAM_MB=1024       emulated RAM in MiB (default 512)
+    PEERMEM_PYVERBS_PAGE_SIZE=4096    the machine's page size (4096, 16384, 65536)
+    PEERMEM_PYVERBS_GPUS=1            NVIDIA GPUs (default 0)
+    PEERMEM_PYVERBS_PARAMS="mlx5_ib.dyn_uar=1 ib_core.ofed=25.4"
+                                      module parameters, module.name=value
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import resource
+from typing import Any
+
+from kernel_model.emu.machine import Machine
+from kernel_model.emu.platform import rdma_host
+
+DEFAULTS: dict[str, Any] = {"nr_hcas": 1, "ram_mb": 512, "page_size": 4096, "nr_gpus": 0,
+                            "params": {}}
+_ENV = {"PEERMEM_PYVERBS_HCAS": "nr_hcas", "PEERMEM_PYVERBS_RAM_MB": "ram_mb",
+        "PEERMEM_PYVERBS_PAGE_SIZE": "page_size", "PEERMEM_PYVERBS_GPUS": "nr_gpus"}
+
+
+class Host:
+    """The emulated machine and the process standing for this Python process."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        params: dict[str, dict[str, Any]] = config["params"]
+        self.machine: Machine = rdma_host(ram_size=config["ram_mb"] << 20,
+                                          page_size=config["page_size"],
+                                          nr_hcas=config["nr_hcas"], nr_gpus=config["nr_gpus"],
+                                          name="pyverbs", modules=())
+        for mod in ("mlx5_core", "mlx5_ib") + (("nvidia",) if config["nr_gpus"] else ()):
+            if mod not in self.machine.modules:
+                self.machine.load_module(mod, **params.get(mod, {}))
+        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        root = os.geteuid() == 0
+        self.proc = self.machine.spawn(
+            "python", uid=os.getuid(), cap_ipc_lock=root,
+            rlimit_memlock=None if soft == resource.RLIM_INFINITY else soft)
+        # EMU: the emulated process reads the real process's environment, live
+        self.proc.environ = os.environ  # type: ignore[assignment]
+
+    def close(self, check_leaks: bool = True) -> None:
+        """Exit the process, shut the machine down and (by default) leak-check it."""
+        self.proc.exit(0)
+        if check_leaks:
+            self.machine.check_leaks()
+        else:
+            self.machine.shutdown()
+
+
+_host: Host | None = None
+_config: dict[str, Any] = {}
+
+
+def _parse_params(text: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        mod, dot, name = key.partition(".")
+        if not sep or not dot or not mod or not name:
+            raise ValueError(f"PEERMEM_PYVERBS_PARAMS: {item!r} is not module.name=value")
+        out.setdefault(mod, {})[name] = int(value, 0) if value.lstrip("-").isdigit() or \
+            value.startswith("0x") else value
+    return out
+
+
+def configure(**kwargs: Any) -> None:
+    """Set the implicit host's shape (keys of DEFAULTS); only before it is built."""
+    if _host is not None:
+        raise RuntimeError("pyverbs host: already built; configure() it before the first verb")
+    unknown = set(kwargs) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"pyverbs host: unknown settings {sorted(unknown)}")
+    _config.update(kwargs)
+
+
+def config() -> dict[str, Any]:
+    """The settings the host is (or will be) built with: defaults, environment, configure()."""
+    cfg = dict(DEFAULTS)
+    for var, key in _ENV.items():
+        if var in os.environ:
+            cfg[key] = int(os.environ[var], 0)
+    if "PEERMEM_PYVERBS_PARAMS" in os.environ:
+        cfg["params"] = _parse_params(os.environ["PEERMEM_PYVERBS_PARAMS"])
+    cfg.update(_config)
+    return cfg
+
+
+def host() -> Host:
+    """The implicit host, built on first use."""
+    global _host
+    if _host is None:
+        _host = Host(config())
+        atexit.register(shutdown)
+    return _host
+
+
+def current_process() -> Any:
+    """The emulated process that stands for this Python process."""
+    return host().proc
+
+
+def shutdown(check_leaks: bool = True) -> None:
+    """Tear the implicit host down (at exit, or for a fresh one in a test)."""
+    global _host
+    h, _host = _host, None
+    if h is not None:
+        h.close(check_leaks)
