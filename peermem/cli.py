@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -380,6 +381,27 @@ def _fuzz(args: argparse.Namespace) -> int:
     return fuzz_main(args.seconds, args.seed, args.length, sys.stdout, sys.stderr)
 
 
+def _rdma_core_tests(args: argparse.Namespace) -> int:
+    from peermem_testing import rdma_core_suite as rc
+    if args.path is not None and not os.path.isfile(os.path.join(args.path, "base.py")):
+        raise UsageError(f"{args.path}: not rdma-core's tests/ folder (no base.py in it)")
+    files = [f.strip().removesuffix(".py") for f in args.files.split(",") if f.strip()] \
+        if args.files else []
+    if args.core:
+        files += list(rc.CORE_FILES)
+    try:
+        path = args.path or str(rc.fetch_suite())
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        print(f"peermem rdma-core-tests: cannot fetch rdma-core's tests: {e}", file=sys.stderr)
+        return 1
+    if files:
+        present = {f[:-3] for f in os.listdir(path) if f.startswith("test_") and f.endswith(".py")}
+        unknown = sorted(set(files) - present)
+        if unknown:
+            raise UsageError(f"--files: no {', '.join(unknown)} in {path}")
+    return rc.main(path, files, args.k or [], args.verbose)
+
+
 def _add_machine_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--backend", choices=["c", "python"], default=None,
                     help="page loops in C (default) or their Python twins")
@@ -616,6 +638,25 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--length", type=_int_arg(1, 100_000), default=200, metavar="N",
                    help="operations per sequence, each on fresh hosts (default 200)")
     f.set_defaults(func=_fuzz)
+    r = sub.add_parser("rdma-core-tests", help="run rdma-core's own pyverbs test suite",
+                       description="Run an unmodified copy of rdma-core's tests/ (the "
+                       "pyverbs suite) against the emulated stack, with `pyverbs` mapped to "
+                       "the emulated face, and print each test that did not pass, each "
+                       "skip's reason and the counts. Without PATH the suite is fetched once "
+                       "from Debian's python3-pyverbs package (apt-get download, dpkg -x; no "
+                       "root) into ~/.cache/peermem. Exit 1 if a test failed or errored.")
+    r.add_argument("path", nargs="?", metavar="PATH",
+                   help="rdma-core's tests/ folder (default: fetch it)")
+    r.add_argument("-k", action="append", metavar="EXPR",
+                   help="only tests whose name contains EXPR (repeatable)")
+    r.add_argument("--files", metavar="LIST",
+                   help="only these test files, comma separated (test_device,test_qp)")
+    r.add_argument("--core", action="store_true",
+                   help="only the core files: " + ", ".join(
+                       ("test_device", "test_pd", "test_mr", "test_cq", "test_qp", "test_addr",
+                        "test_mlx5_uar")))
+    r.add_argument("-v", "--verbose", action="store_true", help="print every test's outcome")
+    r.set_defaults(func=_rdma_core_tests)
     return ap
 
 

@@ -57,6 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--peermem-replay", metavar="SCHEDULE", default=None,
                     help="run the selected @pytest.mark.race tests with exactly this "
                          "schedule instead of exploring")
+    group.addoption("--emulated-pyverbs", action="store_true", default=False,
+                    help="make `import pyverbs` load the emulated face (userspace.pyverbs) "
+                         "for this run, so pyverbs tests run against the emulated host")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,6 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "race(strategy='dfs', bound=2, max_schedules=None, seed=0, depth=3, "
         "shard=(0, 1), replay=None): run the test body under the peermem race explorer, "
         "once per schedule; it fails with the first failing schedule's report")
+    if config.getoption("--emulated-pyverbs", default=False):
+        from userspace.pyverbs.alias import install
+        install()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -34,6 +34,9 @@ from collections.abc import Iterable
 from importlib.machinery import SourceFileLoader
 from typing import Any, TextIO
 
+from kernel_model.emu.leakcheck import LeakError
+from userspace.pyverbs import host
+
 #: the Debian package and version the suite is fetched from (bookworm's rdma-core)
 DEBIAN_PACKAGE = "python3-pyverbs"
 DEBIAN_VERSION = "44.0-2"
@@ -189,4 +192,9 @@ def main(path: str | None, files: list[str], patterns: list[str], verbose: bool,
     result = run_suite(suite, files, patterns, out, verbose)
     report(result, time.monotonic() - t0, out)
     c = result.counts()
+    try:  # the host's process exits and the machine is shut down and leak-checked
+        host.shutdown(check_leaks=True)
+    except LeakError as e:
+        print(f"leak check after the suite: {str(e).splitlines()[0]}", file=out)
+        return 1
     return 0 if c["failed"] == 0 and c["errored"] == 0 else 1

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from userspace.pyverbs import host
 from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 T = TypeVar("T")
@@ -56,6 +57,8 @@ def reap() -> None:
     """Close the objects the garbage collector found unclosed (see PyverbsCM.__del__)."""
     while _graveyard:
         obj = _graveyard.pop()
+        if obj._generation != host.generation():
+            continue  # its host was torn down, and everything on it
         try:
             obj.close()
         except Exception as ex:  # noqa: BLE001 - as pyverbs' dealloc: log, go on
@@ -109,10 +112,12 @@ class PyverbsCM(PyverbsObject):
         self._children: weakref.WeakSet[PyverbsCM] = weakref.WeakSet()
         self._closed = True  # nothing to free until the C object exists (_created)
         self._seq = next(_seq)  # children close newest first
+        self._generation = host.generation()  # the host its C object lives on
 
     def _created(self) -> None:
         """The C object exists: close() (or the garbage collector) must free it."""
         self._closed = False
+        self._generation = host.generation()
 
     def __del__(self) -> None:
         # pyverbs frees an object nobody closed when it is collected.  Freeing is a

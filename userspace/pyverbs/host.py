@@ -29,6 +29,7 @@ from typing import Any
 from kernel_model.emu.machine import Machine
 from kernel_model.emu.platform import rdma_host
 
+CAP_LAST_CAP = 40  # linux/capability.h: CAP_CHECKPOINT_RESTORE
 DEFAULTS: dict[str, Any] = {"nr_hcas": 1, "ram_mb": 512, "page_size": 4096, "nr_gpus": 0,
                             "params": {}}
 _ENV = {"PEERMEM_PYVERBS_HCAS": "nr_hcas", "PEERMEM_PYVERBS_RAM_MB": "ram_mb",
@@ -53,12 +54,18 @@ class Host:
         self.proc = self.machine.spawn(
             "python", uid=os.getuid(), cap_ipc_lock=root,
             rlimit_memlock=None if soft == resource.RLIM_INFINITY else soft)
+        if root:  # root's effective set holds every capability (CAP_NET_RAW: RAW QPs)
+            self.proc.task.cred.cap_effective = (1 << (CAP_LAST_CAP + 1)) - 1
         # EMU: the emulated process reads the real process's environment, live
         self.proc.environ = os.environ  # type: ignore[assignment]
 
     def close(self, check_leaks: bool = True) -> None:
         """Exit the process, shut the machine down and (by default) leak-check it."""
-        self.proc.exit(0)
+        if not getattr(self.machine, "leak_check_expected", True):
+            return  # the machine was shut down and checked already (by a test's fixture)
+        self.machine.leak_check_expected = False  # checked here, once
+        if self.proc.alive:
+            self.proc.exit(0)
         if check_leaks:
             self.machine.check_leaks()
         else:
@@ -67,6 +74,12 @@ class Host:
 
 _host: Host | None = None
 _config: dict[str, Any] = {}
+_generation = 0  # how many hosts were built: objects of an older one are gone with it
+
+
+def generation() -> int:
+    """The current host's number (0 before the first)."""
+    return _generation
 
 
 def _parse_params(text: str) -> dict[str, dict[str, Any]]:
@@ -105,10 +118,14 @@ def config() -> dict[str, Any]:
 
 def host() -> Host:
     """The implicit host, built on first use."""
-    global _host
+    global _host, _generation
+    if _host is not None and not getattr(_host.machine, "leak_check_expected", True):
+        _host = None  # shut down and checked from outside (a test's leak-check fixture)
     if _host is None:
+        _generation += 1
         _host = Host(config())
-        atexit.register(shutdown)
+        if _generation == 1:
+            atexit.register(shutdown)
     return _host
 
 
