@@ -140,7 +140,7 @@ def test_top_level_errors_are_one_line(capsys):
                    "peermem: error: unrecognized arguments: extra")
     assert_refused(capsys, ["nosuch"], "peermem: error: argument COMMAND: invalid choice: "
                    "'nosuch' (choose from 'gup-test', 'devinfo', 'write-bw', 'clients', "
-                   "'explore', 'scenarios', 'trace', 'fuzz')")
+                   "'explore', 'scenarios', 'trace', 'fuzz', 'rdma-core-tests')")
 
 
 def test_help_still_prints_the_usage(capsys):
