@@ -8,7 +8,12 @@ runs only when the last of them goes - closing a uverbs fd while its UAR is
 still mapped does not tear the context down, exactly as in the kernel.
 
 EMU: a cdev is named by its /dev path; the dev_t, the device class and udev
-creating the node are folded into that one step.
+creating the node are folded into that one step.  A path that names no device
+is a regular file of one flat in-memory table (path -> inode, ramfs_table):
+open() with O_CREAT makes it, every later open of the path gets the same
+inode.  Such files have no content, directories, permissions or unlink - they
+are there for an inode's identity (ibv_open_xrcd shares an XRC domain by the
+inode of a file the processes open).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ FMODE_READ = 0x1
 FMODE_WRITE = 0x2
 O_ACCMODE = 0o3
 O_RDONLY, O_WRONLY, O_RDWR = 0, 1, 2
+O_CREAT, O_EXCL = 0o100, 0o200
 O_NONBLOCK = 0o4000
 O_CLOEXEC = 0o2000000
 
@@ -87,6 +93,28 @@ def chrdev_table() -> dict[str, cdev]:
     return {}
 
 
+def ramfs_table() -> dict[str, inode]:
+    """The machine's regular files: path -> inode (see the module docstring)."""
+    return {}
+
+
+#: a regular file's operations: none (open, close and fstat-like identity only)
+ramfs_file_operations = file_operations()
+
+
+def _open_regular(path: str, flags: int) -> inode:
+    """The inode of regular file `path`: created with O_CREAT, else ENOENT."""
+    table = current().machine.ramfs
+    ino = table.get(path)
+    if ino is None:
+        if not flags & O_CREAT:
+            raise KernelError(ENOENT, f"do_filp_open: no such device {path}")
+        ino = table[path] = inode(None)
+    elif flags & O_CREAT and flags & O_EXCL:
+        raise KernelError(EEXIST, f"do_filp_open: {path} exists")
+    return ino
+
+
 def cdev_init(cd: cdev, fops: file_operations) -> None:
     """Mirrors cdev_init()."""
     cd.ops = fops
@@ -142,11 +170,11 @@ def fput(f: file) -> None:
 def do_filp_open(path: str, flags: int) -> file:
     """Mirrors do_filp_open() for a device node: find the cdev, ->open."""
     cd = current().machine.chrdevs.get(path)
-    if cd is None:
-        raise KernelError(ENOENT, f"do_filp_open: no such device {path}")
     acc = flags & O_ACCMODE
     mode = (FMODE_READ if acc in (O_RDONLY, O_RDWR) else 0) | (
         FMODE_WRITE if acc in (O_WRONLY, O_RDWR) else 0)
+    if cd is None:
+        return file(ramfs_file_operations, path, _open_regular(path, flags), flags, mode)
     ino = inode(cd)
     f = file(cd.ops, path, ino, flags, mode)
     try_module_get(cd.ops.owner)  # fops_get(): the driver stays loaded while open

@@ -25,9 +25,11 @@ import importlib
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from collections.abc import Iterable
@@ -81,6 +83,20 @@ def fetch_suite(dest: pathlib.Path | None = None, version: str = DEBIAN_VERSION)
     return dest
 
 
+#: a test that runs longer than this is stopped and counted as an error: a suite test
+#: that waits on something that never comes (a child process that died, say) must not
+#: hang the run
+TEST_TIMEOUT_S = 120
+
+
+class TestTimeout(Exception):
+    """A test ran past TEST_TIMEOUT_S."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise TestTimeout(f"the test ran for more than {TEST_TIMEOUT_S} s; stopped")
+
+
 class _Recorder(unittest.TestResult):
     """Every test's outcome, printed as it ends: ok, FAIL, ERROR or skip (reason)."""
 
@@ -88,6 +104,18 @@ class _Recorder(unittest.TestResult):
         super().__init__()
         self.out, self.verbose = out, verbose
         self.outcomes: list[tuple[str, str, str]] = []  # (test id, outcome, detail)
+        self._alarm = threading.current_thread() is threading.main_thread()
+
+    def startTest(self, test: unittest.TestCase) -> None:
+        super().startTest(test)
+        if self._alarm:
+            signal.signal(signal.SIGALRM, _on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        super().stopTest(test)
 
     def _note(self, test: unittest.TestCase, outcome: str, detail: str = "") -> None:
         self.outcomes.append((test.id(), outcome, detail))

@@ -33,15 +33,18 @@ from drivers.ib_core.ib_verbs import (
     IB_GID_TYPE_ROCE,
     IB_GID_TYPE_ROCE_UDP_ENCAP,
     IB_GID_TYPE_SIZE,
+    rdma_end_port,
     rdma_is_port_valid,
     rdma_protocol_roce,
     rdma_protocol_roce_eth_encap,
     rdma_protocol_roce_udp_encap,
+    rdma_start_port,
 )
 from kernel_model.errno import EINVAL, ENODATA, ENOSPC, KernelError
 from kernel_model.locking import mutex_init, spin_lock_init
 from kernel_model.sysfs import sysfs_create_file
 from kernel_model.trace import traced
+from kernel_model.uapi.ib_user_verbs import ib_uverbs_gid_entry
 
 GID_TABLE_ENTRY_INVALID, GID_TABLE_ENTRY_VALID, GID_TABLE_ENTRY_PENDING_DEL = 0, 1, 2
 #: Mirrors gid_type_str[] (what gid_attrs/types/<i> shows)
@@ -155,6 +158,31 @@ def rdma_query_gid(device: Any, port: int, index: int) -> bytes:
         if not _valid(entry):
             raise KernelError(EINVAL, f"rdma_query_gid: no GID at index {index}")
         return entry.attr.gid
+
+
+@traced
+def rdma_query_gid_table(device: Any, max_entries: int) -> list[ib_uverbs_gid_entry]:
+    """Mirrors rdma_query_gid_table(): every valid entry of every port, in port then
+    index order, as ib_uverbs_gid_entry; EINVAL when there are more than max_entries.
+
+    # EMU: netdev_ifindex stays 0 - the model has no net_device behind a GID
+    # (rdma_read_gid_attr_ndev_rcu finds none).
+    """
+    entries: list[ib_uverbs_gid_entry] = []
+    for port in range(rdma_start_port(device), rdma_end_port(device) + 1):
+        table = _table(device, port)
+        with table.rwlock:
+            for entry in table.data_vec:
+                if not _valid(entry):
+                    continue
+                if len(entries) >= max_entries:
+                    raise KernelError(EINVAL, f"rdma_query_gid_table: more than {max_entries} "
+                                      "valid GIDs")
+                attr = entry.attr
+                entries.append(ib_uverbs_gid_entry(gid=attr.gid, gid_index=attr.index,
+                                                   port_num=attr.port_num,
+                                                   gid_type=attr.gid_type))
+    return entries
 
 
 # -- add and delete -------------------------------------------------------------------------

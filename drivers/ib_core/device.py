@@ -33,20 +33,24 @@ from drivers.ib_core.cache import ib_cache_cleanup_one, ib_cache_setup_one, ib_s
 from drivers.ib_core.core_priv import _core  # noqa: F401 - ib_core's globals
 from drivers.ib_core.ib_verbs import (  # noqa: F401 - port helpers re-exported
     RDMA_NODE_IB_CA,
+    ib_ah,
     ib_cq,
     ib_device_attr,
+    ib_mw,
     ib_pd,
     ib_port_immutable,
     ib_qp,
+    ib_srq,
     ib_ucontext,
     ib_udata,
+    ib_xrcd,
     rdma_end_port,
     rdma_is_port_valid,
     rdma_start_port,
 )
 from drivers.ib_core.peer_mem import PeerMemState
 from kernel_model.current import current
-from kernel_model.errno import EEXIST, EINVAL, KernelError
+from kernel_model.errno import EEXIST, EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.sysfs import sysfs_create_file, sysfs_remove_dir
 from kernel_model.trace import traced
 
@@ -66,6 +70,7 @@ class ib_device_ops:
     # device and port
     query_device: Callable | None = None
     query_port: Callable | None = None
+    query_pkey: Callable | None = None
     get_port_immutable: Callable | None = None
     get_link_layer: Callable | None = None
     get_dev_fw_str: Callable | None = None
@@ -80,18 +85,35 @@ class ib_device_ops:
     dealloc_pd: Callable | None = None
     reg_user_mr: Callable | None = None
     reg_user_mr_dmabuf: Callable | None = None
+    rereg_user_mr: Callable | None = None
     dereg_mr: Callable | None = None
+    alloc_mw: Callable | None = None
+    dealloc_mw: Callable | None = None
     create_cq: Callable | None = None
+    resize_cq: Callable | None = None
     destroy_cq: Callable | None = None
     create_qp: Callable | None = None
     modify_qp: Callable | None = None
     query_qp: Callable | None = None
     destroy_qp: Callable | None = None
+    create_srq: Callable | None = None
+    modify_srq: Callable | None = None
+    query_srq: Callable | None = None
+    destroy_srq: Callable | None = None
+    alloc_xrcd: Callable | None = None
+    dealloc_xrcd: Callable | None = None
+    create_ah: Callable | None = None
+    create_user_ah: Callable | None = None
+    destroy_ah: Callable | None = None
     # the RoCE GID table (cache.c)
     add_gid: Callable | None = None
     del_gid: Callable | None = None
     # EMU: stands in for the port's net_device (get_netdev / dev_addr): its MAC
     get_port_mac: Callable | None = None
+    # device memory (ib_uverbs_alloc_dm, ib_uverbs_reg_dm_mr)
+    alloc_dm: Callable | None = None
+    dealloc_dm: Callable | None = None
+    reg_dm_mr: Callable | None = None
     # the driver's ioctl methods: (object_id, method_id) -> uverbs_api_ioctl_method
     # (EMU: the kernel chains uapi definition trees; see uverbs_ioctl.py)
     uapi_methods: dict | None = None
@@ -100,6 +122,10 @@ class ib_device_ops:
     size_ib_pd: type = ib_pd
     size_ib_cq: type = ib_cq
     size_ib_qp: type = ib_qp
+    size_ib_ah: type = ib_ah
+    size_ib_mw: type = ib_mw
+    size_ib_srq: type = ib_srq
+    size_ib_xrcd: type = ib_xrcd
 
 
 # EMU: the kernel consumers' data path (post_send, post_recv, poll_cq, req_notify_cq,
@@ -231,6 +257,26 @@ def _publish_sysfs(device: ib_device) -> None:
         if show is not None:
             sysfs_create_file(f"{base}/{name}", lambda s=show: s() + "\n")
     ib_setup_gid_attrs(device, base)
+    for port, immutable in device.port_data.items():  # the pkeys/ group of setup_port()
+        for i in range(immutable.pkey_tbl_len):
+            sysfs_create_file(f"{base}/ports/{port}/pkeys/{i}",
+                              lambda p=port, i=i: show_port_pkey(device, p, i))
+
+
+@traced
+def ib_query_pkey(device: ib_device, port: int, index: int) -> int:
+    """Mirrors ib_query_pkey(): EINVAL for a port the device lacks, EOPNOTSUPP
+    without ops.query_pkey, else the driver's P_Key at index."""
+    if not rdma_is_port_valid(device, port):
+        raise KernelError(EINVAL, f"ib_query_pkey: {device.name} has no port {port}")
+    if device.ops.query_pkey is None:
+        raise KernelError(EOPNOTSUPP, f"ib_query_pkey: {device.name} has no query_pkey")
+    return device.ops.query_pkey(device, port, index)
+
+
+def show_port_pkey(device: ib_device, port: int, index: int) -> str:
+    """Mirrors show_port_pkey() (sysfs.c): the P_Key as 0x%04x, or the query's error."""
+    return f"0x{ib_query_pkey(device, port, index):04x}\n"
 
 
 @traced

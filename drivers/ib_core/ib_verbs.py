@@ -57,6 +57,10 @@ IB_ACCESS_OPTIONAL = IB_UVERBS_ACCESS_OPTIONAL_RANGE
 IB_ACCESS_SUPPORTED = ((IB_ACCESS_HUGETLB << 1) - 1) | IB_ACCESS_OPTIONAL \
     | IB_ACCESS_FLUSH_GLOBAL | IB_ACCESS_FLUSH_PERSISTENT
 
+# enum ib_mr_rereg_flags (rereg_user_mr: what to change)
+IB_MR_REREG_TRANS, IB_MR_REREG_PD, IB_MR_REREG_ACCESS = 1, 2, 4
+IB_MR_REREG_SUPPORTED = (IB_MR_REREG_ACCESS << 1) - 1
+
 # enum ib_qp_type
 IB_QPT_SMI, IB_QPT_GSI, IB_QPT_RC, IB_QPT_UC, IB_QPT_UD = 0, 1, 2, 3, 4
 IB_QPT_RAW_PACKET = 8
@@ -94,6 +98,7 @@ IB_SIGNAL_ALL_WR, IB_SIGNAL_REQ_WR = 0, 1
 # enum ib_ah_flags, rdma_ah_attr_type, ib_gid_type
 IB_AH_GRH = 1
 RDMA_AH_ATTR_TYPE_UNDEFINED, RDMA_AH_ATTR_TYPE_IB, RDMA_AH_ATTR_TYPE_ROCE = 0, 1, 2
+RDMA_CREATE_AH_SLEEPABLE, RDMA_DESTROY_AH_SLEEPABLE = 1, 1  # enum rdma_create_ah_flags
 IB_GID_TYPE_IB, IB_GID_TYPE_ROCE, IB_GID_TYPE_ROCE_UDP_ENCAP = 0, 1, 2
 IB_GID_TYPE_SIZE = 3
 # enum ib_rate (the ends of the range; mlx5 maps the rest)
@@ -168,6 +173,55 @@ class ib_device_attr:
     max_fast_reg_page_list_len: int = 0
     max_pkeys: int = 0
     local_ca_ack_delay: int = 0
+    # what only the extended QUERY_DEVICE reports
+    odp_caps: ib_odp_caps = attrs.Factory(lambda: ib_odp_caps())
+    timestamp_mask: int = 0
+    hca_core_clock: int = 0  # kHz
+    rss_caps: ib_rss_caps = attrs.Factory(lambda: ib_rss_caps())
+    max_wq_type_rq: int = 0
+    raw_packet_caps: int = 0
+    tm_caps: ib_tm_caps = attrs.Factory(lambda: ib_tm_caps())
+    cq_caps: ib_cq_caps = attrs.Factory(lambda: ib_cq_caps())
+    max_dm_size: int = 0
+
+
+@attrs.define
+class ib_odp_caps:
+    """Mirrors struct ib_odp_caps (general_caps and per_transport_caps, flattened)."""
+
+    general_caps: int = 0
+    rc_odp_caps: int = 0
+    uc_odp_caps: int = 0
+    ud_odp_caps: int = 0
+    xrc_odp_caps: int = 0
+
+
+@attrs.define
+class ib_rss_caps:
+    """Mirrors struct ib_rss_caps."""
+
+    supported_qpts: int = 0
+    max_rwq_indirection_tables: int = 0
+    max_rwq_indirection_table_size: int = 0
+
+
+@attrs.define
+class ib_tm_caps:
+    """Mirrors struct ib_tm_caps."""
+
+    max_rndv_hdr_size: int = 0
+    max_num_tags: int = 0
+    flags: int = 0
+    max_ops: int = 0
+    max_sge: int = 0
+
+
+@attrs.define
+class ib_cq_caps:
+    """Mirrors struct ib_cq_caps."""
+
+    max_cq_moderation_count: int = 0
+    max_cq_moderation_period: int = 0
 
 
 @attrs.define
@@ -295,9 +349,42 @@ class ib_mr:
         self.iova = 0
         self.length = 0
         self.type = 0
+        self.dm: ib_dm | None = None   # a device-memory MR's DM (ib_uverbs_reg_dm_mr)
 
     def __repr__(self) -> str:
         return f"MR lkey={self.lkey:#x} iova={self.iova:#x} len={self.length:#x}"
+
+
+class ib_dm:
+    """Mirrors struct ib_dm: device memory (ibv_alloc_dm); usecnt counts its MRs."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.uobject: Any = None
+        self.length = 0
+        self.flags = 0
+        self.usecnt = atomic_t(0)
+
+    def __repr__(self) -> str:
+        return f"DM {self.device.name} len={self.length:#x} usecnt={self.usecnt.counter}"
+
+
+# enum ib_mw_type
+IB_MW_TYPE_1, IB_MW_TYPE_2 = 1, 2
+
+
+class ib_mw:
+    """Mirrors struct ib_mw (the core allocates the driver's size, alloc_mw fills it)."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.pd: ib_pd | None = None
+        self.uobject: Any = None
+        self.rkey = 0
+        self.type = 0
+
+    def __repr__(self) -> str:
+        return f"MW type {self.type} rkey={self.rkey:#x}"
 
 
 @attrs.define
@@ -317,9 +404,64 @@ class ib_cq:
         self.uobject: Any = None
         self.cqe = 0
         self.usecnt = atomic_t(0)
+        self.comp_handler: Any = None   # called with (cq, cq_context) per completion event
+        self.cq_context: Any = None
 
     def __repr__(self) -> str:
         return f"CQ {self.device.name} cqe={self.cqe} usecnt={self.usecnt.counter}"
+
+
+IB_SRQT_BASIC, IB_SRQT_XRC, IB_SRQT_TM = 0, 1, 2      # enum ib_srq_type
+IB_SRQ_MAX_WR, IB_SRQ_LIMIT = 1 << 0, 1 << 1           # enum ib_srq_attr_mask
+
+
+@attrs.define
+class ib_srq_attr:
+    """Mirrors struct ib_srq_attr."""
+
+    max_wr: int = 0
+    max_sge: int = 0
+    srq_limit: int = 0
+
+
+@attrs.define
+class ib_srq_init_attr:
+    """Mirrors struct ib_srq_init_attr (ext.cq / ext.xrc.xrcd as cq / xrcd)."""
+
+    attr: ib_srq_attr = attrs.Factory(ib_srq_attr)
+    srq_type: int = IB_SRQT_BASIC
+    cq: Any = None
+    xrcd: Any = None
+
+
+class ib_xrcd:
+    """Mirrors struct ib_xrcd: usecnt counts the XRC SRQs and target QPs in it and,
+    for one shared by a file's inode, the handles opened on it."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.inode: Any = None
+        self.usecnt = atomic_t(0)
+
+    def __repr__(self) -> str:
+        return f"XRCD {self.device.name} usecnt={self.usecnt.counter}"
+
+
+class ib_srq:
+    """Mirrors struct ib_srq: usecnt counts the QPs that take receives from it."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.pd: ib_pd | None = None
+        self.uobject: Any = None
+        self.srq_type = IB_SRQT_BASIC
+        self.cq: Any = None           # ext.cq (XRC, TM)
+        self.srq_num = 0              # ext.xrc.srq_num
+        self.xrcd: Any = None         # ext.xrc.xrcd
+        self.usecnt = atomic_t(0)
+
+    def __repr__(self) -> str:
+        return f"SRQ {self.device.name} type={self.srq_type} usecnt={self.usecnt.counter}"
 
 
 @attrs.define
@@ -357,6 +499,7 @@ class ib_qp:
         self.send_cq: ib_cq | None = None
         self.recv_cq: ib_cq | None = None
         self.srq: Any = None
+        self.xrcd: Any = None         # an XRC target QP's domain
         self.uobject: Any = None
         self.qp_num = 0
         self.qp_type = IB_QPT_RC
@@ -366,6 +509,29 @@ class ib_qp:
 
     def __repr__(self) -> str:
         return f"QP {self.qp_num:#x} type={self.qp_type}"
+
+
+class ib_ah:
+    """Mirrors struct ib_ah: an address handle in a PD (the driver's struct embeds it)."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.pd: ib_pd | None = None
+        self.uobject: Any = None
+        self.type = RDMA_AH_ATTR_TYPE_UNDEFINED
+        self.sgid_attr: Any = None    # the source GID entry (held while the AH lives)
+
+    def __repr__(self) -> str:
+        return f"AH {self.device.name} type={self.type}"
+
+
+@attrs.define
+class rdma_ah_init_attr:
+    """Mirrors struct rdma_ah_init_attr: what create_ah / create_user_ah get."""
+
+    ah_attr: Any = None
+    flags: int = 0
+    xmit_slave: Any = None
 
 
 @attrs.define

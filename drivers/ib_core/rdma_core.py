@@ -213,8 +213,11 @@ def uverbs_destroy_uobject(uobj: ib_uobject, why: int, attrs_: uverbs_attr_bundl
 
 
 @traced
-def uobj_perform_destroy(type_: uverbs_obj_type, id_: int, attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors uobj_perform_destroy(): look up for destroy, destroy, or unlock on error."""
+def uobj_perform_destroy(type_: uverbs_obj_type, id_: int,
+                         attrs_: uverbs_attr_bundle) -> ib_uobject:
+    """Mirrors uobj_perform_destroy() (uobj_get_destroy): look up for destroy, destroy,
+    or unlock on error; returns the destroyed uobject (its fields still readable, as
+    until uobj_put_destroy)."""
     ufile = attrs_.ufile
     uobj = rdma_lookup_get_uobject(type_, ufile, id_, UVERBS_LOOKUP_DESTROY, attrs_)
     down_read(ufile.hw_destroy_rwsem)
@@ -225,6 +228,30 @@ def uobj_perform_destroy(type_: uverbs_obj_type, id_: int, attrs_: uverbs_attr_b
         raise
     finally:
         up_read(ufile.hw_destroy_rwsem)
+    return uobj
+
+
+def swap_idr_uobjects(obj_old: ib_uobject, obj_new: ib_uobject) -> None:
+    """Mirrors swap_idr_uobjects(): obj_new (allocated, not committed) takes obj_old's
+    handle; obj_old stays in the table under obj_new's reserved one, so it can be
+    destroyed as usual.  obj_new must still be committed."""
+    ufile = obj_old.ufile
+    ufile.idr[obj_old.id] = None            # xa_cmpxchg(old -> XA_ZERO_ENTRY): reserved
+    obj_old.id, obj_new.id = obj_new.id, obj_old.id
+    ufile.idr[obj_old.id] = obj_old
+
+
+@traced
+def rdma_assign_uobject(to_uobj: ib_uobject, new_uobj: ib_uobject,
+                        attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors rdma_assign_uobject(): new_uobj replaces to_uobj behind its handle, then
+    to_uobj (and its hardware object) is destroyed.  If that destroy fails the old
+    uobject stays valid under its new handle until the file is closed."""
+    swap_idr_uobjects(to_uobj, new_uobj)
+    try:
+        uverbs_destroy_uobject(to_uobj, RDMA_REMOVE_DESTROY, attrs_)
+    except KernelError:
+        pass            # "we leak it until context close"
 
 
 def _cleanup_pass(ufile: Any, reason: int) -> bool:

@@ -51,7 +51,7 @@ from kernel_model.dma import (
     dma_map_sgtable,
     dma_unmap_sgtable,
 )
-from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOPNOTSUPP, EPERM, KernelError
+from kernel_model.errno import EACCES, EFAULT, EINVAL, ENOMEM, EOPNOTSUPP, EPERM, KernelError
 from kernel_model.gup import (
     FOLL_LONGTERM,
     FOLL_WRITE,
@@ -85,6 +85,8 @@ from drivers.ib_core.ib_verbs import (  # noqa: E402,F401 - re-exported for call
     IB_ACCESS_REMOTE_ATOMIC,
     IB_ACCESS_REMOTE_READ,
     IB_ACCESS_REMOTE_WRITE,
+    IB_MR_REREG_ACCESS,
+    IB_MR_REREG_TRANS,
     IB_ZERO_BASED,
     ib_access_writable,
 )
@@ -314,6 +316,18 @@ def ib_umem_release(umem: ib_umem | None) -> None:
     mm = umem.owning_mm
     _refund_pinned_vm(umem, mm)
     mmdrop(mm)
+
+
+def ib_umem_check_rereg(umem: ib_umem | None, flags: int, new_access_flags: int) -> None:
+    """Mirrors ib_umem_check_rereg() (upstream badad6fad60d): a rereg that keeps the
+    umem (ACCESS without TRANS) may not make a read-only pinning writable - the
+    pages were pinned without FOLL_WRITE: EACCES.  No umem (nothing to keep): fine."""
+    if umem is None:
+        return
+    if flags & IB_MR_REREG_ACCESS and not flags & IB_MR_REREG_TRANS and \
+            ib_access_writable(new_access_flags) and not umem.writable:
+        raise KernelError(EACCES, "ib_umem_check_rereg: writable access over a read-only "
+                          "pinning")
 
 
 # -- iter.c / ib_umem.h: the DMA block iterator ----------------------------------------

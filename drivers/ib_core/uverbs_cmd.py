@@ -17,6 +17,12 @@ from drivers.ib_core.device import rdma_is_port_valid, rdma_zalloc_drv_obj
 from drivers.ib_core.ib_verbs import (
     IB_AH_GRH,
     IB_LINK_LAYER_ETHERNET,
+    IB_MR_REREG_ACCESS,
+    IB_MR_REREG_PD,
+    IB_MR_REREG_SUPPORTED,
+    IB_MR_REREG_TRANS,
+    IB_MW_TYPE_1,
+    IB_MW_TYPE_2,
     IB_QP_ACCESS_FLAGS,
     IB_QP_ALT_PATH,
     IB_QP_ATTR_STANDARD_BITS,
@@ -44,45 +50,75 @@ from drivers.ib_core.ib_verbs import (
     IB_QPT_XRC_INI,
     IB_QPT_XRC_TGT,
     IB_SIGNAL_ALL_WR,
+    IB_SRQ_LIMIT,
+    IB_SRQT_BASIC,
+    IB_SRQT_TM,
+    IB_SRQT_XRC,
     ib_check_mr_access,
     ib_copy_from_udata,
     ib_cq_init_attr,
+    ib_device_attr,
     ib_global_route,
+    ib_is_udata_cleared,
     ib_port_attr,
     ib_qp_attr,
     ib_qp_cap,
     ib_qp_init_attr,
     ib_respond_udata,
+    ib_srq_attr,
+    ib_srq_init_attr,
     rdma_ah_attr,
     rdma_ah_find_type,
 )
 from drivers.ib_core.rdma_core import (
+    UVERBS_LOOKUP_DESTROY,
     UVERBS_LOOKUP_READ,
+    UVERBS_LOOKUP_WRITE,
     ib_uverbs_get_ucontext_file,
+    rdma_alloc_abort_uobject,
     rdma_alloc_begin_uobject,
+    rdma_alloc_commit_uobject,
+    rdma_assign_uobject,
     rdma_lookup_get_uobject,
     rdma_lookup_put_uobject,
     uobj_finalize_uobj_create,
     uobj_perform_destroy,
     uverbs_attr_bundle,
 )
+from drivers.ib_core.uverbs_comp_event import (
+    ib_uverbs_alloc_comp_event_file,
+    ib_uverbs_comp_handler,
+    ib_uverbs_init_ucq,
+    ib_uverbs_lookup_comp_file,
+    ib_uverbs_release_ucq,
+)
 from drivers.ib_core.uverbs_std_types import (
+    UVERBS_OBJECT_AH,
     UVERBS_OBJECT_CQ,
     UVERBS_OBJECT_MR,
+    UVERBS_OBJECT_MW,
     UVERBS_OBJECT_PD,
     UVERBS_OBJECT_QP,
+    UVERBS_OBJECT_SRQ,
+    UVERBS_OBJECT_XRCD,
 )
 from drivers.ib_core.uverbs_std_types_async_fd import ib_uverbs_alloc_async_event_file
 from drivers.ib_core.verbs import (
+    IB_MR_TYPE_USER,
+    ib_alloc_xrcd_user,
     ib_create_qp_user,
+    ib_create_srq_user,
     ib_modify_qp_with_udata,
     ib_query_port,
     ib_query_qp,
     ib_reg_user_mr,
+    rdma_create_user_ah,
     rdma_port_get_link_layer,
 )
 from kernel_model.current import current
-from kernel_model.errno import EINVAL, EOPNOTSUPP, EPERM, KernelError
+from kernel_model.errno import EAGAIN, EBADF, EINVAL, EOPNOTSUPP, EPERM, KernelError
+from kernel_model.fs import O_CREAT, O_EXCL, fput
+from kernel_model.refcount import atomic_dec, atomic_inc, atomic_t
 from kernel_model.task import CAP_NET_RAW, capable
 from kernel_model.trace import traced
 from kernel_model.uapi import ib_user_verbs as uv
@@ -94,7 +130,11 @@ IB_UVERBS_QPF_GRH_REQUIRED = 1 << 0  # ib_uverbs_query_port_flags
 
 
 def uverbs_request(attrs_: uverbs_attr_bundle, cls: type[T]) -> T:
-    """Mirrors uverbs_request(): copy the core request (shorter: zero-filled)."""
+    """Mirrors uverbs_request(): copy the core request (shorter: zero-filled; longer:
+    the bytes past it must be zero, EOPNOTSUPP otherwise)."""
+    if attrs_.ucore.inlen > cls.SIZE and \
+            not ib_is_udata_cleared(attrs_.ucore, cls.SIZE, attrs_.ucore.inlen - cls.SIZE):
+        raise KernelError(EOPNOTSUPP, f"uverbs_request: non-zero bytes past {cls.__name__}")
     return ib_copy_from_udata(cls, attrs_.ucore, min(attrs_.ucore.inlen, cls.SIZE))
 
 
@@ -146,14 +186,9 @@ def ib_uverbs_get_context(attrs_: uverbs_attr_bundle) -> None:
         ufile.ucontext = ucontext
 
 
-@traced
-def ib_uverbs_query_device(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_query_device(): the attributes cached at registration."""
-    ucontext = ib_uverbs_get_ucontext_file(attrs_.ufile)
-    uverbs_request(attrs_, uv.ib_uverbs_query_device)
-    ib_dev = ucontext.device
-    a = ib_dev.attrs
-    uverbs_response(attrs_, uv.ib_uverbs_query_device_resp(  # copy_query_dev_fields()
+def copy_query_dev_fields(ib_dev: Any, a: Any) -> uv.ib_uverbs_query_device_resp:
+    """Mirrors copy_query_dev_fields(): the legacy response from ib_device_attr."""
+    return uv.ib_uverbs_query_device_resp(
         fw_ver=a.fw_ver, node_guid=ib_dev.node_guid, sys_image_guid=a.sys_image_guid,
         max_mr_size=a.max_mr_size, page_size_cap=a.page_size_cap, vendor_id=a.vendor_id,
         vendor_part_id=a.vendor_part_id, hw_ver=a.hw_ver, max_qp=a.max_qp,
@@ -169,7 +204,56 @@ def ib_uverbs_query_device(attrs_: uverbs_attr_bundle) -> None:
         max_total_mcast_qp_attach=a.max_total_mcast_qp_attach, max_ah=a.max_ah,
         max_srq=a.max_srq, max_srq_wr=a.max_srq_wr, max_srq_sge=a.max_srq_sge,
         max_pkeys=a.max_pkeys, local_ca_ack_delay=a.local_ca_ack_delay,
-        phys_port_cnt=ib_dev.phys_port_cnt))
+        phys_port_cnt=ib_dev.phys_port_cnt)
+
+
+@traced
+def ib_uverbs_query_device(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_query_device(): the attributes cached at registration."""
+    ucontext = ib_uverbs_get_ucontext_file(attrs_.ufile)
+    uverbs_request(attrs_, uv.ib_uverbs_query_device)
+    ib_dev = ucontext.device
+    uverbs_response(attrs_, copy_query_dev_fields(ib_dev, ib_dev.attrs))
+
+
+@traced
+def ib_uverbs_ex_query_device(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_ex_query_device(): EINVAL for a comp_mask or reserved bit;
+    the driver is asked afresh (ops.query_device with the driver udata), and the
+    response is the legacy one plus the extended capabilities, response_length
+    saying how much of it the caller's buffer took."""
+    ucontext = ib_uverbs_get_ucontext_file(attrs_.ufile)
+    ib_dev = ucontext.device
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_ex_query_device)
+    if cmd.comp_mask:
+        raise KernelError(EINVAL, f"ib_uverbs_ex_query_device: comp_mask {cmd.comp_mask:#x}")
+    if cmd.reserved:
+        raise KernelError(EINVAL, "ib_uverbs_ex_query_device: reserved field set")
+    a = ib_device_attr()
+    ib_dev.ops.query_device(ib_dev, a, attrs_.driver_udata)
+    odp = a.odp_caps
+    resp = uv.ib_uverbs_ex_query_device_resp(
+        base=copy_query_dev_fields(ib_dev, a),
+        odp_caps=uv.ib_uverbs_odp_caps(general_caps=odp.general_caps,
+                                       rc_odp_caps=odp.rc_odp_caps,
+                                       uc_odp_caps=odp.uc_odp_caps,
+                                       ud_odp_caps=odp.ud_odp_caps),
+        xrc_odp_caps=odp.xrc_odp_caps, timestamp_mask=a.timestamp_mask,
+        hca_core_clock=a.hca_core_clock, device_cap_flags_ex=a.device_cap_flags,
+        rss_caps=uv.ib_uverbs_rss_caps(
+            supported_qpts=a.rss_caps.supported_qpts,
+            max_rwq_indirection_tables=a.rss_caps.max_rwq_indirection_tables,
+            max_rwq_indirection_table_size=a.rss_caps.max_rwq_indirection_table_size),
+        max_wq_type_rq=a.max_wq_type_rq, raw_packet_caps=a.raw_packet_caps,
+        tm_caps=uv.ib_uverbs_tm_caps(
+            max_rndv_hdr_size=a.tm_caps.max_rndv_hdr_size, max_num_tags=a.tm_caps.max_num_tags,
+            max_ops=a.tm_caps.max_ops, max_sge=a.tm_caps.max_sge, flags=a.tm_caps.flags),
+        cq_moderation_caps=uv.ib_uverbs_cq_moderation_caps(
+            max_cq_moderation_count=a.cq_caps.max_cq_moderation_count,
+            max_cq_moderation_period=a.cq_caps.max_cq_moderation_period),
+        max_dm_size=a.max_dm_size)
+    resp.response_length = min(attrs_.ucore.outlen, resp.SIZE)  # uverbs_response_length()
+    uverbs_response(attrs_, resp)
 
 
 @traced
@@ -246,70 +330,270 @@ def ib_uverbs_dereg_mr(attrs_: uverbs_attr_bundle) -> None:
     uobj_perform_destroy(UVERBS_OBJECT_MR, cmd.mr_handle, attrs_)
 
 
+@traced
+def ib_uverbs_rereg_mr(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_rereg_mr(): change an MR's translation, PD and/or access.
+
+    EINVAL for no flags, EOPNOTSUPP for unknown ones, EINVAL for TRANS when start
+    and hca_va do not share their page offset; the MR handle's lookup errors
+    (ENOENT, EINVAL for another type, EBUSY while in use); ib_check_mr_access's
+    errors for ACCESS; EINVAL for a bad PD handle; the driver's errors.  The driver
+    changes the MR in place (ops.rereg_user_mr returns None) or returns a new MR,
+    which takes over the handle (a new uobject in the old one's slot) while the old
+    MR is deregistered.  (A device-memory MR - EINVAL - is not modelled.)
+    """
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_rereg_mr)
+    if not cmd.flags:
+        raise KernelError(EINVAL, "ib_uverbs_rereg_mr: no flags")
+    if cmd.flags & ~IB_MR_REREG_SUPPORTED:
+        raise KernelError(EOPNOTSUPP, f"ib_uverbs_rereg_mr: unknown flags {cmd.flags:#x}")
+    page_mask = current().machine.page_size - 1
+    if cmd.flags & IB_MR_REREG_TRANS and cmd.start & page_mask != cmd.hca_va & page_mask:
+        raise KernelError(EINVAL, "ib_uverbs_rereg_mr: start and hca_va page offsets differ")
+    # uobj_get_write()
+    uobj = rdma_lookup_get_uobject(UVERBS_OBJECT_MR, attrs_.ufile, cmd.mr_handle,
+                                   UVERBS_LOOKUP_WRITE, attrs_)
+    try:
+        mr = uobj.object
+        if cmd.flags & IB_MR_REREG_ACCESS:
+            ib_check_mr_access(mr.device, cmd.access_flags)
+        orig_pd = mr.pd
+        pd_uobj = None
+        if cmd.flags & IB_MR_REREG_PD:
+            pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle,
+                                        "ib_uverbs_rereg_mr")
+            new_pd = pd_uobj.object
+        else:
+            new_pd = mr.pd
+        try:
+            # the driver may create a new hardware object: a uobject ready to hold it
+            new_uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_MR, attrs_)
+            try:
+                ib_dev = new_uobj.context.device
+                new_mr = ib_dev.ops.rereg_user_mr(mr, cmd.flags, cmd.start, cmd.length,
+                                                  cmd.hca_va, cmd.access_flags, new_pd,
+                                                  attrs_.driver_udata)
+                if new_mr is not None:
+                    new_mr.device, new_mr.pd = new_pd.device, new_pd
+                    new_mr.type, new_mr.uobject = IB_MR_TYPE_USER, uobj
+                    atomic_inc(new_pd.usecnt)
+                    new_mr.iova = cmd.hca_va
+                    new_uobj.object = new_mr
+                    # the new uobject takes the old one's handle; the old MR is destroyed
+                    rdma_assign_uobject(uobj, new_uobj, attrs_)
+                    rdma_alloc_commit_uobject(new_uobj, attrs_)
+                    rdma_lookup_put_uobject(uobj, UVERBS_LOOKUP_DESTROY)   # uobj_put_destroy
+                    new_uobj = uobj = None
+                    mr = new_mr
+                else:
+                    if cmd.flags & IB_MR_REREG_PD:
+                        atomic_dec(orig_pd.usecnt)
+                        mr.pd = new_pd
+                        atomic_inc(new_pd.usecnt)
+                    if cmd.flags & IB_MR_REREG_TRANS:
+                        mr.iova = cmd.hca_va
+                uverbs_response(attrs_, uv.ib_uverbs_rereg_mr_resp(lkey=mr.lkey, rkey=mr.rkey))
+            finally:
+                if new_uobj is not None:
+                    rdma_alloc_abort_uobject(new_uobj, attrs_)
+        finally:
+            if pd_uobj is not None:
+                rdma_lookup_put_uobject(pd_uobj, UVERBS_LOOKUP_READ)
+    finally:
+        if uobj is not None:
+            rdma_lookup_put_uobject(uobj, UVERBS_LOOKUP_WRITE)
+
+
+@traced
+def ib_uverbs_alloc_mw(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_alloc_mw(): a memory window of type 1 or 2 in the PD.
+
+    EINVAL for a bad PD handle or another type; the driver's errors (EOPNOTSUPP
+    from a device without alloc_mw)."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_alloc_mw)
+    uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_MW, attrs_)
+    uobj_finalize_uobj_create(uobj, attrs_)          # the write path aborts it on error
+    ib_dev = uobj.context.device
+    pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle, "ib_uverbs_alloc_mw")
+    try:
+        pd = pd_uobj.object
+        if cmd.mw_type not in (IB_MW_TYPE_1, IB_MW_TYPE_2):
+            raise KernelError(EINVAL, f"ib_uverbs_alloc_mw: memory window type {cmd.mw_type}")
+        if ib_dev.ops.alloc_mw is None:
+            raise KernelError(EOPNOTSUPP, "ib_uverbs_alloc_mw: no alloc_mw")
+        mw = rdma_zalloc_drv_obj(ib_dev, "ib_mw")
+        mw.device, mw.pd, mw.uobject, mw.type = ib_dev, pd, uobj, cmd.mw_type
+        ib_dev.ops.alloc_mw(mw, attrs_.driver_udata)
+        atomic_inc(pd.usecnt)
+        uobj.object = mw
+    finally:
+        rdma_lookup_put_uobject(pd_uobj, UVERBS_LOOKUP_READ)
+    uverbs_response(attrs_, uv.ib_uverbs_alloc_mw_resp(mw_handle=uobj.id, rkey=mw.rkey))
+
+
+@traced
+def ib_uverbs_dealloc_mw(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_dealloc_mw()."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_dealloc_mw)
+    uobj_perform_destroy(UVERBS_OBJECT_MW, cmd.mw_handle, attrs_)
+
+
 # -- CQ ----------------------------------------------------------------------------
 @traced
-def ib_uverbs_create_cq(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_create_cq() -> create_cq().
+def ib_uverbs_create_comp_channel(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_create_comp_channel(): a new completion event file; its fd
+    is the response."""
+    uverbs_request(attrs_, uv.ib_uverbs_create_comp_channel)
+    ib_uverbs_get_ucontext_file(attrs_.ufile)
+    fd = ib_uverbs_alloc_comp_event_file(attrs_.ufile)
+    try:
+        uverbs_response(attrs_, uv.ib_uverbs_create_comp_channel_resp(fd=fd))
+    except KernelError:
+        current().files.close_fd(fd)
+        raise
 
-    EMU: completion channels are not modelled; comp_channel must be -1.
-    """
-    cmd = uverbs_request(attrs_, uv.ib_uverbs_create_cq)
+
+@traced
+def create_cq(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_ex_create_cq) -> Any:
+    """Mirrors create_cq(): EINVAL for a comp_vector beyond the device's; the channel
+    (EBADF for an fd that is none); ops.create_cq with the flags; the CQ reports
+    completion events to ib_uverbs_comp_handler.  Returns the new CQ."""
     ufile = attrs_.ufile
     if cmd.comp_vector >= ufile.device.num_comp_vectors:
         raise KernelError(EINVAL, f"create_cq: comp_vector {cmd.comp_vector} out of range")
-    if cmd.comp_channel >= 0:
-        raise KernelError(EINVAL, "create_cq: completion channels are not supported")
     uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_CQ, attrs_)
     uobj_finalize_uobj_create(uobj, attrs_)
-    uobj.user_handle = cmd.user_handle
-    ib_dev = uobj.context.device
-    cq = rdma_zalloc_drv_obj(ib_dev, "ib_cq")
-    cq.uobject = uobj
-    ib_dev.ops.create_cq(cq, ib_cq_init_attr(cqe=cmd.cqe, comp_vector=cmd.comp_vector),
-                         attrs_.driver_udata)
+    ev_file = None
+    if cmd.comp_channel >= 0:
+        ev_file = ib_uverbs_lookup_comp_file(cmd.comp_channel, ufile)
+    ib_uverbs_init_ucq(uobj, ev_file)
+    try:
+        uobj.user_handle = cmd.user_handle
+        ib_dev = uobj.context.device
+        cq = rdma_zalloc_drv_obj(ib_dev, "ib_cq")
+        cq.uobject = uobj
+        cq.comp_handler = ib_uverbs_comp_handler
+        cq.cq_context = ev_file.ev_queue if ev_file is not None else None
+        ib_dev.ops.create_cq(cq, ib_cq_init_attr(cqe=cmd.cqe, comp_vector=cmd.comp_vector,
+                                                 flags=cmd.flags), attrs_.driver_udata)
+    except BaseException:
+        ib_uverbs_release_ucq(uobj)                                      # err_file:
+        raise
     uobj.object = cq
-    uverbs_response(attrs_, uv.ib_uverbs_create_cq_resp(cq_handle=uobj.id, cqe=cq.cqe))
+    return cq
+
+
+@traced
+def ib_uverbs_create_cq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_create_cq(): the legacy request as an extended one, create_cq."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_create_cq)
+    cq = create_cq(attrs_, uv.ib_uverbs_ex_create_cq(
+        user_handle=cmd.user_handle, cqe=cmd.cqe, comp_vector=cmd.comp_vector,
+        comp_channel=cmd.comp_channel))
+    uverbs_response(attrs_, uv.ib_uverbs_create_cq_resp(cq_handle=cq.uobject.id, cqe=cq.cqe))
+
+
+@traced
+def ib_uverbs_ex_create_cq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_ex_create_cq(): EINVAL for a comp_mask or reserved bits, then
+    create_cq with the flags; the response says how much of it the buffer took."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_ex_create_cq)
+    if cmd.comp_mask:
+        raise KernelError(EINVAL, f"ib_uverbs_ex_create_cq: comp_mask {cmd.comp_mask:#x}")
+    if cmd.reserved:
+        raise KernelError(EINVAL, "ib_uverbs_ex_create_cq: reserved field set")
+    cq = create_cq(attrs_, cmd)
+    resp = uv.ib_uverbs_ex_create_cq_resp(
+        base=uv.ib_uverbs_create_cq_resp(cq_handle=cq.uobject.id, cqe=cq.cqe))
+    resp.response_length = min(attrs_.ucore.outlen, resp.SIZE)  # uverbs_response_length()
+    uverbs_response(attrs_, resp)
+
+
+@traced
+def ib_uverbs_resize_cq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_resize_cq(): EINVAL for a bad handle; ops.resize_cq
+    (EOPNOTSUPP without one); the CQ's new size is the response."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_resize_cq)
+    cq_uobj = uobj_get_obj_read(UVERBS_OBJECT_CQ, attrs_, cmd.cq_handle,
+                                "ib_uverbs_resize_cq")
+    try:
+        cq = cq_uobj.object
+        if cq.device.ops.resize_cq is None:
+            raise KernelError(EOPNOTSUPP, "ib_uverbs_resize_cq: no resize_cq")
+        cq.device.ops.resize_cq(cq, cmd.cqe, attrs_.driver_udata)
+        uverbs_response(attrs_, uv.ib_uverbs_resize_cq_resp(cqe=cq.cqe))
+    finally:
+        rdma_lookup_put_uobject(cq_uobj, UVERBS_LOOKUP_READ)
 
 
 @traced
 def ib_uverbs_destroy_cq(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_destroy_cq(): EBUSY while QPs are attached."""
+    """Mirrors ib_uverbs_destroy_cq(): EBUSY while QPs are attached; the response
+    counts the completion events read() reported, which the library waits to see
+    acknowledged."""
     cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_cq)
-    uobj_perform_destroy(UVERBS_OBJECT_CQ, cmd.cq_handle, attrs_)
-    uverbs_response(attrs_, uv.ib_uverbs_destroy_cq_resp())
+    uobj = uobj_perform_destroy(UVERBS_OBJECT_CQ, cmd.cq_handle, attrs_)
+    uverbs_response(attrs_, uv.ib_uverbs_destroy_cq_resp(
+        comp_events_reported=uobj.comp_events_reported,
+        async_events_reported=uobj.async_events_reported))
 
 
 # -- QP ----------------------------------------------------------------------------
 @traced
 def ib_uverbs_create_qp(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_create_qp() -> create_qp(): look up the PD and CQs
-    (read-locked for the duration), ops.create_qp, report the real caps.
-
-    EMU: SRQs and XRC are not modelled (EOPNOTSUPP).
+    """Mirrors ib_uverbs_create_qp() -> create_qp(): an XRC target QP names its XRC
+    domain in pd_handle (EINVAL for a bad handle) and nothing else; any other QP
+    its PD, the SRQ (is_srq: EINVAL for a bad handle or an XRC SRQ; an XRC
+    initiator has no receive side) and the CQs (read-locked for the duration);
+    ops.create_qp, report the real caps.  The domain's handle counts the target QP.
     """
     cmd = uverbs_request(attrs_, uv.ib_uverbs_create_qp)
     if cmd.qp_type == IB_QPT_RAW_PACKET and not capable(CAP_NET_RAW):
         raise KernelError(EPERM, "create_qp: RAW_PACKET QP needs CAP_NET_RAW")
-    if cmd.is_srq or cmd.qp_type in (IB_QPT_XRC_INI, IB_QPT_XRC_TGT):
-        raise KernelError(EOPNOTSUPP, "create_qp: SRQ and XRC QPs are not modelled")
     uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_QP, attrs_)
     uobj_finalize_uobj_create(uobj, attrs_)
     uobj.user_handle = cmd.user_handle
     held = []
+    if cmd.qp_type == IB_QPT_XRC_TGT:
+        xrcd_uobj = uobj_get_obj_read(UVERBS_OBJECT_XRCD, attrs_, cmd.pd_handle, "create_qp")
+        try:
+            attr = ib_qp_init_attr(qp_type=cmd.qp_type, xrcd=xrcd_uobj.object,
+                                   sq_sig_type=0 if cmd.sq_sig_all else 1)
+            qp = ib_create_qp_user(xrcd_uobj.object.device, None, attr, None, uobj)
+            uobj.object = qp
+            uobj.uxrcd = xrcd_uobj
+            atomic_inc(xrcd_uobj.refcnt)
+        finally:
+            rdma_lookup_put_uobject(xrcd_uobj, UVERBS_LOOKUP_READ)
+        uverbs_response(attrs_, uv.ib_uverbs_create_qp_resp(qp_handle=uobj.id, qpn=qp.qp_num))
+        return
+    if cmd.qp_type == IB_QPT_XRC_INI:
+        cmd.max_recv_wr = cmd.max_recv_sge = 0
     try:
         pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle, "create_qp")
         held.append(pd_uobj)
+        srq = None
+        if cmd.is_srq and cmd.qp_type != IB_QPT_XRC_INI:
+            srq_uobj = uobj_get_obj_read(UVERBS_OBJECT_SRQ, attrs_, cmd.srq_handle,
+                                         "create_qp")
+            held.append(srq_uobj)
+            srq = srq_uobj.object
+            if srq.srq_type == IB_SRQT_XRC:
+                raise KernelError(EINVAL, "create_qp: an XRC SRQ serves XRC QPs only")
         scq_uobj = uobj_get_obj_read(UVERBS_OBJECT_CQ, attrs_, cmd.send_cq_handle,
                                      "create_qp")
         held.append(scq_uobj)
-        if cmd.recv_cq_handle != cmd.send_cq_handle:
+        if cmd.qp_type == IB_QPT_XRC_INI:
+            rcq_uobj = None
+        elif cmd.recv_cq_handle != cmd.send_cq_handle:
             rcq_uobj = uobj_get_obj_read(UVERBS_OBJECT_CQ, attrs_, cmd.recv_cq_handle,
                                          "create_qp")
             held.append(rcq_uobj)
         else:
             rcq_uobj = scq_uobj
         attr = ib_qp_init_attr(
-            send_cq=scq_uobj.object, recv_cq=rcq_uobj.object, qp_type=cmd.qp_type,
+            send_cq=scq_uobj.object, recv_cq=rcq_uobj.object if rcq_uobj else None, srq=srq,
+            qp_type=cmd.qp_type,
             sq_sig_type=0 if cmd.sq_sig_all else 1,
             cap=ib_qp_cap(cmd.max_send_wr, cmd.max_recv_wr, cmd.max_send_sge,
                           cmd.max_recv_sge, cmd.max_inline_data))
@@ -332,6 +616,205 @@ def ib_uverbs_destroy_qp(attrs_: uverbs_attr_bundle) -> None:
     cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_qp)
     uobj_perform_destroy(UVERBS_OBJECT_QP, cmd.qp_handle, attrs_)
     uverbs_response(attrs_, uv.ib_uverbs_destroy_qp_resp())
+
+
+# -- XRC domains -------------------------------------------------------------------
+@traced
+def ib_uverbs_open_xrcd(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_open_xrcd(): fd -1 is a private XRC domain; otherwise the
+    domain shared by the file's inode (EBADF for an fd that is none): an existing
+    one (EINVAL with O_EXCL) or, with O_CREAT, a new one entered in the device's
+    inode table (EAGAIN without).  Each handle on a shared domain counts one use."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_open_xrcd)
+    dev = attrs_.ufile.device
+    # EMU: the handle is reserved before xrcd_tree_mutex is taken: the kernel takes
+    # hw_destroy_rwsem with a trylock inside it, the model's down_read would order
+    # the two locks against uverbs_free_xrcd's.  A failure aborts the handle either way.
+    uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_XRCD, attrs_)
+    uobj_finalize_uobj_create(uobj, attrs_)
+    uobj.refcnt = atomic_t(0)
+    with dev.xrcd_tree_mutex:
+        inode, xrcd = None, None
+        if cmd.fd != 0xFFFFFFFF:
+            try:
+                f = current().files.fget(cmd.fd)
+            except KernelError:
+                raise KernelError(EBADF, f"ib_uverbs_open_xrcd: fd {cmd.fd}") from None
+            inode = f.f_inode
+            fput(f)
+            entry = dev.xrcd_tree.get(id(inode))
+            xrcd = entry[1] if entry is not None else None
+            if xrcd is None and not cmd.oflags & O_CREAT:
+                raise KernelError(EAGAIN, "ib_uverbs_open_xrcd: no XRCD for this file "
+                                  "and no O_CREAT")
+            if xrcd is not None and cmd.oflags & O_EXCL:
+                raise KernelError(EINVAL, "ib_uverbs_open_xrcd: O_EXCL and the file's "
+                                  "XRCD exists")
+        if xrcd is None:
+            xrcd = ib_alloc_xrcd_user(uobj.context.device, inode, attrs_.driver_udata)
+            if inode is not None:
+                dev.xrcd_tree[id(inode)] = (inode, xrcd)    # xrcd_table_insert
+        if inode is not None:
+            atomic_inc(xrcd.usecnt)
+        uobj.object = xrcd
+    uverbs_response(attrs_, uv.ib_uverbs_open_xrcd_resp(xrcd_handle=uobj.id))
+
+
+@traced
+def ib_uverbs_close_xrcd(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_close_xrcd(): EBUSY while XRC SRQs or target QPs made
+    through the handle live."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_close_xrcd)
+    uobj_perform_destroy(UVERBS_OBJECT_XRCD, cmd.xrcd_handle, attrs_)
+
+
+# -- SRQ ---------------------------------------------------------------------------
+@traced
+def __uverbs_create_xsrq(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_create_xsrq) -> None:
+    """Mirrors __uverbs_create_xsrq(): an XRC SRQ's domain (EINVAL for a bad
+    handle; the handle counts one user more) and CQ; the PD (EINVAL for a bad
+    handle); ops.create_srq with the requested sizes, the new handle and the
+    real sizes in the response (the SRQ number for an XRC SRQ only).
+
+    EMU: tag-matching SRQs are not modelled (EOPNOTSUPP).
+    """
+    if cmd.srq_type == IB_SRQT_TM:
+        raise KernelError(EOPNOTSUPP, "__uverbs_create_xsrq: tag-matching SRQs are not "
+                          "modelled")
+    if cmd.srq_type not in (IB_SRQT_BASIC, IB_SRQT_XRC):
+        raise KernelError(EINVAL, f"__uverbs_create_xsrq: SRQ type {cmd.srq_type}")
+    uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_SRQ, attrs_)
+    uobj_finalize_uobj_create(uobj, attrs_)
+    uobj.user_handle = cmd.user_handle
+    attr = ib_srq_init_attr(attr=ib_srq_attr(cmd.max_wr, cmd.max_sge, cmd.srq_limit),
+                            srq_type=cmd.srq_type)
+    held = []
+    try:
+        xrcd_uobj = None
+        if cmd.srq_type == IB_SRQT_XRC:
+            xrcd_uobj = uobj_get_obj_read(UVERBS_OBJECT_XRCD, attrs_, cmd.xrcd_handle,
+                                          "__uverbs_create_xsrq")
+            held.append(xrcd_uobj)
+            attr.xrcd = xrcd_uobj.object
+            cq_uobj = uobj_get_obj_read(UVERBS_OBJECT_CQ, attrs_, cmd.cq_handle,
+                                        "__uverbs_create_xsrq")
+            held.append(cq_uobj)
+            attr.cq = cq_uobj.object
+        pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle,
+                                    "__uverbs_create_xsrq")
+        held.append(pd_uobj)
+        srq = ib_create_srq_user(pd_uobj.object, attr, attrs_.driver_udata, uobj)
+        uobj.object = srq
+        if xrcd_uobj is not None:
+            uobj.uxrcd = xrcd_uobj
+            atomic_inc(xrcd_uobj.refcnt)
+    finally:
+        for h in held:
+            rdma_lookup_put_uobject(h, UVERBS_LOOKUP_READ)
+    uverbs_response(attrs_, uv.ib_uverbs_create_srq_resp(
+        srq_handle=uobj.id, max_wr=attr.attr.max_wr, max_sge=attr.attr.max_sge,
+        srqn=srq.srq_num if cmd.srq_type == IB_SRQT_XRC else 0))
+
+
+@traced
+def ib_uverbs_create_srq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_create_srq(): a basic SRQ through __uverbs_create_xsrq."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_create_srq)
+    __uverbs_create_xsrq(attrs_, uv.ib_uverbs_create_xsrq(
+        response=cmd.response, user_handle=cmd.user_handle, srq_type=IB_SRQT_BASIC,
+        pd_handle=cmd.pd_handle, max_wr=cmd.max_wr, max_sge=cmd.max_sge,
+        srq_limit=cmd.srq_limit))
+
+
+@traced
+def ib_uverbs_create_xsrq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_create_xsrq(): __uverbs_create_xsrq with the type given."""
+    __uverbs_create_xsrq(attrs_, uverbs_request(attrs_, uv.ib_uverbs_create_xsrq))
+
+
+@traced
+def ib_uverbs_modify_srq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_modify_srq(): EINVAL for mask bits past IB_SRQ_LIMIT or a
+    bad handle, then ops.modify_srq with the max_wr / srq_limit the mask names."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_modify_srq)
+    if cmd.attr_mask > IB_SRQ_LIMIT:
+        raise KernelError(EINVAL, f"ib_uverbs_modify_srq: attr_mask {cmd.attr_mask:#x}")
+    srq_uobj = uobj_get_obj_read(UVERBS_OBJECT_SRQ, attrs_, cmd.srq_handle,
+                                 "ib_uverbs_modify_srq")
+    try:
+        srq = srq_uobj.object
+        srq.device.ops.modify_srq(srq, ib_srq_attr(max_wr=cmd.max_wr, srq_limit=cmd.srq_limit),
+                                  cmd.attr_mask, attrs_.driver_udata)
+    finally:
+        rdma_lookup_put_uobject(srq_uobj, UVERBS_LOOKUP_READ)
+
+
+@traced
+def ib_uverbs_query_srq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_query_srq() -> ib_query_srq(): EINVAL for a bad handle,
+    EOPNOTSUPP without ops.query_srq; the sizes and the armed limit."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_query_srq)
+    srq_uobj = uobj_get_obj_read(UVERBS_OBJECT_SRQ, attrs_, cmd.srq_handle,
+                                 "ib_uverbs_query_srq")
+    attr = ib_srq_attr()
+    try:
+        srq = srq_uobj.object
+        if srq.device.ops.query_srq is None:
+            raise KernelError(EOPNOTSUPP, "ib_query_srq: no query_srq")
+        srq.device.ops.query_srq(srq, attr)
+    finally:
+        rdma_lookup_put_uobject(srq_uobj, UVERBS_LOOKUP_READ)
+    uverbs_response(attrs_, uv.ib_uverbs_query_srq_resp(
+        max_wr=attr.max_wr, max_sge=attr.max_sge, srq_limit=attr.srq_limit))
+
+
+@traced
+def ib_uverbs_destroy_srq(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_destroy_srq(): EBUSY while QPs use it; the response counts
+    the async events reported for it."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_srq)
+    uobj_perform_destroy(UVERBS_OBJECT_SRQ, cmd.srq_handle, attrs_)
+    uverbs_response(attrs_, uv.ib_uverbs_destroy_srq_resp(events_reported=0))
+
+
+# -- AH ----------------------------------------------------------------------------
+@traced
+def ib_uverbs_create_ah(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_create_ah(): EINVAL for a port the device does not have or a
+    PD handle it cannot find; the address vector as the core's (its type from the
+    port), rdma_create_user_ah, the new handle in the response."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_create_ah)
+    uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_AH, attrs_)
+    uobj_finalize_uobj_create(uobj, attrs_)  # from here on the write path aborts it
+    ib_dev = uobj.context.device
+    a = cmd.attr
+    if not rdma_is_port_valid(ib_dev, a.port_num):
+        raise KernelError(EINVAL, f"ib_uverbs_create_ah: port {a.port_num}")
+    pd_uobj = uobj_get_obj_read(UVERBS_OBJECT_PD, attrs_, cmd.pd_handle, "ib_uverbs_create_ah")
+    try:
+        attr = rdma_ah_attr(type=rdma_ah_find_type(ib_dev, a.port_num), dlid=a.dlid, sl=a.sl,
+                            src_path_bits=a.src_path_bits, static_rate=a.static_rate,
+                            port_num=a.port_num)
+        if a.is_global:
+            g = a.grh
+            attr.ah_flags = IB_AH_GRH
+            attr.grh = ib_global_route(dgid=g.dgid, flow_label=g.flow_label,
+                                       sgid_index=g.sgid_index, hop_limit=g.hop_limit,
+                                       traffic_class=g.traffic_class)
+        ah = rdma_create_user_ah(pd_uobj.object, attr, attrs_.driver_udata)
+        ah.uobject = uobj
+        uobj.user_handle = cmd.user_handle
+        uobj.object = ah
+    finally:
+        rdma_lookup_put_uobject(pd_uobj, UVERBS_LOOKUP_READ)
+    uverbs_response(attrs_, uv.ib_uverbs_create_ah_resp(ah_handle=uobj.id))
+
+
+@traced
+def ib_uverbs_destroy_ah(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_destroy_ah()."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_ah)
+    uobj_perform_destroy(UVERBS_OBJECT_AH, cmd.ah_handle, attrs_)
 
 
 def copy_ah_attr_from_uverbs(device: Any, dest: uv.ib_uverbs_qp_dest) -> rdma_ah_attr:

@@ -108,6 +108,66 @@ def uverbs_copy_to(bundle: uverbs_attr_bundle, attr_id: int, value: int, size: i
         raise KernelError(EFAULT, "uverbs_copy_to: attribute flags")
 
 
+def uverbs_get_flags32(bundle: uverbs_attr_bundle, attr_id: int, allowed_bits: int) -> int:
+    """Mirrors uverbs_get_flags32(): an absent flags attribute is 0; a bit outside
+    allowed_bits is EINVAL."""
+    if not uverbs_attr_is_valid(bundle, attr_id):
+        return 0
+    flags = uverbs_get_const(bundle, attr_id)
+    if flags & ~allowed_bits or flags >> 32:
+        raise KernelError(EINVAL, f"uverbs_get_flags32: flags {flags:#x} outside "
+                          f"{allowed_bits:#x}")
+    return flags
+
+
+def uverbs_attr_ptr_len(bundle: uverbs_attr_bundle, attr_id: int, min_len: int,
+                        max_len: int | None = None) -> int:
+    """The length of a PTR attribute, checked as uverbs_process_attr() checks it
+    against the method's spec: below min_len, or above its struct's size (max_len,
+    None for UVERBS_ATTR_MIN_SIZE), is EINVAL."""
+    found = _attrs(bundle).by_id.get(attr_id)
+    if found is None:
+        raise KernelError(EINVAL, f"uverbs_process_attr: attribute {attr_id:#x} missing")
+    length = found[1].len
+    if length < min_len or (max_len is not None and length > max_len):
+        raise KernelError(EINVAL, f"uverbs_process_attr: attribute {attr_id:#x} of "
+                          f"{length} bytes (spec {min_len}..{max_len})")
+    return length
+
+
+def uverbs_attr_ptr_get_array_size(bundle: uverbs_attr_bundle, attr_id: int,
+                                   elem_size: int) -> int:
+    """Mirrors uverbs_attr_ptr_get_array_size(): how many elem_size elements the
+    attribute's buffer holds; EINVAL when its length is not a multiple."""
+    length = uverbs_attr_ptr_len(bundle, attr_id, 0)
+    if length % elem_size:
+        raise KernelError(EINVAL, f"uverbs_attr_ptr_get_array_size: {length} bytes are not "
+                          f"a multiple of {elem_size}")
+    return length // elem_size
+
+
+def uverbs_copy_to_buf(bundle: uverbs_attr_bundle, attr_id: int, raw: bytes,
+                       zero_tail: bool = False) -> None:
+    """Mirrors uverbs_copy_to() for a buffer (min of the attribute's length and the
+    data), or with zero_tail uverbs_copy_to_struct_or_zero() (the rest of a longer
+    buffer cleared); marks the output valid.  EFAULT for a bad user pointer."""
+    ia = _attrs(bundle)
+    found = ia.by_id.get(attr_id)
+    if found is None:
+        return
+    index, attr = found
+    n = min(attr.len, len(raw))
+    if n and copy_to_user(attr.data, raw[:n], n):
+        raise KernelError(EFAULT, f"uverbs_copy_to: attribute {attr_id:#x}")
+    if zero_tail and attr.len > n and copy_to_user(attr.data + n, bytes(attr.len - n),
+                                                   attr.len - n):
+        raise KernelError(EFAULT, f"uverbs_copy_to_struct_or_zero: attribute {attr_id:#x}")
+    attr.flags |= UVERBS_ATTR_F_VALID_OUTPUT
+    flags_at = ia.user_base + index * ib_uverbs_attr.SIZE + ib_uverbs_attr.offsetof("flags")
+    if copy_to_user(flags_at, attr.flags.to_bytes(2, "little"), 2):
+        raise KernelError(EFAULT, "uverbs_copy_to: attribute flags")
+
+
 def _read_attrs(hdr: ib_uverbs_ioctl_hdr, user_attrs: int) -> list[ib_uverbs_attr]:
     size = hdr.num_attrs * ib_uverbs_attr.SIZE
     raw = bytearray(size)

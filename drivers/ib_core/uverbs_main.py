@@ -38,6 +38,7 @@ from drivers.ib_core.rdma_core import (
     uverbs_attr_bundle,
     uverbs_destroy_ufile_hw,
 )
+from drivers.ib_core.uverbs_comp_event import ib_uverbs_close_comp_event_files
 from drivers.ib_core.uverbs_ioctl import ib_uverbs_ioctl
 from drivers.ib_core.uverbs_uapi import uverbs_alloc_api, uverbs_api, uverbs_disassociate_api_pre
 from kernel_model.errno import EFAULT, EINVAL, EIO, ENOSPC, EOPNOTSUPP, KernelError
@@ -69,6 +70,7 @@ class uverbs_api_write_method:
     resp_size: int
     has_udata: bool
     has_resp: bool
+    is_ex: bool = False
 
 
 def _m(handler, req, resp=None, udata=True) -> uverbs_api_write_method:
@@ -89,12 +91,28 @@ WRITE_METHODS: dict[int, uverbs_api_write_method] = {
                                       uv.ib_uverbs_alloc_pd_resp),
     uv.IB_USER_VERBS_CMD_DEALLOC_PD: _m(cmds.ib_uverbs_dealloc_pd, uv.ib_uverbs_dealloc_pd,
                                         udata=False),
+    uv.IB_USER_VERBS_CMD_CREATE_AH: _m(cmds.ib_uverbs_create_ah, uv.ib_uverbs_create_ah,
+                                       uv.ib_uverbs_create_ah_resp),
+    uv.IB_USER_VERBS_CMD_DESTROY_AH: _m(cmds.ib_uverbs_destroy_ah, uv.ib_uverbs_destroy_ah,
+                                        udata=False),
     uv.IB_USER_VERBS_CMD_REG_MR: _m(cmds.ib_uverbs_reg_mr, uv.ib_uverbs_reg_mr,
                                     uv.ib_uverbs_reg_mr_resp),
+    uv.IB_USER_VERBS_CMD_REREG_MR: _m(cmds.ib_uverbs_rereg_mr, uv.ib_uverbs_rereg_mr,
+                                      uv.ib_uverbs_rereg_mr_resp),
     uv.IB_USER_VERBS_CMD_DEREG_MR: _m(cmds.ib_uverbs_dereg_mr, uv.ib_uverbs_dereg_mr,
                                       udata=False),
+    uv.IB_USER_VERBS_CMD_ALLOC_MW: _m(cmds.ib_uverbs_alloc_mw, uv.ib_uverbs_alloc_mw,
+                                      uv.ib_uverbs_alloc_mw_resp),
+    uv.IB_USER_VERBS_CMD_DEALLOC_MW: _m(cmds.ib_uverbs_dealloc_mw, uv.ib_uverbs_dealloc_mw,
+                                        udata=False),
     uv.IB_USER_VERBS_CMD_CREATE_CQ: _m(cmds.ib_uverbs_create_cq, uv.ib_uverbs_create_cq,
                                        uv.ib_uverbs_create_cq_resp),
+    uv.IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL: _m(cmds.ib_uverbs_create_comp_channel,
+                                                 uv.ib_uverbs_create_comp_channel,
+                                                 uv.ib_uverbs_create_comp_channel_resp,
+                                                 udata=False),
+    uv.IB_USER_VERBS_CMD_RESIZE_CQ: _m(cmds.ib_uverbs_resize_cq, uv.ib_uverbs_resize_cq,
+                                       uv.ib_uverbs_resize_cq_resp),
     uv.IB_USER_VERBS_CMD_DESTROY_CQ: _m(cmds.ib_uverbs_destroy_cq, uv.ib_uverbs_destroy_cq,
                                         uv.ib_uverbs_destroy_cq_resp, udata=False),
     uv.IB_USER_VERBS_CMD_CREATE_QP: _m(cmds.ib_uverbs_create_qp, uv.ib_uverbs_create_qp,
@@ -105,6 +123,32 @@ WRITE_METHODS: dict[int, uverbs_api_write_method] = {
                                        udata=False),
     uv.IB_USER_VERBS_CMD_DESTROY_QP: _m(cmds.ib_uverbs_destroy_qp, uv.ib_uverbs_destroy_qp,
                                         uv.ib_uverbs_destroy_qp_resp, udata=False),
+    uv.IB_USER_VERBS_CMD_CREATE_SRQ: _m(cmds.ib_uverbs_create_srq, uv.ib_uverbs_create_srq,
+                                        uv.ib_uverbs_create_srq_resp),
+    uv.IB_USER_VERBS_CMD_CREATE_XSRQ: _m(cmds.ib_uverbs_create_xsrq, uv.ib_uverbs_create_xsrq,
+                                         uv.ib_uverbs_create_srq_resp),
+    uv.IB_USER_VERBS_CMD_MODIFY_SRQ: _m(cmds.ib_uverbs_modify_srq, uv.ib_uverbs_modify_srq),
+    uv.IB_USER_VERBS_CMD_QUERY_SRQ: _m(cmds.ib_uverbs_query_srq, uv.ib_uverbs_query_srq,
+                                       uv.ib_uverbs_query_srq_resp, udata=False),
+    uv.IB_USER_VERBS_CMD_DESTROY_SRQ: _m(cmds.ib_uverbs_destroy_srq, uv.ib_uverbs_destroy_srq,
+                                         uv.ib_uverbs_destroy_srq_resp, udata=False),
+    uv.IB_USER_VERBS_CMD_OPEN_XRCD: _m(cmds.ib_uverbs_open_xrcd, uv.ib_uverbs_open_xrcd,
+                                       uv.ib_uverbs_open_xrcd_resp),
+    uv.IB_USER_VERBS_CMD_CLOSE_XRCD: _m(cmds.ib_uverbs_close_xrcd, uv.ib_uverbs_close_xrcd,
+                                        udata=False),
+}
+
+
+#: the extended write() commands (uverbs_core_api's DECLARE_UVERBS_WRITE_EX entries);
+#: req_size and resp_size are the minimum lengths (offsetofend of the last field
+#: UAPI_DEF_WRITE_IO_EX names), not sizeof
+WRITE_EX_METHODS: dict[int, uverbs_api_write_method] = {
+    uv.IB_USER_VERBS_EX_CMD_QUERY_DEVICE: uverbs_api_write_method(
+        cmds.ib_uverbs_ex_query_device, uv.ib_uverbs_ex_query_device.SIZE,
+        uv.ib_uverbs_ex_query_device_resp.offsetof("response_length") + 4, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_CREATE_CQ: uverbs_api_write_method(
+        cmds.ib_uverbs_ex_create_cq, uv.ib_uverbs_ex_create_cq.offsetof("reserved") + 4,
+        uv.ib_uverbs_ex_create_cq_resp.offsetof("response_length") + 4, True, True, True),
 }
 
 
@@ -120,6 +164,9 @@ class ib_uverbs_device:
         self.files: list[ib_uverbs_file] = []  # protected by lists_mutex (EMU: implied)
         self.cdev: cdev | None = None
         self.uapi: uverbs_api | None = None  # the ioctl methods, from uverbs_alloc_api
+        # the XRC domains shared by a file's inode: id(inode) -> (inode, ib_xrcd)
+        self.xrcd_tree: dict[int, tuple[Any, Any]] = {}
+        self.xrcd_tree_mutex = mutex_init("&dev->xrcd_tree_mutex")
 
     def __repr__(self) -> str:
         dev = self.ib_dev.name if self.ib_dev else "(removed)"
@@ -146,25 +193,46 @@ class ib_uverbs_file:
 # -- write() -----------------------------------------------------------------------
 def uapi_get_method(command: int) -> uverbs_api_write_method:
     """Mirrors uapi_get_method(): bits outside the command number and the
-    extended flag are EINVAL; a command the table lacks is EOPNOTSUPP.
-
-    EMU: no extended (write_ex) command is modelled, so every command with
-    IB_USER_VERBS_CMD_FLAG_EXTENDED is EOPNOTSUPP.
-    """
+    extended flag are EINVAL; a command the table lacks (the legacy one, or with
+    IB_USER_VERBS_CMD_FLAG_EXTENDED the extended one) is EOPNOTSUPP."""
     if command & ~(uv.IB_USER_VERBS_CMD_FLAG_EXTENDED | uv.IB_USER_VERBS_CMD_COMMAND_MASK):
         raise KernelError(EINVAL, f"uapi_get_method: command word {command:#x} has bits "
                           "outside the command mask")
-    method = None
-    if not command & uv.IB_USER_VERBS_CMD_FLAG_EXTENDED:
-        method = WRITE_METHODS.get(command & uv.IB_USER_VERBS_CMD_COMMAND_MASK)
+    table = WRITE_EX_METHODS if command & uv.IB_USER_VERBS_CMD_FLAG_EXTENDED else WRITE_METHODS
+    method = table.get(command & uv.IB_USER_VERBS_CMD_COMMAND_MASK)
     if method is None:
         raise KernelError(EOPNOTSUPP, f"uapi_get_method: command {command:#x} not supported")
     return method
 
 
-def verify_hdr(hdr: uv.ib_uverbs_cmd_hdr, count: int, method: uverbs_api_write_method) -> None:
-    """Mirrors verify_hdr() for a legacy command: in_words covers the whole
-    write (EINVAL otherwise); request or response too small: ENOSPC."""
+def verify_hdr(hdr: uv.ib_uverbs_cmd_hdr, count: int, method: uverbs_api_write_method,
+               ex_hdr: uv.ib_uverbs_ex_cmd_hdr | None = None) -> None:
+    """Mirrors verify_hdr().  A legacy command: in_words covers the whole write
+    (EINVAL otherwise); request or response too small: ENOSPC.  An extended one
+    counts 8-byte words after both headers: the core and provider words must
+    cover the rest of the write (EINVAL), the core request and response their
+    minimum (ENOSPC); cmd_hdr_reserved set, output words without a response
+    pointer or a response pointer without output words: EINVAL."""
+    if method.is_ex:
+        assert ex_hdr is not None
+        rest = count - uv.ib_uverbs_cmd_hdr.SIZE - uv.ib_uverbs_ex_cmd_hdr.SIZE
+        if (hdr.in_words + ex_hdr.provider_in_words) * 8 != rest:
+            raise KernelError(EINVAL, f"verify_hdr: in_words {hdr.in_words} + provider "
+                              f"{ex_hdr.provider_in_words} words != {rest} bytes")
+        if hdr.in_words * 8 < method.req_size:
+            raise KernelError(ENOSPC, f"verify_hdr: request of {hdr.in_words * 8} bytes "
+                              f"below {method.req_size}")
+        if ex_hdr.cmd_hdr_reserved:
+            raise KernelError(EINVAL, "verify_hdr: cmd_hdr_reserved set")
+        if ex_hdr.response:
+            if not hdr.out_words and not ex_hdr.provider_out_words:
+                raise KernelError(EINVAL, "verify_hdr: a response pointer, no out words")
+            if hdr.out_words * 8 < method.resp_size:
+                raise KernelError(ENOSPC, f"verify_hdr: response of {hdr.out_words * 8} "
+                                  f"bytes below {method.resp_size}")
+        elif hdr.out_words or ex_hdr.provider_out_words:
+            raise KernelError(EINVAL, "verify_hdr: out words without a response pointer")
+        return
     if hdr.in_words * 4 != count:
         raise KernelError(EINVAL, f"verify_hdr: in_words {hdr.in_words} * 4 != count {count}")
     if count < method.req_size + uv.ib_uverbs_cmd_hdr.SIZE:
@@ -187,10 +255,22 @@ def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
         raise KernelError(EFAULT, "ib_uverbs_write: copy_from_user of the header")
     hdr = uv.ib_uverbs_cmd_hdr.unpack(raw)
     method = uapi_get_method(hdr.command)
-    verify_hdr(hdr, count, method)
+    ex_hdr = None
+    if method.is_ex:
+        xsize = uv.ib_uverbs_ex_cmd_hdr.SIZE
+        if count < hsize + xsize:
+            raise KernelError(EINVAL, f"ib_uverbs_write: {count} bytes, no extended header")
+        raw_ex = bytearray(xsize)
+        if copy_from_user(raw_ex, buf + hsize, xsize):
+            raise KernelError(EFAULT, "ib_uverbs_write: copy_from_user of the extended header")
+        ex_hdr = uv.ib_uverbs_ex_cmd_hdr.unpack(raw_ex)
+    verify_hdr(hdr, count, method, ex_hdr)
     if ufile.device.ib_dev is None:
         raise KernelError(EIO, "ib_uverbs_write: device removed")
     buf += hsize
+    if ex_hdr is not None:
+        return _ib_uverbs_write_ex(ufile, method, hdr, ex_hdr,
+                                  buf + uv.ib_uverbs_ex_cmd_hdr.SIZE, count)
     in_len, out_len = hdr.in_words * 4 - hsize, hdr.out_words * 4
     attrs_ = uverbs_attr_bundle(ufile)
     response = 0
@@ -203,6 +283,29 @@ def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
                                        d_in, d_out)
         in_len, out_len = method.req_size, method.resp_size
     attrs_.ucore = ib_udata(buf, response, in_len, out_len)
+    try:
+        method.handler(attrs_)
+    except BaseException:
+        if attrs_.uobject is not None:
+            rdma_alloc_abort_uobject(attrs_.uobject, attrs_)
+        raise
+    if attrs_.uobject is not None:
+        rdma_alloc_commit_uobject(attrs_.uobject, attrs_)
+    return count
+
+
+def _ib_uverbs_write_ex(ufile: ib_uverbs_file, method: uverbs_api_write_method,
+                       hdr: uv.ib_uverbs_cmd_hdr, ex_hdr: uv.ib_uverbs_ex_cmd_hdr, buf: int,
+                       count: int) -> int:
+    """ib_uverbs_write()'s extended branch: ucore is in_words * 8 bytes of request
+    and out_words * 8 of response at ex_hdr.response; the driver udata follows each."""
+    attrs_ = uverbs_attr_bundle(ufile)
+    in_len, out_len = hdr.in_words * 8, hdr.out_words * 8
+    response = ex_hdr.response
+    attrs_.ucore = ib_udata(buf if in_len else 0, response if out_len else 0, in_len, out_len)
+    d_in, d_out = ex_hdr.provider_in_words * 8, ex_hdr.provider_out_words * 8
+    attrs_.driver_udata = ib_udata(buf + in_len if d_in else 0,
+                                   response + out_len if d_out else 0, d_in, d_out)
     try:
         method.handler(attrs_)
     except BaseException:
@@ -254,6 +357,7 @@ def ib_uverbs_close(ino: inode, filp: file) -> None:
     """Mirrors ib_uverbs_close(): destroy every object and the ucontext."""
     ufile: ib_uverbs_file = filp.private_data
     uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_CLOSE)
+    ib_uverbs_close_comp_event_files(ufile)
     if ufile in ufile.device.files:
         ufile.device.files.remove(ufile)
 
@@ -314,6 +418,7 @@ class UverbsState:
         uverbs_disassociate_api_pre(udev.uapi)
         for ufile in list(udev.files):  # ib_uverbs_free_hw_resources()
             uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_DRIVER_REMOVE)
+            ib_uverbs_close_comp_event_files(ufile)
             ufile.disassociated = True
         udev.ib_dev = None
         del self.devices[udev.devnum]

@@ -1,7 +1,8 @@
 """Mirrors drivers/infiniband/core/uverbs_uapi.c: the method table a uverbs device answers.
 
 ib_uverbs_add_one() builds one table per uverbsN (uverbs_alloc_api): the core's
-ioctl methods (uverbs_core_api - here the MR object's, from uverbs_std_types_mr)
+ioctl methods (uverbs_core_api - here the DEVICE object's GID queries, from
+uverbs_std_types_device, and the MR object's, from uverbs_std_types_mr)
 merged with the driver's own (ib_device_ops.uapi_methods), keyed by (object_id,
 method_id).  ib_uverbs_ioctl() looks a call up there, so it never has to know
 where a method was defined.  On device removal uverbs_disassociate_api_pre() takes
@@ -20,6 +21,8 @@ from typing import Any
 import attrs
 
 from drivers.ib_core.uverbs_ioctl import uverbs_api_ioctl_method
+from drivers.ib_core.uverbs_std_types_device import DEVICE_METHODS
+from drivers.ib_core.uverbs_std_types_dm import DM_METHODS
 from drivers.ib_core.uverbs_std_types_mr import CORE_METHODS
 
 MethodKey = tuple[int, int]  # (object_id, method_id)
@@ -37,7 +40,8 @@ class uverbs_api:
 def uverbs_alloc_api(ib_dev: Any) -> uverbs_api:
     """Mirrors uverbs_alloc_api(): the core's definitions, then the driver's."""
     driver = dict(ib_dev.ops.uapi_methods or {})
-    return uverbs_api({**CORE_METHODS, **driver}, frozenset(driver))
+    return uverbs_api({**DEVICE_METHODS, **CORE_METHODS, **DM_METHODS, **driver},
+                      frozenset(driver))
 
 
 def uverbs_disassociate_api_pre(uapi: uverbs_api) -> None:

@@ -70,6 +70,7 @@ from drivers.ib_core.ib_verbs import (
     IB_QPT_XRC_INI,
     IB_QPT_XRC_TGT,
     RDMA_AH_ATTR_TYPE_ROCE,
+    RDMA_CREATE_AH_SLEEPABLE,
     ib_is_destroy_retryable,
     ib_mr,
     ib_port_attr,
@@ -78,6 +79,7 @@ from drivers.ib_core.ib_verbs import (
     ib_qp_init_attr,
     ib_udata,
     rdma_ah_attr,
+    rdma_ah_init_attr,
     rdma_is_port_valid,
     rdma_protocol_ib,
     rdma_protocol_roce,
@@ -129,10 +131,13 @@ def ib_reg_user_mr_dmabuf(pd: Any, offset: int, length: int, iova: int, fd: int,
 
 @traced
 def ib_dereg_mr_user(mr: ib_mr, udata: ib_udata) -> None:
-    """Mirrors ib_dereg_mr_user(): ops.dereg_mr, then drop the PD's count."""
-    pd = mr.pd
+    """Mirrors ib_dereg_mr_user(): ops.dereg_mr, then drop the PD's (and a device-memory
+    MR's DM's) count."""
+    pd, dm = mr.pd, getattr(mr, "dm", None)
     mr.device.ops.dereg_mr(mr, udata)
     atomic_dec(pd.usecnt)
+    if dm is not None:
+        atomic_dec(dm.usecnt)
 
 
 @traced
@@ -147,16 +152,25 @@ def ib_destroy_cq_user(cq: Any, udata: ib_udata) -> None:
 def ib_create_qp_user(device: Any, pd: Any, attr: ib_qp_init_attr, udata: ib_udata,
                       uobj: Any) -> ib_qp:
     """Mirrors ib_create_qp_user() -> create_qp(): allocate the driver's QP,
-    fill the core fields, ops.create_qp, then count it on its PD and CQs."""
+    fill the core fields, ops.create_qp, then count it on its PD and CQs (an
+    XRC target, created without udata, on its XRC domain).
+    # EMU: an XRC target QP is the QP itself: no shadow QP (create_xrc_qp_user),
+    # as ibv_open_qp (sharing it between processes) is not modelled."""
     qp = rdma_zalloc_drv_obj(device, "ib_qp")
     qp.pd, qp.uobject, qp.qp_type = pd, uobj, attr.qp_type
     qp.send_cq, qp.recv_cq, qp.srq = attr.send_cq, attr.recv_cq, attr.srq
+    qp.xrcd = attr.xrcd
     device.ops.create_qp(qp, attr, udata)
+    if qp.xrcd is not None:                 # an XRC target: its domain, no PD or CQs
+        atomic_inc(qp.xrcd.usecnt)
+        return qp
     atomic_inc(pd.usecnt)
     if qp.send_cq is not None:
         atomic_inc(qp.send_cq.usecnt)
     if qp.recv_cq is not None:
         atomic_inc(qp.recv_cq.usecnt)
+    if qp.srq is not None:
+        atomic_inc(qp.srq.usecnt)
     return qp
 
 
@@ -165,16 +179,75 @@ def ib_destroy_qp_user(qp: ib_qp, udata: ib_udata) -> None:
     """Mirrors ib_destroy_qp_user(): ops.destroy_qp, then drop the PD and CQ counts."""
     if atomic_read(qp.usecnt):
         raise KernelError(EBUSY, f"ib_destroy_qp_user: {qp} still in use")
-    pd, scq, rcq = qp.pd, qp.send_cq, qp.recv_cq
+    pd, scq, rcq, srq = qp.pd, qp.send_cq, qp.recv_cq, qp.srq
     qp.device.ops.destroy_qp(qp, udata)
     if qp.av_sgid_attr is not None:
         rdma_put_gid_attr(qp.av_sgid_attr)
         qp.av_sgid_attr = None
+    if qp.xrcd is not None:
+        atomic_dec(qp.xrcd.usecnt)
+        return
     atomic_dec(pd.usecnt)
     if scq is not None:
         atomic_dec(scq.usecnt)
     if rcq is not None:
         atomic_dec(rcq.usecnt)
+    if srq is not None:
+        atomic_dec(srq.usecnt)
+
+
+@traced
+def ib_create_srq_user(pd: Any, attr: Any, udata: ib_udata, uobj: Any) -> Any:
+    """The core half of __uverbs_create_xsrq(): allocate the driver's SRQ, fill the
+    core fields, ops.create_srq (EOPNOTSUPP without one), then count it on its PD
+    (and its CQ, for the types that have one)."""
+    device = pd.device
+    if device.ops.create_srq is None:
+        raise KernelError(EOPNOTSUPP, "__uverbs_create_xsrq: no create_srq")
+    srq = rdma_zalloc_drv_obj(device, "ib_srq")
+    srq.pd, srq.uobject, srq.srq_type, srq.cq = pd, uobj, attr.srq_type, attr.cq
+    srq.xrcd = attr.xrcd
+    device.ops.create_srq(srq, attr, udata)
+    atomic_inc(pd.usecnt)
+    if srq.cq is not None:
+        atomic_inc(srq.cq.usecnt)
+    if srq.xrcd is not None:
+        atomic_inc(srq.xrcd.usecnt)
+    return srq
+
+
+@traced
+def ib_destroy_srq_user(srq: Any, udata: ib_udata) -> None:
+    """Mirrors ib_destroy_srq_user(): EBUSY while QPs use it, ops.destroy_srq, then
+    drop the PD's (and CQ's) count."""
+    if atomic_read(srq.usecnt):
+        raise KernelError(EBUSY, f"ib_destroy_srq_user: {srq} still has QPs")
+    srq.device.ops.destroy_srq(srq, udata)
+    atomic_dec(srq.pd.usecnt)
+    if srq.cq is not None:
+        atomic_dec(srq.cq.usecnt)
+    if srq.xrcd is not None:
+        atomic_dec(srq.xrcd.usecnt)
+
+
+@traced
+def ib_alloc_xrcd_user(device: Any, inode: Any, udata: ib_udata) -> Any:
+    """Mirrors ib_alloc_xrcd_user(): the driver's XRCD (EOPNOTSUPP without
+    ops.alloc_xrcd), remembering the inode it is shared by."""
+    if device.ops.alloc_xrcd is None:
+        raise KernelError(EOPNOTSUPP, "ib_alloc_xrcd_user: no alloc_xrcd")
+    xrcd = rdma_zalloc_drv_obj(device, "ib_xrcd")
+    xrcd.inode = inode
+    device.ops.alloc_xrcd(xrcd, udata)
+    return xrcd
+
+
+@traced
+def ib_dealloc_xrcd_user(xrcd: Any, udata: ib_udata) -> None:
+    """Mirrors ib_dealloc_xrcd_user(): EBUSY while SRQs or QPs use it."""
+    if atomic_read(xrcd.usecnt):
+        raise KernelError(EBUSY, f"ib_dealloc_xrcd_user: {xrcd} still in use")
+    xrcd.device.ops.dealloc_xrcd(xrcd, udata)
 
 
 @traced
@@ -340,6 +413,59 @@ def ib_resolve_eth_dmac(device: Any, ah_attr: rdma_ah_attr) -> None:
             else ipv6_eth_mc_map(dgid)
     else:
         ib_resolve_unicast_gid_dmac(device, ah_attr)
+
+
+# -- address handles -------------------------------------------------------------------------
+@traced
+def _rdma_create_ah(pd: Any, ah_attr: rdma_ah_attr, flags: int, udata: ib_udata | None,
+                    xmit_slave: Any = None) -> Any:
+    """Mirrors _rdma_create_ah(): the driver's AH object, ops.create_user_ah (a user's)
+    or ops.create_ah; on success it holds the source GID entry and counts in the PD.
+    EOPNOTSUPP when the driver has no such op."""
+    device = pd.device
+    op = device.ops.create_user_ah if udata is not None else device.ops.create_ah
+    if op is None:
+        raise KernelError(EOPNOTSUPP, f"_rdma_create_ah: {device.name} has no "
+                          f"{'create_user_ah' if udata is not None else 'create_ah'}")
+    ah = rdma_zalloc_drv_obj(device, "ib_ah")
+    ah.device, ah.pd, ah.type = device, pd, ah_attr.type
+    sgid = ah_attr.grh.sgid_attr if ah_attr.ah_flags & IB_AH_GRH else None
+    ah.sgid_attr = rdma_hold_gid_attr(sgid) if sgid is not None else None  # update_sgid_attr
+    try:
+        op(ah, rdma_ah_init_attr(ah_attr=ah_attr, flags=flags, xmit_slave=xmit_slave), udata)
+    except KernelError:
+        if ah.sgid_attr is not None:
+            rdma_put_gid_attr(ah.sgid_attr)
+        raise
+    atomic_inc(pd.usecnt)
+    return ah
+
+
+@traced
+def rdma_create_user_ah(pd: Any, ah_attr: rdma_ah_attr, udata: ib_udata) -> Any:
+    """Mirrors rdma_create_user_ah(): check the address vector and hold its source GID
+    entry (rdma_fill_sgid_attr: EINVAL for a bad port or a RoCE AV without a GRH,
+    EINVAL/ENODATA for a bad sgid_index), resolve a RoCE destination's MAC
+    (ib_resolve_eth_dmac), then _rdma_create_ah."""
+    held = rdma_fill_sgid_attr(pd.device, ah_attr)
+    try:
+        if ah_attr.type == RDMA_AH_ATTR_TYPE_ROCE:
+            ib_resolve_eth_dmac(pd.device, ah_attr)
+        return _rdma_create_ah(pd, ah_attr, RDMA_CREATE_AH_SLEEPABLE, udata)
+    finally:
+        if held is not None:  # rdma_unfill_sgid_attr()
+            rdma_put_gid_attr(held)
+
+
+@traced
+def rdma_destroy_ah_user(ah: Any, flags: int, udata: ib_udata | None) -> None:
+    """Mirrors rdma_destroy_ah_user(): ops.destroy_ah, then the PD's count and the
+    source GID entry are released."""
+    ah.device.ops.destroy_ah(ah, flags)
+    atomic_dec(ah.pd.usecnt)
+    if ah.sgid_attr is not None:
+        rdma_put_gid_attr(ah.sgid_attr)
+        ah.sgid_attr = None
 
 
 def is_qp_type_connected(qp: ib_qp) -> bool:

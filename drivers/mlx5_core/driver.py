@@ -44,7 +44,8 @@ MLX5_PROF_MASK_MR_CACHE = 1 << 1
 LOG_MAX_SUPPORTED_QPS = 0xff
 
 _CAP_LAYOUT = {MLX5_CAP_GENERAL: "cmd_hca_cap", _ifc.MLX5_CAP_ROCE: "roce_cap",
-               MLX5_CAP_ETHERNET_OFFLOADS: "per_protocol_networking_offload_caps"}
+               MLX5_CAP_ETHERNET_OFFLOADS: "per_protocol_networking_offload_caps",
+               _ifc.MLX5_CAP_DEV_MEM: "device_mem_cap"}
 
 
 class mlx5_hca_cap:
@@ -138,6 +139,12 @@ class _CapTypeMacro(int):
 
 #: Mirrors MLX5_CAP_ROCE(mdev, cap) - and is the capability type (4) as well
 MLX5_CAP_ROCE = _CapTypeMacro(_ifc.MLX5_CAP_ROCE)
+
+
+#: Mirrors MLX5_CAP_DEV_MEM(mdev, cap) (and MLX5_CAP64_DEV_MEM) - and is the
+#: capability type (0xf) as well
+MLX5_CAP_DEV_MEM = _CapTypeMacro(_ifc.MLX5_CAP_DEV_MEM)
+MLX5_CAP64_DEV_MEM = MLX5_CAP_DEV_MEM
 
 
 def MLX5_CAP_ROCE_MAX(mdev: mlx5_core_dev, cap: str) -> int:

@@ -6,12 +6,17 @@ doorbell, the vector as interrupt); a CQ names its EQ by number
 (cqc.c_eqn_or_apu_element), which mlx5_comp_eqn_get() hands out, and the EQ
 keeps the CQs attached to it (mlx5_eq_add_cq / mlx5_eq_del_cq).
 
-# EMU: no interrupts and no EQEs: the async, command and page-request EQs
-# are not created (commands are polled, the firmware needs no pages), and
-# the completion EQs' buffers are never written - the device model does not
-# deliver events.  The emulated machine has one completion vector.  The
-# buffer comes from the page allocator, its physical address standing in
-# for the DMA address (dma_alloc_coherent is not modelled).
+Completion events: the HCA writes an EQE (type COMP, the CQN) into the EQ of an
+armed CQ that got a CQE and raises the EQ's MSI-X vector; mlx5_eq_comp_int()
+takes every EQE software owns (owner bit = the pass parity of the consumer
+index), calls the CQ's comp handler (mlx5_ib: the CQ's ib comp_handler) and
+writes the consumer index back, re-arming the EQ.
+
+# EMU: the async, command and page-request EQs are not created (commands are
+# polled, the firmware needs no pages).  The emulated machine has one
+# completion vector.  The buffer comes from the page allocator, its physical
+# address standing in for the DMA address (dma_alloc_coherent is not
+# modelled); the handler reads it through the direct map (phys_read).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from drivers.mlx5_core.ifc import (
 )
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, ENOENT, KernelError
+from kernel_model.interrupt import IRQ_HANDLED, free_irq, request_irq
 from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_pages, page_to_phys
+from kernel_model.pci import iowrite32be
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
@@ -43,6 +50,10 @@ if TYPE_CHECKING:
 
 MLX5_COMP_EQ_SIZE = 1024
 MLX5_EQE_SIZE = 64
+MLX5_EQE_OWNER_INIT_VAL = 0x1
+MLX5_EVENT_TYPE_COMP = 0x0
+MLX5_EQ_POLLING_BUDGET = 128
+EQE_TYPE, EQE_COMP_CQN, EQE_OWNER = 1, 56, 63   # struct mlx5_eqe offsets
 MLX5_EMU_COMP_VECTORS = 1
 
 
@@ -55,6 +66,9 @@ class mlx5_eq:
         self.buf: page | None = None
         self.order = 0
         self.doorbell = 0
+        self.cons_index = 0
+        self.dev: mlx5_core_dev | None = None
+        self.irq_requested = False
         self.cq_table: dict[int, mlx5_core_cq] = {}
 
     def __repr__(self) -> str:
@@ -76,6 +90,7 @@ def create_map_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
     npages = -(-nbytes // machine.page_size)
     eq.order = (npages - 1).bit_length()
     eq.buf = alloc_pages(GFP_KERNEL | __GFP_ZERO, eq.order, f"mlx5 eq {dev.priv.name}")
+    init_eq_buf(dev, eq)
     try:
         in_ = IfcStruct("create_eq_in", pas=1 << eq.order)
         pas = MLX5_ADDR_OF("create_eq_in", in_, "pas")
@@ -96,6 +111,49 @@ def create_map_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
         raise
     eq.eqn = MLX5_GET("create_eq_out", out, "eq_number")
     eq.doorbell = dev.priv.uar.map + MLX5_EQ_DOORBEL_OFFSET
+
+
+def init_eq_buf(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
+    """Mirrors init_eq_buf(): every EQE's owner bit = MLX5_EQE_OWNER_INIT_VAL (hardware's)."""
+    eqe = bytes(MLX5_EQE_SIZE - 1) + bytes([MLX5_EQE_OWNER_INIT_VAL])
+    dev.pdev.machine.phys_write(page_to_phys(eq.buf), eqe * eq.nent)
+
+
+def next_eqe_sw(dev: mlx5_core_dev, eq: mlx5_eq) -> bytes | None:
+    """Mirrors next_eqe_sw(): the EQE at the consumer index if software owns it."""
+    at = page_to_phys(eq.buf) + (eq.cons_index & (eq.nent - 1)) * MLX5_EQE_SIZE
+    eqe = dev.pdev.machine.phys_read(at, MLX5_EQE_SIZE)
+    return None if (eqe[EQE_OWNER] & 1) ^ bool(eq.cons_index & eq.nent) else eqe
+
+
+def eq_update_ci(eq: mlx5_eq, arm: bool) -> None:
+    """Mirrors eq_update_ci(): the consumer index (and the EQ number) to the EQ
+    doorbell, the arming one (offset 0) or not (offset 8)."""
+    iowrite32be((eq.cons_index & 0xFFFFFF) | eq.eqn << 24, eq.doorbell + (0 if arm else 8))
+
+
+@traced
+def mlx5_eq_comp_int(vector: int, eq: mlx5_eq) -> int:
+    """Mirrors mlx5_eq_comp_int(): for each EQE software owns (at most the polling
+    budget), the CQ it names gets arm_sn + 1 and its comp handler (a bogus CQN is
+    skipped); then the consumer index goes back with the EQ re-armed."""
+    dev = eq.dev
+    n = 0
+    while n < MLX5_EQ_POLLING_BUDGET:
+        eqe = next_eqe_sw(dev, eq)
+        if eqe is None:
+            break
+        if eqe[EQE_TYPE] == MLX5_EVENT_TYPE_COMP:
+            cqn = int.from_bytes(eqe[EQE_COMP_CQN:EQE_COMP_CQN + 4], "big") & 0xFFFFFF
+            cq = eq.cq_table.get(cqn)              # mlx5_eq_cq_get()
+            if cq is not None:
+                cq.arm_sn += 1
+                if cq.comp is not None:
+                    cq.comp(cq, eqe)
+        eq.cons_index += 1
+        n += 1
+    eq_update_ci(eq, True)
+    return IRQ_HANDLED
 
 
 @traced
@@ -122,6 +180,10 @@ def mlx5_eq_table_create(dev: mlx5_core_dev) -> None:
             eq = mlx5_eq(MLX5_COMP_EQ_SIZE, vec)
             create_map_eq(dev, eq)
             table.comp_eqs.append(eq)
+            eq.dev = dev
+            request_irq(dev.pdev, vec, mlx5_eq_comp_int, f"mlx5_comp{vec}", eq)
+            eq.irq_requested = True
+            eq_update_ci(eq, True)
     except BaseException:
         mlx5_eq_table_destroy(dev)  # clean_eqs:
         raise
@@ -136,6 +198,8 @@ def mlx5_eq_table_destroy(dev: mlx5_core_dev) -> None:
     for eq in reversed(table.comp_eqs):
         if eq.cq_table:
             dev.pdev.machine.report_bug("destroy_comp_eqs", f"{eq!r}: CQs still attached")
+        if getattr(eq, "irq_requested", False):
+            free_irq(dev.pdev, eq.vecidx, eq)
         destroy_unmap_eq(dev, eq)
 
 

@@ -56,6 +56,7 @@ from drivers.mlx5_core.ifc import (
     HCA_CAP_OPMOD_GET_CUR,
     HCA_CAP_OPMOD_GET_MAX,
     MLX5_ADDR_OF,
+    MLX5_CAP_DEV_MEM,
     MLX5_CAP_ETHERNET_OFFLOADS,
     MLX5_CAP_GENERAL,
     MLX5_CAP_PORT_TYPE_ETH,
@@ -274,6 +275,8 @@ def mlx5_query_hca_caps(dev: mlx5_core_dev) -> None:
         mlx5_core_get_caps(dev, MLX5_CAP_ETHERNET_OFFLOADS)
     if MLX5_CAP_GEN(dev, "roce"):
         mlx5_core_get_caps(dev, MLX5_CAP_ROCE)
+    if MLX5_CAP_GEN(dev, "device_memory"):  # only the current page, as upstream asks
+        mlx5_core_get_caps_mode(dev, MLX5_CAP_DEV_MEM, HCA_CAP_OPMOD_GET_CUR)
 
 
 @traced

@@ -30,6 +30,7 @@ The files, by the part of the real driver they mirror:
     mem.py       mem.c: page-size helpers and mlx5_ib_populate_pas
     cmd.py       cmd.c: the firmware commands mlx5_ib issues itself
     devx.py      devx.c: the DEVX user context (uid)
+    std_types.py std_types.c: MLX5_IB_METHOD_QUERY_PORT (mlx5dv_query_port)
 """
 
 from __future__ import annotations

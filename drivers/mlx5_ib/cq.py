@@ -31,12 +31,18 @@ from drivers.ib_core.ib_verbs import (
     ib_udata,
 )
 from drivers.ib_core.umem import ib_umem_get, ib_umem_num_dma_blocks, ib_umem_release
-from drivers.mlx5_core.cq import mlx5_core_create_cq, mlx5_core_destroy_cq
+from drivers.mlx5_core.cmd import mlx5_cmd_exec
+from drivers.mlx5_core.cq import mlx5_core_cq, mlx5_core_create_cq, mlx5_core_destroy_cq
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.eq import mlx5_comp_eqn_get
 from drivers.mlx5_core.ifc import (
     MLX5_ADAPTER_PAGE_SHIFT,
     MLX5_ADDR_OF,
+    MLX5_CMD_OP_MODIFY_CQ,
+    MLX5_CQ_OPMOD_RESIZE,
+    MLX5_MODIFY_CQ_MASK_LOG_SIZE,
+    MLX5_MODIFY_CQ_MASK_PG_OFFSET,
+    MLX5_MODIFY_CQ_MASK_PG_SIZE,
     MLX5_SET,
     MLX5_SET64,
     IfcStruct,
@@ -53,9 +59,13 @@ from drivers.mlx5_ib.mlx5_ib import (
     roundup_pow_of_two,
     to_mdev,
 )
-from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
+from kernel_model.errno import EINVAL, ENOSYS, EOPNOTSUPP, KernelError
 from kernel_model.trace import traced
 from kernel_model.uapi import mlx5_abi as abi
+from kernel_model.uapi.ib_user_verbs import (
+    IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN,
+    IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION,
+)
 from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_CREATE_CQ_FLAGS_CQE_128B_PAD,
     MLX5_IB_CREATE_CQ_FLAGS_REAL_TIME_TS,
@@ -150,8 +160,11 @@ def mlx5_ib_create_cq(ibcq: mlx5_ib_cq, attr: ib_cq_init_attr, udata: ib_udata) 
     max_cqes = 1 << MLX5_CAP_GEN(mdev, "log_max_cq_sz")
     if entries < 0 or entries > max_cqes:
         raise KernelError(EINVAL, f"mlx5_ib_create_cq: {entries} entries > {max_cqes}")
-    if attr.flags:
+    if attr.flags & ~(IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN
+                      | IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION):
         raise KernelError(EOPNOTSUPP, f"mlx5_ib_create_cq: create flags {attr.flags:#x}")
+    if attr.flags & IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN and not MLX5_CAP_GEN(mdev, "cq_oi"):
+        raise KernelError(EOPNOTSUPP, "mlx5_ib_create_cq: overrun ignore not supported")
     entries = roundup_pow_of_two(entries + 1)
     if entries > max_cqes:
         raise KernelError(EINVAL, f"mlx5_ib_create_cq: {entries} entries > {max_cqes}")
@@ -166,6 +179,13 @@ def mlx5_ib_create_cq(ibcq: mlx5_ib_cq, attr: ib_cq_init_attr, udata: ib_udata) 
         MLX5_SET("cqc", cqc, "uar_page", index)
         MLX5_SET("cqc", cqc, "c_eqn_or_apu_element", eqn)
         MLX5_SET64("cqc", cqc, "dbr_addr", cq.db.dma)
+        if attr.flags & IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN:
+            MLX5_SET("cqc", cqc, "oi", 1)
+        cq.create_flags = attr.flags
+        # EMU: the completion tasklet (mlx5_add_cq_to_tasklet) is folded in: the EQ's
+        # handler calls mlx5_ib_cq_comp directly
+        cq.mcq.comp = mlx5_ib_cq_comp
+        cq.mcq.ibcq = cq
         uid = rdma_udata_to_drv_context(cq).devx_uid
         MLX5_SET("create_cq_in", in_, "uid", uid)
         mlx5_core_create_cq(mdev, cq.mcq, in_)
@@ -181,3 +201,77 @@ def mlx5_ib_destroy_cq(cq: mlx5_ib_cq, udata: ib_udata) -> None:
     mlx5_core_destroy_cq(dev.mdev, cq.mcq)
     mlx5_ib_db_unmap_user(rdma_udata_to_drv_context(cq), cq.db)
     _release_buf(cq)
+
+
+def mlx5_ib_cq_comp(mcq: mlx5_core_cq, eqe: bytes) -> None:
+    """Mirrors mlx5_ib_cq_comp(): a completion event for the CQ goes to its ib_cq's
+    comp_handler (uverbs: the CQ's completion channel)."""
+    ibcq = mcq.ibcq  # to_mibcq(): container_of
+    if ibcq.comp_handler is not None:
+        ibcq.comp_handler(ibcq, ibcq.cq_context)
+
+
+def resize_user(cq: mlx5_ib_cq, entries: int, udata: ib_udata) -> int:
+    """Mirrors resize_user(): the request (EINVAL for reserved bits), the new ring
+    pinned as cq.resize_umem; returns the CQE size."""
+    ucmd = ib_copy_from_udata(abi.mlx5_ib_resize_cq, udata, abi.mlx5_ib_resize_cq.SIZE)
+    if ucmd.reserved0 or ucmd.reserved1:
+        raise KernelError(EINVAL, "resize_user: reserved fields set")
+    cq.resize_umem = ib_umem_get(cq.device, ucmd.buf_addr, ucmd.cqe_size * entries,
+                                 IB_ACCESS_LOCAL_WRITE)
+    return ucmd.cqe_size
+
+
+@traced
+def mlx5_ib_resize_cq(ibcq: mlx5_ib_cq, entries: int, udata: ib_udata) -> None:
+    """Mirrors mlx5_ib_resize_cq() for a user CQ: ENOSYS without the cq_resize cap;
+    EINVAL for a size out of range (before or after rounding); the same size is a
+    no-op; otherwise the new ring is pinned and MODIFY_CQ(resize) moves the CQ to it
+    - the firmware refuses (EINVAL) a ring too small for the CQEs not yet polled.
+    On success the old ring's umem is released and cqe is the new size - 1."""
+    dev = to_mdev(ibcq.device)
+    cq = ibcq
+    if not MLX5_CAP_GEN(dev.mdev, "cq_resize"):
+        raise KernelError(ENOSYS, "mlx5_ib_resize_cq: firmware does not support resize CQ")
+    max_cqes = 1 << MLX5_CAP_GEN(dev.mdev, "log_max_cq_sz")
+    if entries < 1 or entries > max_cqes:
+        raise KernelError(EINVAL, f"mlx5_ib_resize_cq: wrong entries number {entries}")
+    entries = roundup_pow_of_two(entries + 1)
+    if entries > max_cqes + 1:
+        raise KernelError(EINVAL, f"mlx5_ib_resize_cq: {entries} entries > {max_cqes}")
+    if entries == cq.cqe + 1:
+        return
+    with cq.resize_mutex:
+        cqe_size = resize_user(cq, entries, udata)
+        try:
+            page_size, page_offset_quantized = mlx5_umem_find_best_cq_quantized_pgoff(
+                cq.resize_umem, "cqc", "log_page_size", MLX5_ADAPTER_PAGE_SHIFT,
+                "page_offset", 64)
+            if not page_size:
+                raise KernelError(EINVAL, "mlx5_ib_resize_cq: no page size fits the ring")
+            npas = ib_umem_num_dma_blocks(cq.resize_umem, page_size)
+            in_ = IfcStruct("modify_cq_in", pas=npas)
+            mlx5_ib_populate_pas(cq.resize_umem, page_size,
+                                 MLX5_ADDR_OF("modify_cq_in", in_, "pas"), 0)
+            MLX5_SET("modify_cq_in", in_, "modify_field_select",
+                     MLX5_MODIFY_CQ_MASK_LOG_SIZE | MLX5_MODIFY_CQ_MASK_PG_OFFSET
+                     | MLX5_MODIFY_CQ_MASK_PG_SIZE)
+            cqc = MLX5_ADDR_OF("modify_cq_in", in_, "cq_context")
+            MLX5_SET("cqc", cqc, "log_page_size", order_base_2(page_size)
+                     - MLX5_ADAPTER_PAGE_SHIFT)
+            MLX5_SET("cqc", cqc, "page_offset", page_offset_quantized)
+            MLX5_SET("cqc", cqc, "cqe_sz", cqe_sz_to_mlx_sz(
+                cqe_size, bool(cq.private_flags & MLX5_IB_CQ_PR_FLAGS_CQE_128_PAD)))
+            MLX5_SET("cqc", cqc, "log_cq_size", ilog2(entries))
+            MLX5_SET("modify_cq_in", in_, "opcode", MLX5_CMD_OP_MODIFY_CQ)
+            MLX5_SET("modify_cq_in", in_, "op_mod", MLX5_CQ_OPMOD_RESIZE)
+            MLX5_SET("modify_cq_in", in_, "cqn", cq.mcq.cqn)
+            MLX5_SET("modify_cq_in", in_, "uid", cq.mcq.uid)
+            mlx5_cmd_exec(dev.mdev, in_, IfcStruct("modify_cq_out"))  # mlx5_core_modify_cq
+        except BaseException:
+            ib_umem_release(cq.resize_umem)                            # ex_resize:
+            cq.resize_umem = None
+            raise
+        cq.cqe = entries - 1
+        ib_umem_release(cq.buf.umem)
+        cq.buf.umem, cq.resize_umem = cq.resize_umem, None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from drivers.ib_core.device import ib_device
 from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry
-from drivers.ib_core.ib_verbs import ib_cq, ib_mr, ib_pd, ib_qp, ib_ucontext
+from drivers.ib_core.ib_verbs import ib_cq, ib_mr, ib_mw, ib_pd, ib_qp, ib_ucontext
 from drivers.mlx5_core.cq import mlx5_core_cq
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from kernel_model.current import current
@@ -52,7 +52,7 @@ MLX5_IB_MMAP_TYPE_TLP_VAR = 6
 # include/linux/mlx5/device.h
 MLX5_MIN_DYN_BFREGS = 512
 MLX5_MAX_DYN_BFREGS = 1024
-MLX5_MKEY_MR = 1
+MLX5_MKEY_MR, MLX5_MKEY_MW = 1, 2
 # include/linux/mlx5/qp.h
 MLX5_SEND_WQE_BB = 64
 MLX5_SEND_WQE_DS = 16
@@ -113,6 +113,7 @@ class mlx5_ib_dev(ib_device):
         self.wc_support = False
         self.dump_fill_mkey = 0
         self.clock_info: Any = None     # mdev->clock_info: the page CLOCK_INFO maps
+        self.dm: Any = None             # struct mlx5_dm (dm.py): the MEMIC page bitmap
         self.lb = mlx5_ib_lb_state()
         self.mkey_var = 0               # atomic: the 8-bit mkey variant counter
         self.pkey_table_len = 0
@@ -297,6 +298,14 @@ class mlx5_ib_mkey:
 
     def __repr__(self) -> str:
         return f"mkey {self.key:#x}"
+
+
+class mlx5_ib_mw(ib_mw):
+    """Mirrors struct mlx5_ib_mw: a memory window is an mkey (KLM, free until bound)."""
+
+    def __init__(self, device: ib_device):
+        super().__init__(device)
+        self.mmkey = mlx5_ib_mkey()
 
 
 class mlx5_ib_mr(ib_mr):

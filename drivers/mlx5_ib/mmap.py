@@ -36,11 +36,13 @@ from drivers.ib_core.rdma_core import uverbs_obj_type
 from drivers.ib_core.uverbs_ioctl import uverbs_api_ioctl_method, uverbs_copy_to, uverbs_get_const
 from drivers.mlx5_core.ifc import MLX5_ISEG_INTERNAL_TIMER_H, MLX5_NON_FP_BFREGS_PER_UAR
 from drivers.mlx5_ib.cmd import mlx5_cmd_uar_alloc, mlx5_cmd_uar_dealloc
+from drivers.mlx5_ib.dm import mlx5_ib_dm_memic_free
 from drivers.mlx5_ib.mlx5_ib import (
     MLX5_IB_MMAP_CMD_MASK,
     MLX5_IB_MMAP_CMD_SHIFT,
     MLX5_IB_MMAP_OFFSET_END,
     MLX5_IB_MMAP_OFFSET_START,
+    MLX5_IB_MMAP_TYPE_MEMIC,
     MLX5_IB_MMAP_TYPE_TLP_VAR,
     MLX5_IB_MMAP_TYPE_UAR_NC,
     MLX5_IB_MMAP_TYPE_UAR_WC,
@@ -334,6 +336,8 @@ def mlx5_ib_mmap_free(entry: rdma_user_mmap_entry) -> None:
                 # uverbs has destroyed those, in mlx5_ib_dealloc_ucontext.
                 context.busy_uars.append(mentry.page_idx)
         kfree(mentry)
+    elif mentry.mmap_flag == MLX5_IB_MMAP_TYPE_MEMIC:
+        mlx5_ib_dm_memic_free(mentry.dm)  # kref_put(&mdm->ref, mlx5_ib_dm_memic_free)
     else:
         dev.machine.report_bug("mlx5_ib_mmap_free", f"unexpected entry {mentry!r}")
 

@@ -1,4 +1,4 @@
-"""Mirrors drivers/infiniband/hw/mlx5/mr.c (user MRs): reg_user_mr and dereg_mr.
+"""Mirrors drivers/infiniband/hw/mlx5/mr.c (user MRs): reg_user_mr, rereg_user_mr, dereg_mr.
 
 ibv_reg_mr(pd, addr, len, access) reaches mlx5_ib_reg_user_mr():
 
@@ -38,9 +38,16 @@ from typing import Any
 from drivers.ib_core.ib_verbs import (
     IB_ACCESS_LOCAL_WRITE,
     IB_ACCESS_ON_DEMAND,
+    IB_ACCESS_RELAXED_ORDERING,
     IB_ACCESS_REMOTE_ATOMIC,
     IB_ACCESS_REMOTE_READ,
     IB_ACCESS_REMOTE_WRITE,
+    IB_MR_REREG_ACCESS,
+    IB_MR_REREG_PD,
+    IB_MR_REREG_TRANS,
+    IB_MW_TYPE_2,
+    ib_copy_from_udata,
+    ib_is_udata_cleared,
     ib_udata,
 )
 from drivers.ib_core.peer_mem import (
@@ -51,6 +58,7 @@ from drivers.ib_core.peer_mem import (
 )
 from drivers.ib_core.umem import (
     ib_umem,
+    ib_umem_check_rereg,
     ib_umem_get_peer,
     ib_umem_num_dma_blocks,
     ib_umem_release,
@@ -63,6 +71,7 @@ from drivers.ib_core.umem_dmabuf import (
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
     MLX5_ADDR_OF,
+    MLX5_MKC_ACCESS_MODE_KLMS,
     MLX5_MKC_ACCESS_MODE_MTT,
     MLX5_SET,
     MLX5_SET64,
@@ -72,15 +81,23 @@ from drivers.mlx5_core.mr import mlx5_core_create_mkey, mlx5_core_destroy_mkey
 from drivers.mlx5_ib.mem import mlx5_ib_populate_pas, mlx5_umem_find_best_pgsz
 from drivers.mlx5_ib.mlx5_ib import (
     MLX5_MKEY_MR,
+    MLX5_MKEY_MW,
     mlx5_ib_dev,
     mlx5_ib_mkey,
     mlx5_ib_mr,
+    mlx5_ib_mw,
     mlx5_ib_pd,
     mlx5_ib_warn,
     order_base_2,
     to_mdev,
+    to_mpd,
 )
-from drivers.mlx5_ib.umr import mlx5_ib_post_send_wait_update, mlx5r_umr_revoke_mr
+from drivers.mlx5_ib.umr import (
+    mlx5_ib_post_send_wait_update,
+    mlx5r_umr_can_reconfig,
+    mlx5r_umr_rereg_pd_access,
+    mlx5r_umr_revoke_mr,
+)
 from kernel_model.dma_buf import dma_buf_attach_ops
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.locking import (
@@ -92,6 +109,7 @@ from kernel_model.locking import (
 )
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
+from kernel_model.uapi.mlx5_abi import mlx5_ib_alloc_mw as mlx5_ib_alloc_mw_req
 
 MLX5_IB_MTT_READ, MLX5_IB_MTT_WRITE = 1 << 0, 1 << 1
 MLX5_IB_MTT_PRESENT = MLX5_IB_MTT_READ | MLX5_IB_MTT_WRITE
@@ -247,6 +265,119 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
     mr.umem = None
     kfree(mr)
 
+
+
+def can_use_umr_rereg_access(dev: mlx5_ib_dev, current_access_flags: int,
+                             target_access_flags: int) -> bool:
+    """Mirrors can_use_umr_rereg_access(): a UMR can change only the local/remote
+    write, remote read, atomic and relaxed-ordering bits (and only those
+    mlx5r_umr_can_reconfig allows); MW_BIND, ZERO_BASED, ON_DEMAND... need a new mkey."""
+    diffs = current_access_flags ^ target_access_flags
+    if diffs & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ
+                 | IB_ACCESS_RELAXED_ORDERING | IB_ACCESS_REMOTE_ATOMIC):
+        return False
+    return mlx5r_umr_can_reconfig(dev, current_access_flags, target_access_flags)
+
+
+@traced
+def mlx5_ib_rereg_user_mr(ib_mr: mlx5_ib_mr, flags: int, start: int, length: int, iova: int,
+                          new_access_flags: int, new_pd: mlx5_ib_pd,
+                          udata: ib_udata) -> mlx5_ib_mr | None:
+    """Mirrors mlx5_ib_rereg_user_mr(): change an MR's translation, PD or access - in
+    place when a UMR can (None: the same MR, the same keys), else a new MR the core
+    puts behind the handle (the old one is deregistered by the core).
+
+    Without TRANS: a UMR changes the PD and access of the live mkey when the access
+    change is one a UMR can make; otherwise the umem is kept, the old mkey revoked and
+    a new one created over it (create_real_mr: new keys) - EOPNOTSUPP when there is no
+    plain umem to keep (a dma-buf MR).  With TRANS: new pages, a new mkey
+    (mlx5_ib_reg_user_mr, the "recreate" path; a dma-buf MR becomes a plain one).
+
+    EOPNOTSUPP for flags other than TRANS/PD/ACCESS; EACCES from ib_umem_check_rereg
+    (writable access over a read-only pinning); EFAULT when the UMR fails (a revoked
+    mkey); the errors of ib_umem_get and create_real_mr.
+
+    MLNX_OFED: a peer MR cannot be changed (its invalidation races any change):
+    EOPNOTSUPP.  # EMU: a peer MR's rereg gets OFED 5.1's EOPNOTSUPP in every release;
+    later releases send a peer MR's TRANS rereg down the recreate path instead.
+    """
+    mr = ib_mr
+    dev = to_mdev(mr.device)
+    if flags & ~(IB_MR_REREG_TRANS | IB_MR_REREG_PD | IB_MR_REREG_ACCESS):
+        raise KernelError(EOPNOTSUPP, f"mlx5_ib_rereg_user_mr: flags {flags:#x}")
+    if mr.umem is not None and mr.umem.is_peer:
+        raise KernelError(EOPNOTSUPP, "mlx5_ib_rereg_user_mr: a peer-memory MR")
+    ib_umem_check_rereg(mr.umem, flags, new_access_flags)
+    if not flags & IB_MR_REREG_ACCESS:
+        new_access_flags = mr.access_flags
+    if not flags & IB_MR_REREG_PD:
+        new_pd = mr.pd
+    if not flags & IB_MR_REREG_TRANS:
+        # the fast path for a PD/access change
+        if can_use_umr_rereg_access(dev, mr.access_flags, new_access_flags):
+            mlx5r_umr_rereg_pd_access(mr, new_pd, new_access_flags)
+            return None
+        # DM, ODP (not modelled) and dma-buf MRs have no plain umem to reuse
+        if mr.umem is None or mr.umem.is_dmabuf:
+            raise KernelError(EOPNOTSUPP, "mlx5_ib_rereg_user_mr: no umem to reuse for "
+                              "the access change")
+        # one live MR per umem: revoke the old mkey before the new one takes the umem
+        mlx5r_umr_revoke_mr(mr)
+        umem, mr.umem = mr.umem, None
+        try:
+            return create_real_mr(new_pd, umem, mr.iova, new_access_flags)
+        except BaseException:
+            ib_umem_release(umem)       # create_real_mr's error path: the old MR stays revoked
+            raise
+    # TRANS.  With a plain umem and an access change a UMR can make, upstream pins the
+    # new range and, for an MR whose mkey came from the mkey cache and is big enough
+    # (can_use_umr_rereg_pas), loads the new translation by UMR (umr_rereg_pas).
+    # EMU: can_use_umr_rereg_pas never holds (no mkey cache in the model), so a TRANS
+    # rereg always gets a new mkey over new pages: mlx5_ib_reg_user_mr's pin + create.
+    return mlx5_ib_reg_user_mr(new_pd, start, length, iova, new_access_flags, udata)
+
+
+# -- memory windows (upstream mr.c: mlx5_ib_alloc_mw, mlx5_ib_dealloc_mw) ----------------------
+@traced
+def mlx5_ib_alloc_mw(ibmw: mlx5_ib_mw, udata: ib_udata) -> None:
+    """Mirrors mlx5_ib_alloc_mw(): a free KLM mkey in the window's PD that UMR may bind
+    (umr_en), local read only, not bound to a QP (qpn 0xffffff); a type 2 window may
+    be invalidated remotely (en_rinval).  Its key is the window's rkey.
+
+    EOPNOTSUPP for a request with comp_mask or reserved bits, or bytes past it that
+    are not zero; the firmware's errors."""
+    dev = to_mdev(ibmw.device)
+    req = ib_copy_from_udata(mlx5_ib_alloc_mw_req, udata,
+                             min(udata.inlen, mlx5_ib_alloc_mw_req.SIZE))
+    if req.comp_mask or req.reserved1 or req.reserved2:
+        raise KernelError(EOPNOTSUPP, "mlx5_ib_alloc_mw: comp_mask or reserved bits")
+    if udata.inlen > mlx5_ib_alloc_mw_req.SIZE and not ib_is_udata_cleared(
+            udata, mlx5_ib_alloc_mw_req.SIZE, udata.inlen - mlx5_ib_alloc_mw_req.SIZE):
+        raise KernelError(EOPNOTSUPP, "mlx5_ib_alloc_mw: non-zero bytes past the request")
+    ndescs = -(-max(req.num_klms, 1) // 4) * 4
+    in_ = IfcStruct("create_mkey_in")
+    MLX5_SET("create_mkey_in", in_, "uid", to_mpd(ibmw.pd).uid)
+    mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
+    MLX5_SET("mkc", mkc, "free", 1)
+    MLX5_SET("mkc", mkc, "translations_octword_size", ndescs)
+    MLX5_SET("mkc", mkc, "pd", to_mpd(ibmw.pd).pdn)
+    MLX5_SET("mkc", mkc, "umr_en", 1)
+    MLX5_SET("mkc", mkc, "lr", 1)
+    MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_KLMS)
+    MLX5_SET("mkc", mkc, "en_rinval", ibmw.type == IB_MW_TYPE_2)
+    MLX5_SET("mkc", mkc, "qpn", 0xFFFFFF)
+    mlx5_ib_create_mkey(dev, ibmw.mmkey, in_)
+    ibmw.mmkey.type = MLX5_MKEY_MW
+    ibmw.rkey = ibmw.mmkey.key
+    ibmw.mmkey.ndescs = ndescs
+    # the response (comp_mask, response_length) only when the caller has room for it:
+    # rdma-core's libmlx5 asks for none
+
+
+@traced
+def mlx5_ib_dealloc_mw(ibmw: mlx5_ib_mw) -> None:
+    """Mirrors mlx5_ib_dealloc_mw(): DESTROY_MKEY - a bound window's rkey is dead."""
+    mlx5_core_destroy_mkey(to_mdev(ibmw.device).mdev, ibmw.mmkey.key)
 
 
 

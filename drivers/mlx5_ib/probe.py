@@ -33,7 +33,7 @@ from drivers.ib_core.device import (
     ib_set_device_ops,
     ib_unregister_device,
 )
-from drivers.mlx5_core.driver import MLX5_CAP_GEN
+from drivers.mlx5_core.driver import MLX5_CAP_DEV_MEM, MLX5_CAP_GEN
 from drivers.mlx5_core.eq import mlx5_comp_vectors_max
 from drivers.mlx5_core.vport import (
     mlx5_nic_vport_disable_roce,
@@ -41,8 +41,10 @@ from drivers.mlx5_core.vport import (
     mlx5_query_nic_vport_node_guid,
 )
 from drivers.mlx5_core.wc import mlx5_wc_support_get
+from drivers.mlx5_ib.ah import mlx5_ib_ah, mlx5_ib_create_ah, mlx5_ib_destroy_ah
 from drivers.mlx5_ib.cmd import mlx5_cmd_dump_fill_mkey
-from drivers.mlx5_ib.cq import mlx5_ib_create_cq, mlx5_ib_destroy_cq
+from drivers.mlx5_ib.cq import mlx5_ib_create_cq, mlx5_ib_destroy_cq, mlx5_ib_resize_cq
+from drivers.mlx5_ib.dm import mlx5_dm, mlx5_ib_alloc_dm, mlx5_ib_dealloc_dm, mlx5_ib_reg_dm_mr
 from drivers.mlx5_ib.gid import mlx5_ib_add_gid, mlx5_ib_del_gid, mlx5_ib_get_port_mac
 from drivers.mlx5_ib.main import (
     mlx5_ib_alloc_pd,
@@ -53,6 +55,7 @@ from drivers.mlx5_ib.main import (
 from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_cq,
     mlx5_ib_dev,
+    mlx5_ib_mw,
     mlx5_ib_pd,
     mlx5_ib_port,
     mlx5_ib_qp,
@@ -60,16 +63,35 @@ from drivers.mlx5_ib.mlx5_ib import (
     parse_kernel_release,
 )
 from drivers.mlx5_ib.mmap import mlx5_ib_mmap, mlx5_ib_mmap_free, mlx5_ib_uar_methods
-from drivers.mlx5_ib.mr import mlx5_ib_dereg_mr, mlx5_ib_reg_user_mr, mlx5_ib_reg_user_mr_dmabuf
+from drivers.mlx5_ib.mr import (
+    mlx5_ib_alloc_mw,
+    mlx5_ib_dealloc_mw,
+    mlx5_ib_dereg_mr,
+    mlx5_ib_reg_user_mr,
+    mlx5_ib_reg_user_mr_dmabuf,
+    mlx5_ib_rereg_user_mr,
+)
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
 from drivers.mlx5_ib.qp_modify import mlx5_ib_modify_qp, mlx5_ib_query_qp
 from drivers.mlx5_ib.query import (
     mlx5_get_dev_fw_str,
     mlx5_ib_get_link_layer,
     mlx5_ib_query_device,
+    mlx5_ib_query_pkey,
     mlx5_ib_query_port,
     mlx5_port_roce_immutable,
 )
+from drivers.mlx5_ib.srq import (
+    mlx5_ib_alloc_xrcd,
+    mlx5_ib_create_srq,
+    mlx5_ib_dealloc_xrcd,
+    mlx5_ib_destroy_srq,
+    mlx5_ib_modify_srq,
+    mlx5_ib_query_srq,
+    mlx5_ib_srq,
+    mlx5_ib_xrcd,
+)
+from drivers.mlx5_ib.std_types import mlx5_ib_std_types_methods
 from kernel_model.auxiliary import auxiliary_device, auxiliary_device_id, auxiliary_driver
 from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_pages
 from kernel_model.trace import traced
@@ -84,20 +106,35 @@ RDMA_DRIVER_MLX5 = 1  # enum rdma_driver_id
 mlx5_ib_dev_ops = ib_device_ops(
     owner="mlx5_ib", driver_id=RDMA_DRIVER_MLX5, uverbs_abi_ver=MLX5_IB_UVERBS_ABI_VERSION,
     query_device=mlx5_ib_query_device, query_port=mlx5_ib_query_port,
+    query_pkey=mlx5_ib_query_pkey,
     get_port_immutable=mlx5_port_roce_immutable, get_link_layer=mlx5_ib_get_link_layer,
     get_dev_fw_str=mlx5_get_dev_fw_str,
     alloc_ucontext=mlx5_ib_alloc_ucontext, dealloc_ucontext=mlx5_ib_dealloc_ucontext,
-    mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free, uapi_methods=mlx5_ib_uar_methods,
+    mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free,
+    uapi_methods={**mlx5_ib_uar_methods, **mlx5_ib_std_types_methods},
     alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
     reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
     reg_user_mr_dmabuf=mlx5_ib_reg_user_mr_dmabuf,
-    create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq,
+    rereg_user_mr=mlx5_ib_rereg_user_mr,
+    alloc_mw=mlx5_ib_alloc_mw, dealloc_mw=mlx5_ib_dealloc_mw,
+    create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq, resize_cq=mlx5_ib_resize_cq,
     create_qp=mlx5_ib_create_qp, modify_qp=mlx5_ib_modify_qp, query_qp=mlx5_ib_query_qp,
     destroy_qp=mlx5_ib_destroy_qp,
+    create_srq=mlx5_ib_create_srq, modify_srq=mlx5_ib_modify_srq, query_srq=mlx5_ib_query_srq,
+    destroy_srq=mlx5_ib_destroy_srq, alloc_xrcd=mlx5_ib_alloc_xrcd,
+    dealloc_xrcd=mlx5_ib_dealloc_xrcd,
+    create_ah=mlx5_ib_create_ah, create_user_ah=mlx5_ib_create_ah,
+    destroy_ah=mlx5_ib_destroy_ah,
     add_gid=mlx5_ib_add_gid, del_gid=mlx5_ib_del_gid, get_port_mac=mlx5_ib_get_port_mac,
     size_ib_ucontext=mlx5_ib_ucontext, size_ib_pd=mlx5_ib_pd, size_ib_cq=mlx5_ib_cq,
-    size_ib_qp=mlx5_ib_qp,
+    size_ib_qp=mlx5_ib_qp, size_ib_ah=mlx5_ib_ah, size_ib_mw=mlx5_ib_mw,
+    size_ib_srq=mlx5_ib_srq, size_ib_xrcd=mlx5_ib_xrcd,
 )
+
+
+#: Mirrors mlx5_ib_dev_dm_ops
+mlx5_ib_dev_dm_ops = ib_device_ops(alloc_dm=mlx5_ib_alloc_dm, dealloc_dm=mlx5_ib_dealloc_dm,
+                                   reg_dm_mr=mlx5_ib_reg_dm_mr)
 
 
 # -- stages --------------------------------------------------------------------------------
@@ -115,12 +152,16 @@ def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
     dev.dev_parent = mdev.device
     if MLX5_CAP_GEN(mdev, "dump_fill_mkey"):
         dev.dump_fill_mkey = mlx5_cmd_dump_fill_mkey(mdev)
+    dev.dm = mlx5_dm(mdev)  # spin_lock_init(&dev->dm.lock); dev->dm.dev = mdev
     dev.wc_support = mlx5_wc_support_get(mdev)  # may BlueFlame pages be write-combining
 
 
 def mlx5_ib_stage_caps_init(dev: mlx5_ib_dev) -> None:
-    """Mirrors mlx5_ib_stage_caps_init(): the ops table."""
+    """Mirrors mlx5_ib_stage_caps_init(): the ops table (device memory only when the
+    HCA has MEMIC)."""
     ib_set_device_ops(dev, mlx5_ib_dev_ops)
+    if MLX5_CAP_GEN(dev.mdev, "device_memory") and MLX5_CAP_DEV_MEM(dev.mdev, "memic"):
+        ib_set_device_ops(dev, mlx5_ib_dev_dm_ops)
 
 
 @traced

@@ -63,8 +63,10 @@ from drivers.mlx5_core.ifc import (
     MLX5_QPC_ST_RC,
     MLX5_QPC_ST_UC,
     MLX5_QPC_ST_UD,
+    MLX5_QPC_ST_XRC,
     MLX5_SET,
     MLX5_SET64,
+    MLX5_SRQ_RQ,
     MLX5_ZERO_LEN_RQ,
     IfcStruct,
 )
@@ -93,6 +95,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mpd,
 )
 from drivers.mlx5_ib.qpc import mlx5_core_destroy_qp, mlx5_core_qp_modify, mlx5_qpc_create_qp
+from drivers.mlx5_ib.srq import to_msrq, to_mxrcd
 from kernel_model.errno import EINVAL, ENOMEM, EOPNOTSUPP, KernelError
 from kernel_model.locking import spin_lock, spin_lock_irqsave, spin_unlock, spin_unlock_irqrestore
 from kernel_model.trace import traced
@@ -125,7 +128,8 @@ _KNOWN_FLAGS = (_MODELLED_FLAGS | MLX5_QP_FLAG_TUNNEL_OFFLOADS | MLX5_QP_FLAG_TY
                 | MLX5_QP_FLAG_TIR_ALLOW_SELF_LB_MC | MLX5_QP_FLAG_PACKET_BASED_CREDIT_MODE
                 | MLX5_QP_FLAG_DCI_STREAM)
 #: to_mlx5_st(): the QPC service type of each modelled verbs QP type
-_MLX5_ST = {IB_QPT_RC: MLX5_QPC_ST_RC, IB_QPT_UC: MLX5_QPC_ST_UC, IB_QPT_UD: MLX5_QPC_ST_UD}
+_MLX5_ST = {IB_QPT_RC: MLX5_QPC_ST_RC, IB_QPT_UC: MLX5_QPC_ST_UC, IB_QPT_UD: MLX5_QPC_ST_UD,
+            IB_QPT_XRC_INI: MLX5_QPC_ST_XRC, IB_QPT_XRC_TGT: MLX5_QPC_ST_XRC}
 
 
 # -- bfregs ---------------------------------------------------------------------------------
@@ -368,6 +372,16 @@ def _qp_lists(dev: mlx5_ib_dev, qp: mlx5_ib_qp, op: Callable[[list, mlx5_ib_qp],
     spin_unlock_irqrestore(dev.reset_flow_resource_lock, flags)
 
 
+def get_rx_type(qp: mlx5_ib_qp, attr: ib_qp_init_attr) -> int:
+    """Mirrors get_rx_type(): an SRQ's QP receives from it, an XRC target from the
+    SRQs of its domain; a QP without receive queue has a zero-length one.
+    # EMU: an XRC initiator's is zero-length too (the kernel names the device's own
+    # SRQ, devr.s0, which is not modelled; an initiator never receives)."""
+    if attr.srq is not None or attr.qp_type == IB_QPT_XRC_TGT:
+        return MLX5_SRQ_RQ
+    return MLX5_NON_ZERO_RQ if qp.has_rq else MLX5_ZERO_LEN_RQ
+
+
 def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcStruct,
               uidx: int) -> None:
     """The QPC fields create_user_qp() writes."""
@@ -380,12 +394,15 @@ def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcS
         MLX5_SET("qpc", qpc, "log_rq_stride", qp.rq.wqe_shift - 4)
         MLX5_SET("qpc", qpc, "log_rq_size", ilog2(qp.rq.wqe_cnt))
     MLX5_SET("qpc", qpc, "ts_format", MLX5_CAP_GEN(dev.mdev, "sq_ts_format") and 1)
-    MLX5_SET("qpc", qpc, "rq_type", MLX5_NON_ZERO_RQ if qp.has_rq else MLX5_ZERO_LEN_RQ)
+    MLX5_SET("qpc", qpc, "rq_type", get_rx_type(qp, attr))
     if qp.sq.wqe_cnt:
         MLX5_SET("qpc", qpc, "log_sq_size", ilog2(qp.sq.wqe_cnt))
     else:
         MLX5_SET("qpc", qpc, "no_sq", 1)
-    # EMU: the device-global XRCD and SRQs (devr) are not modelled: xrcd/srqn stay 0
+    # EMU: the device-global XRCD and SRQs (devr) are not modelled: xrcd stays 0, and
+    # so does srqn_rmpn_xrqn for a QP without an SRQ
+    if attr.srq is not None:
+        MLX5_SET("qpc", qpc, "srqn_rmpn_xrqn", to_msrq(attr.srq).msrq.srqn)
     if attr.send_cq is not None:
         MLX5_SET("qpc", qpc, "cqn_snd", to_mcq(attr.send_cq).mcq.cqn)
     if attr.recv_cq is not None:
@@ -462,6 +479,46 @@ def get_qp_uidx(qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_create_qp) -> int:
 
 
 @traced
+def create_xrc_tgt_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr) -> None:
+    """Mirrors create_xrc_tgt_qp(): a QP with no queues of its own (no SQ, receives
+    from the SRQs of its XRC domain), the kernel's (uid 0), CREATE_QP.
+    # EMU: the device-global PD, CQ and SRQ it names in the real QPC (devr.p0, c0,
+    # s0) are not modelled: pd, cqn_snd/rcv and srqn stay 0 (the firmware takes an
+    # XRC target's resources from the SRQ each request names)."""
+    in_ = IfcStruct("create_qp_in", pas=0)
+    qpc = MLX5_ADDR_OF("create_qp_in", in_, "qpc")
+    MLX5_SET("qpc", qpc, "st", MLX5_QPC_ST_XRC)
+    MLX5_SET("qpc", qpc, "pm_state", MLX5_QP_PM_MIGRATED)
+    MLX5_SET("qpc", qpc, "rq_type", MLX5_SRQ_RQ)
+    MLX5_SET("qpc", qpc, "no_sq", 1)
+    MLX5_SET("qpc", qpc, "xrcd", to_mxrcd(attr.xrcd).xrcdn)
+    MLX5_SET("qpc", qpc, "ts_format", MLX5_CAP_GEN(dev.mdev, "sq_ts_format") and 1)
+    if MLX5_CAP_GEN(dev.mdev, "cqe_version") == MLX5_CQE_VERSION_V1:
+        MLX5_SET("qpc", qpc, "user_index", MLX5_IB_DEFAULT_UIDX)
+    qp.trans_qp.base.mqp.uid = 0
+    mlx5_qpc_create_qp(dev, qp, in_)
+    qp.has_rq = False
+    qp.rq.wqe_cnt = qp.sq.wqe_cnt = 0
+    attr.cap.max_recv_wr = attr.cap.max_send_wr = 0
+    attr.cap.max_recv_sge = attr.cap.max_send_sge = attr.cap.max_inline_data = 0
+    with _reset_flow_locked(dev):
+        dev.qp_list.append(qp)
+
+
+class _reset_flow_locked:
+    """dev.reset_flow_resource_lock held (irqsave) for a with block."""
+
+    def __init__(self, dev: mlx5_ib_dev):
+        self.dev = dev
+
+    def __enter__(self) -> None:
+        self.flags = spin_lock_irqsave(self.dev.reset_flow_resource_lock)
+
+    def __exit__(self, *exc: object) -> None:
+        spin_unlock_irqrestore(self.dev.reset_flow_resource_lock, self.flags)
+
+
+@traced
 def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) -> None:
     """Mirrors mlx5_ib_create_qp() for a user RC/UC/UD QP (order in the docstring above).
 
@@ -476,6 +533,12 @@ def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) 
     qp = ibqp
     if attr.qp_type not in _MLX5_ST:
         raise KernelError(EOPNOTSUPP, f"check_qp_type: QP type {attr.qp_type} not supported")
+    if attr.qp_type in (IB_QPT_XRC_INI, IB_QPT_XRC_TGT) and not MLX5_CAP_GEN(dev.mdev, "xrc"):
+        raise KernelError(EOPNOTSUPP, "check_qp_type: no XRC support")
+    if attr.qp_type == IB_QPT_XRC_TGT:              # the core passes no udata for it
+        create_xrc_tgt_qp(dev, qp, attr)
+        qp.qp_num = qp.mqp.qpn
+        return
     ucmd = _read_ucmd(udata)
     process_vendor_flags(dev, qp, ucmd)
     uidx = get_qp_uidx(qp, ucmd)
@@ -517,6 +580,14 @@ def mlx5_ib_destroy_qp(qp: mlx5_ib_qp, udata: ib_udata) -> None:
             mlx5_core_qp_modify(dev, MLX5_CMD_OP_2RST_QP, 0, None, qp.mqp)
         except KernelError as e:
             mlx5_ib_warn(dev, f"mlx5_ib: modify QP {qp.mqp.qpn:#08x} to RESET failed: {e}")
+    if qp.qp_type == IB_QPT_XRC_TGT:                # no queues, no CQs, no user memory
+        with _reset_flow_locked(dev):
+            dev.qp_list.remove(qp)
+        try:
+            mlx5_core_destroy_qp(dev, qp)
+        except KernelError as e:
+            mlx5_ib_warn(dev, f"mlx5_ib_destroy_qp: failed to destroy QP {qp.mqp.qpn:#x}: {e}")
+        return
     _qp_lists(dev, qp, list.remove)
     try:
         mlx5_core_destroy_qp(dev, qp)

@@ -419,7 +419,9 @@ def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_attr, attr_mask: int
                       attr.alt_port_num, attr_mask | IB_QP_PKEY_INDEX | IB_QP_TIMEOUT, 0, attr,
                       True)
     send_cq, recv_cq = to_mcq(qp.send_cq), to_mcq(qp.recv_cq)  # get_cqs()
-    MLX5_SET("qpc", qpc, "pd", to_mpd(qp.pd).pdn)
+    # an XRC target has no PD: the kernel names the device's own (devr.p0), which
+    # EMU: is not modelled - pd 0 (see create_xrc_tgt_qp)
+    MLX5_SET("qpc", qpc, "pd", to_mpd(qp.pd).pdn if qp.pd is not None else 0)
     if send_cq is not None:
         MLX5_SET("qpc", qpc, "cqn_snd", send_cq.mcq.cqn)
     if recv_cq is not None:

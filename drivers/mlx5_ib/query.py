@@ -28,6 +28,7 @@ from drivers.ib_core.ib_verbs import (
     IB_MTU_4096,
     IB_PORT_ACTIVE,
     IB_PORT_DOWN,
+    IB_QPT_RAW_PACKET,
     IB_SPEED_EDR,
     IB_SPEED_FDR,
     IB_SPEED_QDR,
@@ -36,11 +37,20 @@ from drivers.ib_core.ib_verbs import (
     IB_WIDTH_2X,
     IB_WIDTH_4X,
     ib_device_attr,
+    ib_is_udata_cleared,
     ib_port_attr,
     ib_port_immutable,
     ib_udata,
 )
-from drivers.mlx5_core.driver import MLX5_CAP_GEN, MLX5_CAP_ROCE, fw_rev_maj, fw_rev_min, fw_rev_sub
+from drivers.mlx5_core.driver import (
+    MLX5_CAP_DEV_MEM,
+    MLX5_CAP_ETH,
+    MLX5_CAP_GEN,
+    MLX5_CAP_ROCE,
+    fw_rev_maj,
+    fw_rev_min,
+    fw_rev_sub,
+)
 from drivers.mlx5_core.port import mlx5_port_query_eth_proto, mlx5_query_port_max_mtu
 from drivers.mlx5_core.vport import (
     mlx5_core_query_vendor_id,
@@ -59,9 +69,20 @@ IB_DEVICE_CHANGE_PHY_PORT = 1 << 5
 IB_DEVICE_PORT_ACTIVE_EVENT = 1 << 10
 IB_DEVICE_SYS_IMAGE_GUID = 1 << 11
 IB_DEVICE_RC_RNR_NAK_GEN = 1 << 12
+IB_DEVICE_MEM_WINDOW = 1 << 17
 IB_DEVICE_XRC = 1 << 20
 IB_DEVICE_MEM_MGT_EXTENSIONS = 1 << 21
 IB_DEVICE_BLOCK_MULTICAST_LOOPBACK = 1 << 22
+IB_DEVICE_MEM_WINDOW_TYPE_2B = 1 << 24
+IB_DEVICE_RAW_IP_CSUM = 1 << 26
+IB_DEVICE_RAW_SCATTER_FCS = 1 << 34
+IB_DEVICE_PCI_WRITE_END_PADDING = 1 << 36
+# enum ib_raw_packet_caps
+IB_RAW_PACKET_CAP_CVLAN_STRIPPING, IB_RAW_PACKET_CAP_SCATTER_FCS = 1 << 0, 1 << 1
+IB_RAW_PACKET_CAP_IP_CSUM = 1 << 2
+# the CQ moderation limits: the widths of cqc.cq_max_count and cqc.cq_period
+MLX5_MAX_CQ_COUNT, MLX5_MAX_CQ_PERIOD = (1 << 16) - 1, (1 << 12) - 1
+MLX5_TIMESTAMP_MASK = 0x7FFFFFFFFFFFFFFF
 # enum ib_port_capability_mask_bits, RDMA_CORE_PORT_*, IB_MGMT_MAD_SIZE
 IB_PORT_CM_SUP = 1 << 16
 IB_PORT_IP_BASED_GIDS = 1 << 26
@@ -113,11 +134,16 @@ def iboe_get_mtu(mtu: int) -> int:
 def mlx5_ib_query_device(ibdev: mlx5_ib_dev, props: ib_device_attr, uhw: ib_udata) -> None:
     """Mirrors mlx5_ib_query_device(): the device attributes from the capabilities.
 
-    EINVAL when the caller's driver-private input is not empty (the
-    extended query's request is not modelled).
+    EINVAL when the caller's driver-private input has a non-zero byte.
+    # EMU: the driver-private response (struct mlx5_ib_query_device_resp: TSO,
+    # RSS hash, CQE compression, packet pacing caps) is not written - the model's
+    # libmlx5 asks for none (it has no query_device_ex of its own); ODP is not
+    # emulated (odp_caps 0), nor tag matching (not in the modelled capability
+    # layout: tm_caps 0), nor flow steering namespaces (no
+    # IB_DEVICE_MANAGED_FLOW_STEERING).
     """
-    if uhw.inlen:
-        raise KernelError(EINVAL, "mlx5_ib_query_device: unexpected driver input")
+    if uhw.inlen and not ib_is_udata_cleared(uhw, 0, uhw.inlen):
+        raise KernelError(EINVAL, "mlx5_ib_query_device: non-zero driver input")
     dev = to_mdev(ibdev)
     mdev = dev.mdev
     max_rq_sg = MLX5_CAP_GEN(mdev, "max_wqe_sz_rq") // MLX5_WQE_SEG_SIZE
@@ -137,6 +163,9 @@ def mlx5_ib_query_device(ibdev: mlx5_ib_dev, props: ib_device_attr, uhw: ib_udat
     if MLX5_CAP_GEN(mdev, "cq_resize"):
         props.device_cap_flags |= IB_DEVICE_RESIZE_MAX_WR
     props.device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS
+    if MLX5_CAP_GEN(mdev, "imaicl"):       # memory windows (type 1 and 2B)
+        props.device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B
+        props.max_mw = 1 << MLX5_CAP_GEN(mdev, "log_max_mkey")
     props.sys_image_guid = mlx5_query_nic_vport_system_image_guid(mdev)
     # mlx5_query_vendor_id(): a RoCE port's vport is reached by HCA commands, so the
     # adapter's IEEE OUI; sysfs device/vendor stays the PCI vendor
@@ -169,6 +198,31 @@ def mlx5_ib_query_device(ibdev: mlx5_ib_dev, props: ib_device_attr, uhw: ib_udat
     props.max_total_mcast_qp_attach = props.max_mcast_qp_attach * props.max_mcast_grp
     props.max_ah = 0x7FFFFFFF  # INT_MAX: address handles are not a firmware resource
     props.max_pkeys = 1        # RoCE: the default P_Key only (pkey_table_size 0)
+    if MLX5_CAP_GEN(mdev, "end_pad"):
+        props.device_cap_flags |= IB_DEVICE_PCI_WRITE_END_PADDING
+    # raw_support = !mlx5_core_mp_enabled(): always, one port and no multi-port
+    if MLX5_CAP_GEN(mdev, "eth_net_offloads"):
+        if MLX5_CAP_ETH(mdev, "csum_cap"):
+            props.device_cap_flags |= IB_DEVICE_RAW_IP_CSUM
+            props.raw_packet_caps |= IB_RAW_PACKET_CAP_IP_CSUM
+        if MLX5_CAP_ETH(mdev, "vlan_cap"):
+            props.raw_packet_caps |= IB_RAW_PACKET_CAP_CVLAN_STRIPPING
+        if MLX5_CAP_ETH(mdev, "scatter_fcs"):
+            props.device_cap_flags |= IB_DEVICE_RAW_SCATTER_FCS
+            props.raw_packet_caps |= IB_RAW_PACKET_CAP_SCATTER_FCS
+    props.hca_core_clock = MLX5_CAP_GEN(mdev, "device_frequency_khz")
+    if MLX5_CAP_GEN(mdev, "device_memory") and MLX5_CAP_DEV_MEM(mdev, "memic"):
+        props.max_dm_size = MLX5_CAP_DEV_MEM(mdev, "max_memic_size")
+    props.timestamp_mask = MLX5_TIMESTAMP_MASK
+    if mlx5_ib_get_link_layer(ibdev, 1) == IB_LINK_LAYER_ETHERNET:
+        props.rss_caps.max_rwq_indirection_tables = 1 << MLX5_CAP_GEN(mdev, "log_max_rqt")
+        props.rss_caps.max_rwq_indirection_table_size = \
+            1 << MLX5_CAP_GEN(mdev, "log_max_rqt_size")
+        props.rss_caps.supported_qpts = 1 << IB_QPT_RAW_PACKET
+        props.max_wq_type_rq = 1 << MLX5_CAP_GEN(mdev, "log_max_rq")
+    if MLX5_CAP_GEN(mdev, "cq_moderation"):
+        props.cq_caps.max_cq_moderation_count = MLX5_MAX_CQ_COUNT
+        props.cq_caps.max_cq_moderation_period = MLX5_MAX_CQ_PERIOD
 
 
 @traced
@@ -200,6 +254,26 @@ def mlx5_query_port_roce(ibdev: mlx5_ib_dev, port: int, props: ib_port_attr) -> 
 def mlx5_ib_query_port(ibdev: mlx5_ib_dev, port: int, props: ib_port_attr) -> None:
     """Mirrors mlx5_ib_query_port(): by link layer (only RoCE is modelled)."""
     mlx5_query_port_roce(ibdev, port, props)
+
+
+IB_DEFAULT_PKEY_FULL = 0xFFFF
+
+
+@traced
+def mlx5_ib_query_pkey(ibdev: mlx5_ib_dev, port: int, index: int) -> int:
+    """Mirrors mlx5_ib_query_pkey(): a RoCE port (vport access method NIC) asks
+    mlx5_query_hca_vport_pkey(); its table holds the default full-member P_Key at
+    index 0.  EINVAL for an index past the port's pkey_tbl_len.
+
+    # EMU: the QUERY_HCA_VPORT_PKEY firmware command is not modelled; the answer
+    # is the one a RoCE vport's table gives (0xffff at index 0).
+    """
+    attr = ib_port_attr()
+    mlx5_ib_query_port(ibdev, port, attr)
+    if not 0 <= index < attr.pkey_tbl_len:
+        raise KernelError(EINVAL, f"mlx5_query_hca_vport_pkey: index {index} outside the "
+                          f"{attr.pkey_tbl_len}-entry table")
+    return IB_DEFAULT_PKEY_FULL
 
 
 def mlx5_ib_get_link_layer(ibdev: mlx5_ib_dev, port: int) -> int:

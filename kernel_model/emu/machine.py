@@ -31,7 +31,7 @@ from kernel_model.current import (
 from kernel_model.emu.leakcheck import check_leaks
 from kernel_model.emu.process import Process
 from kernel_model.errno import EINVAL, KernelBug, KernelError
-from kernel_model.fs import chrdev_table
+from kernel_model.fs import chrdev_table, ramfs_table
 from kernel_model.iommu import make_iommu
 from kernel_model.ioport import PCI_MMIO_BASE, MachineCheck, MmioRegion
 from kernel_model.lockdep import lockdep_graph
@@ -95,6 +95,7 @@ class Machine:
         self.leak_checks: list[Callable[[Machine], list[str]]] = []
         self.shutdown_hooks: list[Callable[[Machine], None]] = []  # run newest first
         self.chrdevs = chrdev_table()
+        self.ramfs = ramfs_table()
         self.iommu = make_iommu(self, iommu)
         self.tasks: dict[int, object] = {}
         self.kthreads: dict[int, object] = {}  # pid -> sched Task, while it runs

@@ -15,7 +15,9 @@ BAR0 layout (struct mlx5_init_seg, include/linux/mlx5/device.h, at offset 0):
     0x1004 internal_timer_l
     0x1010 health_counter    advances while the firmware lives
 
-The rest of the BAR is cut into UAR pages (4 KiB each on a 4 KiB host; with
+The last memic_bar_size bytes (device_mem_cap, 256 KiB) are on-chip memory (MEMIC,
+mlx5_fw_memic.py): loads and stores there read and write its bytes.  The rest of the
+BAR is cut into UAR pages (4 KiB each on a 4 KiB host; with
 uar_4k off and a larger log_uar_page_sz, that many bytes): UAR index i at
 BAR0 + i * uar_page_size.  In a UAR page (include/linux/mlx5/cq.h, eq.c,
 rdma-core mlx5.h):
@@ -61,7 +63,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from kernel_model.hw import mlx5_caps
+from kernel_model.hw import mlx5_caps, mlx5_fw_memic
 from kernel_model.hw.mlx5_engine import Mlx5Engine
 from kernel_model.hw.mlx5_fw import INIT_SEG_SIZE, Firmware
 from kernel_model.hw.mlx5_ifc import LAYOUTS, CmdqMemory
@@ -192,13 +194,31 @@ class ConnectX:
         if off < INIT_SEG_SIZE:
             return b"".join(struct.pack(">I", self._iseg_reg(word))
                             for word in range(off & ~3, off + n, 4))[off & 3:(off & 3) + n]
+        memic = self._memic_offset(off, n)
+        if memic is not None:
+            return bytes(self.fw.memic_data[memic:memic + n])
         return bytes(n)
 
     def _write(self, off: int, data: bytes) -> None:
         if off < INIT_SEG_SIZE:
             self._iseg_write(off, data)
+            return
+        memic = self._memic_offset(off, len(data))
+        if memic is not None:
+            self.fw.memic_data[memic:memic + len(data)] = data
         else:
             self._uar_write(off, data)
+
+    # -- on-chip memory (MEMIC) --------------------------------------------------------
+    def _memic_offset(self, off: int, n: int) -> int | None:
+        """Where a BAR access lands in the MEMIC window (None: below it).  Loads and
+        stores reach the on-chip memory whether or not the piece is allocated, as
+        the SRAM behind the BAR answers any address; the kernel maps only what
+        ALLOC_MEMIC gave a context."""
+        start, size = mlx5_fw_memic.memic_window(self.fw)
+        if size and start <= off and off + n <= start + size:
+            return off - start
+        return None
 
     # -- initialisation segment ---------------------------------------------------
     def _iseg_reg(self, off: int) -> int:

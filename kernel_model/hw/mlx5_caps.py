@@ -20,6 +20,7 @@ host with PAGE_SIZE > 4096 turns it on.
 from __future__ import annotations
 
 from kernel_model.hw.mlx5_ifc import (
+    MLX5_CAP_DEV_MEM,
     MLX5_CAP_ETHERNET_OFFLOADS,
     MLX5_CAP_GENERAL,
     MLX5_CAP_INLINE_MODE_VPORT_CONTEXT,
@@ -41,7 +42,7 @@ GENERAL_MAX: dict[str, int] = dict(
     drain_sigerr=1, sigerr_cqe=1, wq_signature=1, sctr_data_cqe=1, dct=1, qos=1,
     eth_net_offloads=1, roce=1, atomic=1, cq_oi=1, cq_resize=1, cq_moderation=1,
     cq_period_mode_modify=1, cq_eq_remap=1, pg=1, block_lb_mc=1, scqe_break_moderation=1,
-    cq_period_start_from_cqe=1, cd=1, qkv=1, pkv=1, set_deth_sqpn=1, xrc=1, ud=1, uc=1,
+    cq_period_start_from_cqe=1, cd=1, imaicl=1, qkv=1, pkv=1, set_deth_sqpn=1, xrc=1, ud=1, uc=1,
     rc=1, uar_4k=1, uar_sz=5, umem_uid_0=1, log_pg_sz=12, bf=1, driver_version=1,
     log_bf_reg_size=9, max_wqe_sz_sq=1024, max_wqe_sz_rq=512, max_wqe_sz_sq_dc=512,
     max_qp_mcg=240, log_max_mcg=21, log_max_transport_domain=20, log_max_pd=24,
@@ -54,6 +55,7 @@ GENERAL_MAX: dict[str, int] = dict(
     log_uar_page_sz=4, device_frequency_mhz=156, device_frequency_khz=156250,
     num_of_uars_per_page=16, log_max_atomic_size_qp=6, log_max_atomic_size_dc=6,
     cqe_128_always=1, cqe_compression=1, native_port_num=1, ece_support=1,
+    device_memory=1,
 )
 
 #: the current page differs from the maximum until the driver's SET_HCA_CAP
@@ -76,9 +78,19 @@ ETH: dict[str, int] = dict(
     lro_min_mss_size=1344,
 )
 
+#: on-chip memory (MEMIC): 256 KiB at the top of BAR0, handed out by ALLOC_MEMIC in
+#: 64-byte units (log_min_memic_alloc_size 6), addresses aligned up to 64 << 6 bytes.
+#: memic_bar_start_addr (BAR-relative) is filled in by the firmware from the BAR size
+#: (the last memic_bar_size bytes) unless a test overrides it.
+DEV_MEM: dict[str, int] = dict(
+    memic=1, log_min_memic_alloc_size=6, log_max_memic_addr_alignment=6,
+    memic_bar_size=256 << 10, max_memic_size=256 << 10,
+)
+
 #: the layout each capability type's page uses
 CAP_LAYOUT = {MLX5_CAP_GENERAL: "cmd_hca_cap", MLX5_CAP_ETHERNET_OFFLOADS:
-              "per_protocol_networking_offload_caps", MLX5_CAP_ROCE: "roce_cap"}
+              "per_protocol_networking_offload_caps", MLX5_CAP_ROCE: "roce_cap",
+              MLX5_CAP_DEV_MEM: "device_mem_cap"}
 
 #: general-capability fields SET_HCA_CAP may change; "log" ones up to the
 #: maximum, the others 0 or (when the maximum is 1) 1
@@ -91,13 +103,14 @@ WRITABLE_GENERAL = {
 
 
 def split_overrides(overrides: dict[str, int]) -> dict[int, dict[str, int]]:
-    """Mlx5Config.caps -> per-type overrides: "field" is general, "roce.f" and "eth.f" not."""
+    """Mlx5Config.caps -> per-type overrides: "field" is general, "roce.f", "eth.f" and
+    "devmem.f" (device memory) not."""
     out: dict[int, dict[str, int]] = {MLX5_CAP_GENERAL: {}, MLX5_CAP_ROCE: {},
-                                      MLX5_CAP_ETHERNET_OFFLOADS: {}}
+                                      MLX5_CAP_ETHERNET_OFFLOADS: {}, MLX5_CAP_DEV_MEM: {}}
     for key, value in overrides.items():
         prefix, _, name = key.rpartition(".")
         cap = {"": MLX5_CAP_GENERAL, "roce": MLX5_CAP_ROCE,
-               "eth": MLX5_CAP_ETHERNET_OFFLOADS}.get(prefix)
+               "eth": MLX5_CAP_ETHERNET_OFFLOADS, "devmem": MLX5_CAP_DEV_MEM}.get(prefix)
         if cap is None:
             raise ValueError(f"Mlx5Config.caps: unknown capability page in {key!r}")
         out[cap][name] = value

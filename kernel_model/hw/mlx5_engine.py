@@ -12,10 +12,17 @@ own track and the race explorer can interleave them with the CPU's.
     hca_execute: local keys -> DMA pieces (hca_mkey_translate through the
         mkey's MTT), gather the payload (hca_dma_gather), transmit a frame
         on the fabric (fabric.route) to the responder HCA's engine
+    UD: the WQE's datagram segment (the AH's address vector, remote QPN,
+        Q_Key) addresses the frame (hca_ud_address); the receiving QP checks
+        the destination GID and the Q_Key and scatters the 40-byte GRH, then
+        the payload, into its next receive WQE (hca_ud_responder)
     hca_rx: the responder checks the QP, the remote key and its access and
         bounds, moves the bytes (hca_dma_scatter), consumes a receive WQE
         for SEND / WRITE with immediate, and answers ACK, NAK or the READ
         response; the requester completes the WQE on the answer
+    atomics (RC): compare-and-swap / fetch-and-add on one aligned 8-byte
+        word of the responder's memory (hca_atomic); the original 8 bytes
+        come back like a READ response into the requester's data segment
     hca_cqe_write: a 64-byte CQE by DMA into the CQ ring, owner bit = the
         pass parity; CQ_UPDATE unset = no CQE for a successful WQE
 
@@ -33,6 +40,13 @@ responder drops without touching its QP.  The QP then moves to ERR and every oth
 outstanding WQE of both its queues completes with "work request flushed".
 No byte outside a memory key's range is ever read or written: every access
 is translated through an mkey or the QP's own PAS first.
+
+Memory windows: a UMR WQE (opcode 0x25) binds a window's KLM mkey to a range
+of an MR, or frees it (rebinding to nothing, LOCAL_INV) - a local operation,
+completed in order with the WQEs before it; a refused bind is a memory window
+bind error (0x06).  Access through a window's rkey goes through its KLM to the
+MR's own translation; a type 2 window answers only the QP it is bound to, and a
+SEND with Invalidate frees the responder's window (hca_remote_invalidate).
 
 Whatever a process writes - its rings, its doorbell record, its UAR page -
 at worst errs its own QP; the engine task serves every other QP on.  A WQE
@@ -53,10 +67,47 @@ through the machine's physical-address decoder instead.
 # EMU: one message per frame (no MTU segmentation, PSNs advance by one per
 # message), responses in order, no timers: retries are counted, not timed
 # (an unanswered frame fails at once after its retry budget; rnr_retry 7
-# retries until a receive is posted or 10000 tries pass).  RC and UC only:
-# a UD WQE completes with a local QP operation error.  No fence, atomics,
-# signature or scatter-to-CQE; no completion events (EQEs); a CQ overrun is
-# counted in hca.async_events and the CQE dropped.
+# retries until a receive is posted or 10000 tries pass).  UD sends are one
+# datagram each, with no MTU check; a datagram nobody takes is dropped
+# unseen (hca_ud_responder).  No fence, no limit by the rd_atomic depths
+# (max_rd_atomic / max_dest_rd_atomic) on outstanding READs and atomics,
+# signature or scatter-to-CQE; a CQ overrun is counted in hca.async_events
+# and the CQE dropped (unless the CQ ignores overruns, cqc.oi).
+
+Completion events: a CQ doorbell (UAR offset 0x20: arm_sn, the solicited bit
+and the consumer index, then the CQN) arms a CQ of that UAR page; the next CQE
+written to an armed CQ - or at once, when CQEs past the armed consumer index
+are already there - writes one EQE (type COMP, the CQN) into the CQ's EQ and
+raises the EQ's MSI-X vector; the CQ is disarmed until armed again.  A doorbell
+naming a CQ of another UAR page is ignored (hca.async_events).  MODIFY_CQ
+resize (cq_resize) writes a RESIZE CQE at the producer index of the old ring and
+goes on in the new one.
+
+Shared receive queues (mlx5_fw_srq.py): a QP whose QPC says rq_type SRQ
+takes each receive from the SRQ named by srqn_rmpn_xrqn - "posted" is the
+SRQ's doorbell record (one big-endian counter) ahead of the WQEs the SRQ
+has given out.  The device follows the ring's linked list: it starts at
+WQE 0 and goes next to the index the taken WQE's next segment names (masked
+to the ring), the data segments come after that 16-byte segment, and the
+CQE's wqe_counter is the WQE's index, which the library links back as free.
+The buffers are checked against the SRQ's PD.  A QP entering ERR flushes
+none of the SRQ's WQEs.  When a receive leaves fewer WQEs posted than the
+armed watermark (srqc.lwm), the SRQ-limit event is raised once (recorded
+in hca.async_events as ("srq_limit", srqn)) and the watermark returns to 0.
+XRC: an initiator QP (st XRC with a send queue) sends like an RC QP, its WQEs
+carrying the target SRQ's number in an XRC segment after the control segment;
+the frame names it (XRCETH).  The target QP (st XRC, no queues) takes the
+request - in sequence, acknowledged as RC - into that SRQ if it is in the QP's
+XRC domain (else a remote invalid request NAK and the target QP errs); keys
+are checked against the SRQ's PD, and the receive completes on the SRQ's CQ
+under its user index, naming the target QP.
+# EMU: no EQE is written for the SRQ-limit event (mlx5_core's async EQ and
+# IB_EVENT_SRQ_LIMIT_REACHED are not modelled); a counter more than a ring
+# ahead of what was given out is taken as that many WQEs, each read from the
+# ring where the list leads - whatever the process wrote errs its own QPs.
+# EMU: frames carry no solicited-event bit, so a solicited-only arm fires on
+# the next CQE like a plain one; the EQ's own arming and overrun are not
+# modelled (every EQE interrupts; the kernel's handler consumes at once).
 """
 
 from __future__ import annotations
@@ -72,7 +123,9 @@ from c_ext import U64Array
 from kernel_model import trace
 from kernel_model.errno import KernelBug
 from kernel_model.hw.fabric import route
-from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_SET
+from kernel_model.hw.mlx5_fw_memic import memic_window
+from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_GET, MLX5_SET, MLX5_SET64
+from kernel_model.interrupt import msix_raise
 from kernel_model.iommu import IommuFault, dma_to_phys
 from kernel_model.ioport import MachineCheck
 from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
@@ -82,33 +135,68 @@ from kernel_model.trace import traced, tracepoint
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX, UarWrite
     from kernel_model.hw.mlx5_fw_ctx import Mlx5Cq, Mlx5Qp
+    from kernel_model.hw.mlx5_fw_srq import Mlx5Srq
 
 # QP states (qpc.state) and types (qpc.st)
 QPS_RST, QPS_INIT, QPS_RTR, QPS_RTS, QPS_SQER, QPS_ERR, QPS_SQD = 0, 1, 2, 3, 4, 6, 7
-ST_RC, ST_UC, ST_UD = 0x0, 0x1, 0x2
+ST_RC, ST_UC, ST_UD, ST_XRC = 0x0, 0x1, 0x2, 0x3
 MLX5_NON_ZERO_RQ = 0
+MLX5_SRQ_RQ = 1
 # WQE opcodes (mlx5 device.h / rdma-core mlx5dv.h)
 OP_NOP, OP_RDMA_WRITE, OP_RDMA_WRITE_IMM = 0x00, 0x08, 0x09
 OP_SEND, OP_SEND_IMM, OP_RDMA_READ = 0x0A, 0x0B, 0x10
+OP_ATOMIC_CS, OP_ATOMIC_FA = 0x11, 0x12
 OP_NAMES = {OP_NOP: "NOP", OP_RDMA_WRITE: "RDMA_WRITE", OP_RDMA_WRITE_IMM: "RDMA_WRITE_IMM",
-            OP_SEND: "SEND", OP_SEND_IMM: "SEND_IMM", OP_RDMA_READ: "RDMA_READ"}
+            OP_SEND: "SEND", OP_SEND_IMM: "SEND_IMM", OP_RDMA_READ: "RDMA_READ",
+            OP_ATOMIC_CS: "ATOMIC_CS", OP_ATOMIC_FA: "ATOMIC_FA"}
+OP_ATOMICS = (OP_ATOMIC_CS, OP_ATOMIC_FA)
+OP_SEND_INV, OP_UMR = 0x01, 0x25
+OP_NAMES.update({OP_SEND_INV: "SEND_INV", OP_UMR: "UMR"})
+# the UMR of a memory-window bind (rdma-core mlx5dv.h: struct mlx5_wqe_umr_ctrl_seg and
+# struct mlx5_wqe_mkey_context_seg, 48 and 64 bytes, then 64 bytes of KLM)
+UMR_CTRL_SEG, MKEY_SEG = 48, 64
+UMR_CHECK_FREE, UMR_CHECK_QPN = 1 << 5, 1 << 3
+UMR_MASK_LEN, UMR_MASK_START_ADDR, UMR_MASK_MKEY, UMR_MASK_QPN = 1 << 0, 1 << 6, 1 << 13, 1 << 14
+UMR_MASK_ACCESS_REMOTE_READ, UMR_MASK_ACCESS_REMOTE_WRITE = 1 << 19, 1 << 20
+UMR_MASK_ACCESS_ATOMIC = 1 << 21
+MKEY_CTX_FREE = 1 << 6
+MKEY_CTX_ATOMIC, MKEY_CTX_REMOTE_WRITE, MKEY_CTX_REMOTE_READ = 1 << 6, 1 << 5, 1 << 4
+MKC_ACCESS_MODE_KLMS = 0x2
+MKC_ACCESS_MODE_MEMIC = 0x5
+# a DMA piece in the device's own on-chip memory (MEMIC), not on the bus: the flag
+# marks the address as a MEMIC offset, which never goes through the IOMMU
+MEMIC_PIECE = 1 << 63
+ATOMIC_SIZE = 8
 WQE_CTRL_CQ_UPDATE = 2 << 2
 INLINE_SEG = 0x80000000
 INVALID_LKEY = 0x100
 SEND_WQE_BB = 64
 # CQE opcodes and error syndromes
 CQE_REQ, CQE_RESP_WR_IMM, CQE_RESP_SEND, CQE_RESP_SEND_IMM = 0, 1, 2, 3
+CQE_RESP_SEND_INV = 4
 CQE_REQ_ERR, CQE_RESP_ERR = 13, 14
+CQE_RESIZE_CQ = 5
+EQE_TYPE_COMP, EQE_SIZE = 0x00, 64
 SYND_LOCAL_LENGTH, SYND_LOCAL_QP_OP, SYND_LOCAL_PROT, SYND_WR_FLUSH = 0x01, 0x02, 0x04, 0x05
 SYND_REMOTE_INVAL_REQ, SYND_REMOTE_ACCESS, SYND_REMOTE_OP = 0x12, 0x13, 0x14
 SYND_TRANSPORT_RETRY_EXC, SYND_RNR_RETRY_EXC = 0x15, 0x16
+SYND_MW_BIND = 0x06
 SYND_NAMES = {SYND_LOCAL_LENGTH: "local length", SYND_LOCAL_QP_OP: "local QP operation",
               SYND_LOCAL_PROT: "local protection", SYND_WR_FLUSH: "work request flushed",
               SYND_REMOTE_INVAL_REQ: "remote invalid request",
               SYND_REMOTE_ACCESS: "remote access", SYND_REMOTE_OP: "remote operation",
               SYND_TRANSPORT_RETRY_EXC: "transport retry exceeded",
-              SYND_RNR_RETRY_EXC: "RNR retry exceeded"}
+              SYND_RNR_RETRY_EXC: "RNR retry exceeded", SYND_MW_BIND: "memory window bind"}
 RNR_FOREVER_CAP = 10000
+# UD: the datagram segment (struct mlx5_wqe_datagram_seg = the 48-byte mlx5_wqe_av), the
+# GRH the receiver scatters first, the CQE's L3 header type (flags_rqpn bits 24-25)
+DATAGRAM_SEG = 48
+GRH_SIZE = 40
+CQE_L3_GRH, CQE_L3_IPV6, CQE_L3_IPV4 = 0, 1, 2
+ROCE_V2 = 2                    # roce_addr_layout.roce_version
+ROCE_L3_IPV4 = 0               # roce_addr_layout.roce_l3_type
+IPPROTO_UDP, IB_NEXT_HDR_BTH = 0x11, 0x1B
+BTH, DETH, UDP_HDR, ICRC, IPV4_HDR = 12, 8, 8, 4, 20
 
 # a frame handed from one port to another (or looped back): who to whom, what
 # the doorbell record's counter as the engine read it, and where each WQE came from
@@ -150,6 +238,12 @@ class Frame:
     payload: bytearray | None = None
     syndrome: int = 0
     why: str = ""
+    qkey: int = 0             # a UD datagram's Q_Key (DETH)
+    grh: bytes | None = None  # a UD datagram's 40-byte GRH / IPv4 header, as received
+    l3: int = 0               # its CQE L3 header type (CQE_L3_GRH, _IPV6, _IPV4)
+    swap_add: int = 0         # an atomic's operands (AtomicETH): swap or addend, compare
+    compare: int = 0
+    xrc_srqn: int = 0         # an XRC request's target SRQ (XRCETH)
 
     def __repr__(self) -> str:
         op = OP_NAMES.get(self.opcode, hex(self.opcode))
@@ -224,9 +318,13 @@ class Mlx5Engine:
         self.retry: deque[tuple[int, Sent]] = deque()
         self.qps: dict[int, QpHw] = {}
         self.cq_pi: dict[int, int] = {}
+        self.srq_hw: dict[int, list[int]] = {}   # SRQN -> [next WQE index, WQEs given out]
+        self.cq_armed: dict[int, int] = {}        # CQN -> the consumer index it was armed at
+        self.eq_pi: dict[int, int] = {}
         self.task: Task | None = None
         self.stopping = False
-        self.stats = {"wqes": 0, "bytes": 0, "cqes": 0, "frames_tx": 0, "frames_rx": 0}
+        self.stats = {"wqes": 0, "bytes": 0, "cqes": 0, "frames_tx": 0, "frames_rx": 0,
+                      "ud_dropped": 0, "qkey_violations": 0}
         self.async_events = hca.async_events
         self._pieces = (U64Array(1024, zero=False), U64Array(1024, zero=False))
         # scratch piece arrays (translation, copy destination, copy source),
@@ -323,6 +421,9 @@ class Mlx5Engine:
     def hca_doorbell(self, hca: ConnectX, rec: UarWrite) -> None:
         """A write to a UAR page: a send doorbell (8 bytes of the control
         segment) or a BlueFlame copy (the WQE itself, in 64-byte chunks)."""
+        if rec.kind == "cq_db":
+            self.hca_cq_arm(rec)
+            return
         if rec.kind not in ("db", "bf"):
             return
         key = (rec.uar, rec.bfreg, rec.buf)
@@ -411,8 +512,13 @@ class Mlx5Engine:
         if kind == "qp":
             self.qps.pop(num, None)
             self.retry = deque(r for r in self.retry if r[0] != num)
+        elif kind == "srq":
+            self.srq_hw.pop(num, None)
         elif kind == "cq":
             self.cq_pi.pop(num, None)
+            self.cq_armed.pop(num, None)
+        elif kind == "eq":
+            self.eq_pi.pop(num, None)
         elif kind == "uar":
             per = self.hca.fw.uars_per_page
             for key in [k for k in self._bf_chunks if k[0] - k[0] % per == num]:
@@ -421,7 +527,10 @@ class Mlx5Engine:
     def reset(self) -> None:
         """Function reset: every queue and CQ is gone."""
         self.qps.clear()
+        self.srq_hw.clear()
         self.cq_pi.clear()
+        self.cq_armed.clear()
+        self.eq_pi.clear()
         self.retry.clear()
         self.work.clear()
         self.rx.clear()
@@ -455,7 +564,7 @@ class Mlx5Engine:
     def _to_phys(self, pieces: list[tuple[int, int]], write: bool) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         for dma, n in pieces:
-            out += self._phys(dma, n, write)
+            out += [(dma, n)] if dma & MEMIC_PIECE else self._phys(dma, n, write)
         return out
 
     def _in_ram(self, phys: list[tuple[int, int]]) -> bool:
@@ -473,6 +582,11 @@ class Mlx5Engine:
         else:
             off = 0
             for p, n in phys:
+                if p & MEMIC_PIECE:
+                    at = p & ~MEMIC_PIECE
+                    out[off:off + n] = self.hca.fw.memic_data[at:at + n]
+                    off += n
+                    continue
                 try:
                     out[off:off + n] = self.machine.phys_read(p, n)
                 except MachineCheck as e:   # the target answered with an error
@@ -491,6 +605,11 @@ class Mlx5Engine:
         else:
             off = 0
             for p, n in phys:
+                if p & MEMIC_PIECE:
+                    at = p & ~MEMIC_PIECE
+                    self.hca.fw.memic_data[at:at + n] = payload[off:off + n]
+                    off += n
+                    continue
                 try:
                     self.machine.phys_write(p, bytes(payload[off:off + n]))
                 except MachineCheck as e:   # a posted write nobody takes: lost
@@ -547,14 +666,19 @@ class Mlx5Engine:
         c = {"pg_bit": pg_bit, "base": ctx["page_offset"] * ((1 << pg_bit) // 64),
              "dbr_addr": ctx["dbr_addr"]}
         if obj.kind == "QP":
-            for f in ("uar_page", "pd", "st", "remote_qpn", "rwe", "rre", "rnr_retry",
+            for f in ("uar_page", "pd", "st", "remote_qpn", "rwe", "rre", "rae", "rnr_retry",
+                      "q_key",
                       "no_sq", "cqn_snd", "cqn_rcv", "user_index", "log_sq_size",
-                      "log_rq_size", "log_rq_stride", "next_send_psn", "next_rcv_psn"):
+                      "log_rq_size", "log_rq_stride", "next_send_psn", "next_rcv_psn",
+                      "rq_type", "srqn_rmpn_xrqn", "xrcd"):
                 c[f] = ctx[f]
             path = MLX5_ADDR_OF("qpc", ctx, "primary_address_path")
             c["rmac"] = path["rmac_47_32"] << 32 | path["rmac_31_0"]
             c["rq_bytes"] = (1 << ctx["log_rq_size"]) << (ctx["log_rq_stride"] + 4) \
                 if ctx["rq_type"] == MLX5_NON_ZERO_RQ else 0
+        elif obj.kind == "SRQ":
+            for f in ("log_srq_size", "log_rq_stride", "pd", "xrcd", "cqn", "user_index"):
+                c[f] = ctx[f]
         else:
             c["log_cq_size"] = ctx["log_cq_size"]
             c["cqe_size"] = 64 << min(ctx["cqe_sz"], 1)
@@ -594,7 +718,7 @@ class Mlx5Engine:
                            remote: bool) -> list[tuple[int, int]]:
         """A key + range -> DMA pieces, after the mkey checks the device makes:
         the key exists with this variant and is not free, belongs to the QP's
-        PD, grants `access` (lr, lw, rr, rw) and covers [addr, addr + length).
+        PD, grants `access` (lr, lw, rr, rw, ra) and covers [addr, addr + length).
 
         # EMU: the mkey context is snapshotted on first use (mk.hw_cache), as
         # the device caches mkeys; whatever changes or revokes an mkey in
@@ -609,7 +733,7 @@ class Mlx5Engine:
             m = mk.mkc
             k = mk.hw_cache = {
                 "variant": m["mkey_7_0"], "free": m["free"], "pd": m["pd"],
-                "lr": m["lr"], "lw": m["lw"], "rr": m["rr"], "rw": m["rw"],
+                "lr": m["lr"], "lw": m["lw"], "rr": m["rr"], "rw": m["rw"], "ra": m["a"],
                 "start": m["start_addr"], "len": m["len"], "length64": m["length64"],
                 "mode": m["access_mode_4_2"] << 2 | m["access_mode_1_0"],
                 "pg_bit": m["log_page_size"]}
@@ -620,12 +744,16 @@ class Mlx5Engine:
         if not k[access]:
             raise WqeError(synd, f"key {key:#x} lacks {access} access")
         start = k["start"]
+        if k["mode"] == MKC_ACCESS_MODE_MEMIC:
+            return self._memic_translate(k, key, addr, length, synd)
         if not k["length64"] and (addr < start or addr + length > start + k["len"]):
             raise WqeError(synd, f"[{addr:#x}, +{length:#x}) outside key {key:#x} "
                                  f"[{start:#x}, +{k['len']:#x})")
         mode = k["mode"]
         if mode == 0:            # PA: the address is the bus address
             return [(addr, length)]
+        if mode == MKC_ACCESS_MODE_KLMS:       # a memory window
+            return self._mw_translate(mk, k, key, pd, addr, length, access, remote)
         if mode != 1:
             raise WqeError(synd, f"key {key:#x}: access mode {mode} not modelled")
         pg_bit = k["pg_bit"]
@@ -641,13 +769,155 @@ class Mlx5Engine:
         self._held.append(index)
         return [(a.view[i], b.view[i]) for i in range(k)]
 
-    def _sges(self, qp: Mlx5Qp, sges: list[tuple[int, int, int]], access: str
-              ) -> list[tuple[int, int]]:
-        pd = self._c(qp)["pd"]
+    def _memic_translate(self, k: dict, key: int, addr: int, length: int,
+                         synd: int) -> list[tuple[int, int]]:
+        """An mkey of access mode MEMIC (a device-memory MR): zero-based - the
+        address a WQE or a remote peer names is an offset into [0, len) - over
+        the on-chip memory from start_addr (BAR-relative).  The piece is the MEMIC
+        offset, flagged MEMIC_PIECE: the DMA engine reads and writes the SRAM
+        itself, no bus transaction and no IOMMU."""
+        if addr < 0 or addr + length > k["len"]:
+            raise WqeError(synd, f"[{addr:#x}, +{length:#x}) outside MEMIC key {key:#x} "
+                                 f"[0, +{k['len']:#x})")
+        base, size = self._memic_window()
+        at = k["start"] + addr - base
+        if not size or at < 0 or at + length > size:
+            raise WqeError(synd, f"MEMIC key {key:#x}: {k['start']:#x} outside the MEMIC")
+        return [(MEMIC_PIECE | at, length)]
+
+    def _memic_window(self) -> tuple[int, int]:
+        return memic_window(self.hca.fw)
+
+    def _sges(self, qp: Mlx5Qp, sges: list[tuple[int, int, int]], access: str,
+              pd: int | None = None) -> list[tuple[int, int]]:
+        if pd is None:
+            pd = self._c(qp)["pd"]
         out: list[tuple[int, int]] = []
         for lkey, addr, n in sges:
             out += self.hca_mkey_translate(lkey, pd, addr, n, access, False)
         return out
+
+    # -- memory windows: the UMR of a bind or a local invalidate, and access through one --
+    @traced
+    def hca_umr(self, qp: Mlx5Qp, wqe: bytes) -> None:
+        """A UMR WQE as libmlx5's set_bind_wr writes it for a memory window (the umr
+        ctrl segment, the mkey context segment, one KLM when it binds a range): the
+        window's mkey - named by the ctrl segment's immediate - is checked and then
+        rewritten as the mkey mask says (free, key tag, bound QP, access, range).
+
+        A memory window bind error (MW_BIND_ERR) when the key is not a window of the
+        QP's PD, a CHECK_FREE bind finds it bound, a CHECK_QPN invalidate finds it
+        bound to another QP (or not bound), or the KLM's MR is not a valid key of the
+        window's PD covering the range (remote write or atomic also need its local
+        write).  Nothing changes on an error.
+
+        # EMU: the UMR finds the window by the key's index alone (the tag is what the
+        # UMR writes); which check the device makes first, and that every failure is
+        # MW_BIND_ERR, are the model's choices.
+        """
+        if len(wqe) < 16 + UMR_CTRL_SEG + MKEY_SEG:
+            raise WqeError(SYND_LOCAL_QP_OP, f"UMR WQE of {len(wqe)} bytes")
+        key = _be32(wqe, 12)
+        flags, klm_octo = wqe[16], struct.unpack_from(">H", wqe, 20)[0]
+        mask = _be64(wqe, 24)
+        seg = 16 + UMR_CTRL_SEG
+        free, access = bool(wqe[seg] & MKEY_CTX_FREE), wqe[seg + 2]
+        qpn_mkey = _be32(wqe, seg + 4)
+        start, length = _be64(wqe, seg + 16), _be64(wqe, seg + 24)
+        mk = self.hca.fw.mkeys.get(key >> 8)
+        m = mk.mkc if mk is not None else None
+        if m is None or not m["umr_en"] or \
+                m["access_mode_4_2"] << 2 | m["access_mode_1_0"] != MKC_ACCESS_MODE_KLMS:
+            raise WqeError(SYND_MW_BIND, f"key {key:#x} is not a memory window")
+        if m["pd"] != self._c(qp)["pd"]:
+            raise WqeError(SYND_MW_BIND, f"window {key:#x} is in PD {m['pd']:#x}, the QP "
+                                         f"in {self._c(qp)['pd']:#x}")
+        if flags & UMR_CHECK_FREE and not m["free"]:
+            raise WqeError(SYND_MW_BIND, f"window {key:#x} is already bound")
+        if flags & UMR_CHECK_QPN and (m["free"] or m["qpn"] != qp.num):
+            raise WqeError(SYND_MW_BIND, f"window {key:#x} is not bound to QP {qp.num:#x}")
+        klm = None
+        if not free and klm_octo:
+            if len(wqe) < seg + MKEY_SEG + 16:
+                raise WqeError(SYND_LOCAL_QP_OP, "UMR WQE without its KLM")
+            count, mr_key = _be32(wqe, seg + MKEY_SEG), _be32(wqe, seg + MKEY_SEG + 4)
+            addr = _be64(wqe, seg + MKEY_SEG + 8)
+            mr = self.hca.fw.mkeys.get(mr_key >> 8)
+            r = mr.mkc if mr is not None else None
+            if r is None or r["mkey_7_0"] != mr_key & 0xFF or r["free"] or \
+                    r["access_mode_4_2"] << 2 | r["access_mode_1_0"] == MKC_ACCESS_MODE_KLMS:
+                raise WqeError(SYND_MW_BIND, f"KLM key {mr_key:#x} is not a memory region")
+            if r["pd"] != m["pd"]:
+                raise WqeError(SYND_MW_BIND, f"MR {mr_key:#x} is in another PD than window "
+                                             f"{key:#x}")
+            if not r["length64"] and (addr < r["start_addr"] or
+                                      addr + count > r["start_addr"] + r["len"]):
+                raise WqeError(SYND_MW_BIND, f"[{addr:#x}, +{count:#x}) outside MR "
+                                             f"{mr_key:#x}")
+            if access & (MKEY_CTX_REMOTE_WRITE | MKEY_CTX_ATOMIC) and not r["lw"]:
+                raise WqeError(SYND_MW_BIND, f"remote write through MR {mr_key:#x} without "
+                                             "its local write")
+            klm = (mr_key, addr, count)
+        MLX5_SET("mkc", m, "free", int(free))
+        if mask & UMR_MASK_MKEY:
+            MLX5_SET("mkc", m, "mkey_7_0", qpn_mkey & 0xFF)
+        if mask & UMR_MASK_QPN:
+            MLX5_SET("mkc", m, "qpn", qpn_mkey >> 8)
+        if mask & UMR_MASK_START_ADDR:
+            MLX5_SET64("mkc", m, "start_addr", start)
+        if mask & UMR_MASK_LEN:
+            MLX5_SET64("mkc", m, "len", length)
+        if mask & UMR_MASK_ACCESS_REMOTE_READ:
+            MLX5_SET("mkc", m, "rr", int(bool(access & MKEY_CTX_REMOTE_READ)))
+        if mask & UMR_MASK_ACCESS_REMOTE_WRITE:
+            MLX5_SET("mkc", m, "rw", int(bool(access & MKEY_CTX_REMOTE_WRITE)))
+        if mask & UMR_MASK_ACCESS_ATOMIC:
+            MLX5_SET("mkc", m, "a", int(bool(access & MKEY_CTX_ATOMIC)))
+        mk.klm = klm
+        mk.hw_cache = None
+
+    def _mw_qp_check(self, rkey: int, qpn: int) -> None:
+        """A type 2 window serves only the QP it is bound to (the responder's check
+        before the key's translation): remote access error otherwise."""
+        mk = self.hca.fw.mkeys.get(rkey >> 8)
+        if mk is None or mk.mkc["access_mode_4_2"] << 2 | mk.mkc["access_mode_1_0"] != \
+                MKC_ACCESS_MODE_KLMS:
+            return
+        bound = mk.mkc["qpn"]
+        if bound != 0xFFFFFF and bound != qpn:
+            raise WqeError(SYND_REMOTE_ACCESS, f"window {rkey:#x} is bound to QP {bound:#x}, "
+                                               f"not {qpn:#x}")
+
+    def _mw_translate(self, mk: object, k: dict, key: int, pd: int, addr: int, length: int,
+                      access: str, remote: bool) -> list[tuple[int, int]]:
+        """Access through a bound window (a KLM mkey): the range through the KLM's MR,
+        which must grant the local right behind the remote one (write: local write;
+        read: local read)."""
+        synd = SYND_REMOTE_ACCESS if remote else SYND_LOCAL_PROT
+        klm = mk.__dict__.get("klm")
+        if klm is None:
+            raise WqeError(synd, f"window {key:#x} has no binding")
+        mr_key, base, count = klm
+        off = addr - k["start"]
+        if off + length > count:
+            raise WqeError(synd, f"[{addr:#x}, +{length:#x}) beyond window {key:#x}")
+        mr_access = "lw" if access in ("rw", "a", "lw") else "lr"
+        return self.hca_mkey_translate(mr_key, pd, base + off, length, mr_access, remote)
+
+    @traced
+    def hca_remote_invalidate(self, qp: Mlx5Qp, rkey: int) -> None:
+        """A SEND with Invalidate's rkey, at the responder: a type 2 window (remote
+        invalidation enabled) of the QP's PD, bound to this QP with this key, becomes
+        free.  Otherwise a remote operation error (# EMU: the syndrome is the model's
+        choice)."""
+        mk = self.hca.fw.mkeys.get(rkey >> 8)
+        m = mk.mkc if mk is not None else None
+        if m is None or not m["en_rinval"] or m["free"] or m["mkey_7_0"] != rkey & 0xFF \
+                or m["pd"] != self._c(qp)["pd"] or m["qpn"] != qp.num:
+            raise WqeError(SYND_REMOTE_OP, f"rkey {rkey:#x} is not a type 2 window bound to "
+                                           f"QP {qp.num:#x}")
+        MLX5_SET("mkc", m, "free", 1)
+        mk.hw_cache = None
 
     # -- the requester ----------------------------------------------------------------
     @traced
@@ -706,21 +976,48 @@ class Mlx5Engine:
         signaled = bool(wqe[11] & WQE_CTRL_CQ_UPDATE)
         imm = _be32(wqe, 12)
         st = qpc["st"]
-        if st not in (ST_RC, ST_UC) or opcode not in OP_NAMES or \
-                (st == ST_UC and opcode == OP_RDMA_READ):
+        if st == ST_UD:
+            if opcode not in (OP_NOP, OP_SEND, OP_SEND_IMM):
+                raise WqeError(SYND_LOCAL_QP_OP, f"opcode {opcode:#x} on a UD QP")
+        elif st not in (ST_RC, ST_UC, ST_XRC) or opcode not in OP_NAMES or \
+                (st == ST_UC and (opcode in (OP_RDMA_READ, OP_SEND_INV) or opcode in OP_ATOMICS)):
             raise WqeError(SYND_LOCAL_QP_OP, f"opcode {opcode:#x} on QP type {st:#x}")
         if opcode == OP_NOP:
             if signaled:
                 self.hca_cqe_write(qp, "req", wqe_index=counter, opcode=opcode)
             return
+        if opcode == OP_UMR:                  # a local operation: done here, in order
+            self.hca_umr(qp, wqe)
+            if hw.outstanding:
+                hw.outstanding.append(Sent(counter, opcode, signaled, 0, None, []))
+            elif signaled:
+                self.hca_cqe_write(qp, "req", wqe_index=counter, opcode=opcode)
+            return
         off = 16
-        raddr = rkey = 0
-        if opcode in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
+        raddr = rkey = swap_add = compare = xrc_srqn = 0
+        if st == ST_XRC:                      # struct mlx5_wqe_xrc_seg: the target SRQ
+            if len(wqe) < off + 16:
+                raise WqeError(SYND_LOCAL_QP_OP, f"XRC WQE of {len(wqe)} bytes has no XRC "
+                                                 "segment")
+            xrc_srqn, off = _be32(wqe, off) & 0xFFFFFF, off + 16
+        if opcode in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ) or opcode in OP_ATOMICS:
             if len(wqe) < off + 16:
                 raise WqeError(SYND_LOCAL_QP_OP, f"{OP_NAMES[opcode]} WQE of {len(wqe)} "
                                                  "bytes has no remote address segment")
             raddr, rkey = _be64(wqe, off), _be32(wqe, off + 8)
             off += 16
+        if opcode in OP_ATOMICS:              # struct mlx5_wqe_atomic_seg
+            if len(wqe) < off + 16:
+                raise WqeError(SYND_LOCAL_QP_OP, f"{OP_NAMES[opcode]} WQE of {len(wqe)} "
+                                                 "bytes has no atomic segment")
+            swap_add, compare = _be64(wqe, off), _be64(wqe, off + 8)
+            off += 16
+        av = b""
+        if st == ST_UD:
+            if len(wqe) < off + DATAGRAM_SEG:
+                raise WqeError(SYND_LOCAL_QP_OP, f"UD WQE of {len(wqe)} bytes has no "
+                                                 "datagram segment")
+            av, off = wqe[off:off + DATAGRAM_SEG], off + DATAGRAM_SEG
         sges, inline = [], None
         while off + 16 <= len(wqe):
             word = _be32(wqe, off)
@@ -739,6 +1036,9 @@ class Mlx5Engine:
             sges.append((lkey, addr, word))
             off += 16
         length = len(inline) if inline is not None else sum(n for _, _, n in sges)
+        if opcode in OP_ATOMICS:
+            sges = self._atomic_sges(opcode, inline, sges, length)
+            length = ATOMIC_SIZE
         if length > 1 << self.hca.fw.cap("log_max_msg"):
             raise WqeError(SYND_LOCAL_LENGTH, f"message of {length} bytes, the port's "
                                               f"maximum is {1 << self.hca.fw.cap('log_max_msg')}")
@@ -746,19 +1046,83 @@ class Mlx5Engine:
             hw.sq_psn = qpc["next_send_psn"]
         frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=qpc["rmac"],
                       opcode=opcode, wqe_index=counter, raddr=raddr, rkey=rkey,
-                      length=length, imm=imm, psn=hw.sq_psn)
-        if opcode == OP_RDMA_READ:
+                      length=length, imm=imm, psn=hw.sq_psn, swap_add=swap_add,
+                      compare=compare, xrc_srqn=xrc_srqn)
+        if av:
+            self.hca_ud_address(qpc, av, frame)
+        if opcode == OP_RDMA_READ or opcode in OP_ATOMICS:
             self._sges(qp, sges, "lw")        # checked now, written when the answer comes
         elif inline is not None:
             frame.payload = inline
         else:
             frame.payload = self.hca_dma_gather(self._sges(qp, sges, "lr"), length)
         hw.sq_psn = (hw.sq_psn + 1) & 0xFFFFFF
-        if st == ST_RC:
+        if st in (ST_RC, ST_XRC):
             hw.outstanding.append(Sent(counter, opcode, signaled, length, frame, sges))
         self.fabric_transmit(frame)
-        if st == ST_UC and signaled:
+        if st in (ST_UC, ST_UD) and signaled:
             self.hca_cqe_write(qp, "req", wqe_index=counter, opcode=opcode)
+
+    @staticmethod
+    def _atomic_sges(opcode: int, inline: bytearray | None, sges: list[tuple[int, int, int]],
+                     length: int) -> list[tuple[int, int, int]]:
+        """Where an atomic's original 8 bytes land: the first 8 bytes of its data
+        segments.  No inline data (there is nothing to write it to).
+
+        # EMU: data segments holding fewer than 8 bytes are a local length error;
+        # bytes beyond the first 8 are left alone (rdma-core's post_send always
+        # writes one 8-byte segment; what the device makes of others is not modelled).
+        """
+        if inline is not None or length < ATOMIC_SIZE:
+            raise WqeError(SYND_LOCAL_LENGTH, f"{OP_NAMES[opcode]} needs an 8-byte local "
+                                              f"buffer, the WQE has {length} bytes"
+                                              + (" inline" if inline is not None else ""))
+        out, left = [], ATOMIC_SIZE
+        for lkey, addr, n in sges:
+            if left <= 0:
+                break
+            out.append((lkey, addr, min(n, left)))
+            left -= out[-1][2]
+        return out
+
+    @traced
+    def hca_ud_address(self, qpc: dict, av: bytes, frame: Frame) -> None:
+        """A UD send's addressing from its datagram segment (struct mlx5_wqe_av):
+        the destination QPN and MAC, the Q_Key (one with the high bit set means
+        the QP's own, as the IB spec has it) and the GRH the receiver will see -
+        an IPv6 header for RoCE v1 (next header BTH) and v2 (next header UDP), an
+        IPv4 header in the last 20 bytes for RoCE v2 over IPv4 - built from the
+        AV's GID index (the port's RoCE address table), flow label, traffic
+        class, hop limit and destination GID.  A GID index with no address is a
+        local QP operation error.
+
+        # EMU: the header lengths are those of one-packet messages; the UDP source
+        # port, the IPv4 checksum and the link-layer header are not carried.
+        """
+        qkey = _be32(av, 0)
+        frame.kind = "ud"
+        frame.qkey = qpc["q_key"] if qkey & 0x80000000 else qkey
+        frame.dest_qpn = _be32(av, 8) & 0xFFFFFF
+        frame.dmac = int.from_bytes(av[20:26], "big")
+        tclass, hop_limit, gid_fl = av[26], av[27], _be32(av, 28)
+        dgid = bytes(av[32:48])
+        index = gid_fl >> 20 & 0xFF
+        addr = self.hca.fw.roce_addresses.get(index)
+        if addr is None:
+            raise WqeError(SYND_LOCAL_QP_OP, f"UD AV source GID index {index} has no address")
+        sgid = bytes(MLX5_ADDR_OF("roce_addr_layout", addr, "source_l3_address"))
+        v2 = MLX5_GET("roce_addr_layout", addr, "roce_version") == ROCE_V2
+        body = BTH + DETH + (4 if frame.opcode == OP_SEND_IMM else 0) + frame.length + ICRC
+        if v2 and MLX5_GET("roce_addr_layout", addr, "roce_l3_type") == ROCE_L3_IPV4:
+            frame.l3 = CQE_L3_IPV4
+            ip = struct.pack(">BBHHHBBH4s4s", 0x45, tclass, IPV4_HDR + UDP_HDR + body, 0,
+                             0x4000, hop_limit, IPPROTO_UDP, 0, sgid[12:], dgid[12:])
+            frame.grh = bytes(GRH_SIZE - IPV4_HDR) + ip
+            return
+        frame.l3 = CQE_L3_IPV6 if v2 else CQE_L3_GRH
+        frame.grh = struct.pack(">IHBB16s16s", 6 << 28 | tclass << 20 | gid_fl & 0xFFFFF,
+                                body + (UDP_HDR if v2 else 0),
+                                IPPROTO_UDP if v2 else IB_NEXT_HDR_BTH, hop_limit, sgid, dgid)
 
     @traced
     def fabric_transmit(self, frame: Frame) -> None:
@@ -799,6 +1163,8 @@ class Mlx5Engine:
         self.stats["frames_rx"] += 1
         if frame.kind == "req":
             self.hca_responder(frame)
+        elif frame.kind == "ud":
+            self.hca_ud_responder(frame)
         else:
             self.hca_requester_answer(frame)
 
@@ -815,8 +1181,9 @@ class Mlx5Engine:
         """Execute an incoming request on the destination QP."""
         qp = self.hca.fw.qps.get(frame.dest_qpn)
         st = self._c(qp)["st"] if qp is not None else None
-        if qp is None or qp.state not in (QPS_RTR, QPS_RTS, QPS_SQD) or st not in (ST_RC, ST_UC):
-            if qp is None or st == ST_RC:     # silently dropped: the requester times out
+        if qp is None or qp.state not in (QPS_RTR, QPS_RTS, QPS_SQD) or \
+                st not in (ST_RC, ST_UC, ST_XRC):
+            if qp is None or st in (ST_RC, ST_XRC):   # dropped: the requester times out
                 why = "no such QP" if qp is None else "QP not ready to receive"
                 self._answer(frame, "timeout", why=f"QP {frame.dest_qpn:#x}: {why}")
             return
@@ -829,24 +1196,41 @@ class Mlx5Engine:
             # the device NAKs a PSN ahead with a sequence error and re-acknowledges a
             # duplicate.  Either way the responder QP is untouched: another process that
             # aims its QP at this QPN without the connection's PSN cannot disturb it.
-            if st == ST_RC:
+            if st in (ST_RC, ST_XRC):
                 self._answer(frame, "timeout", why=f"QP {qp.num:#x}: PSN {frame.psn:#x}, "
                                                    f"expected {hw.rq_psn:#x}")
             return
         op = frame.opcode
+        rel = st in (ST_RC, ST_XRC)
+        xsrq = None
         try:
-            need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre"}.get(op)
+            if st == ST_XRC:          # the XRCETH's SRQ must be in the target QP's domain
+                xsrq = self.hca.fw.srqs.get(frame.xrc_srqn)
+                if xsrq is None or not self._c(xsrq)["xrcd"] or \
+                        self._c(xsrq)["xrcd"] != qpc["xrcd"]:
+                    raise WqeError(SYND_REMOTE_INVAL_REQ, f"XRC SRQ {frame.xrc_srqn:#x} is "
+                                                          f"not in QP {qp.num:#x}'s domain")
+            pd = self._c(xsrq)["pd"] if xsrq is not None else qpc["pd"]
+            need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre",
+                    OP_ATOMIC_CS: "rae", OP_ATOMIC_FA: "rae"}.get(op)
             if need is not None and not qpc[need]:
                 raise WqeError(SYND_REMOTE_INVAL_REQ, f"QP {qp.num:#x} does not allow "
                                                       f"{OP_NAMES[op]}")
+            if op in OP_ATOMICS:
+                hw.rq_psn = (hw.rq_psn + 1) & 0xFFFFFF
+                old = self.hca_atomic(frame, pd)
+                self._answer(frame, "read_resp", payload=old, length=ATOMIC_SIZE)
+                return
             if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
-                pieces = self.hca_mkey_translate(frame.rkey, qpc["pd"], frame.raddr,
+                self._mw_qp_check(frame.rkey, qp.num)
+                pieces = self.hca_mkey_translate(frame.rkey, pd, frame.raddr,
                                                  frame.length,
                                                  "rr" if op == OP_RDMA_READ else "rw", True)
-            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
-                rcv, _snd = self._dbrec(qp)
-                if (hw.rq_ci & 0xFFFF) == (rcv & 0xFFFF):
-                    if st == ST_RC:      # not taken: the retry carries the same PSN
+            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM, OP_SEND_INV):
+                posted = self._srq_pending(xsrq) > 0 if xsrq is not None else \
+                    self._rq_posted(qp, hw)
+                if not posted:
+                    if rel:              # not taken: the retry carries the same PSN
                         self._answer(frame, "rnr", why=f"QP {qp.num:#x}: no receive posted")
                     return
             hw.rq_psn = (hw.rq_psn + 1) & 0xFFFFFF
@@ -856,56 +1240,180 @@ class Mlx5Engine:
                 return
             if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM):
                 self.hca_dma_scatter(pieces, frame.payload)
-            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
-                self.hca_recv_complete(qp, hw, frame)
+            if op == OP_SEND_INV:
+                self.hca_remote_invalidate(qp, frame.imm)
+            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM, OP_SEND_INV):
+                self.hca_recv_complete(qp, hw, frame, xsrq)
         except WqeError as e:
             hw.rq_psn = (frame.psn + 1) & 0xFFFFFF      # taken, and answered with an error
-            if st == ST_RC:
+            if rel:
                 self._answer(frame, "nak", syndrome=e.syndrome, why=str(e))
                 self.hca_qp_error(qp, f"responder: {e}")
             return
-        if st == ST_RC:
+        if rel:
             self._answer(frame, "ack")
 
     @traced
-    def hca_recv_complete(self, qp: Mlx5Qp, hw: QpHw, frame: Frame) -> None:
+    def hca_atomic(self, frame: Frame, pd: int) -> bytearray:
+        """Execute an atomic on the responder's memory: the target is one naturally
+        aligned 8-byte word (else an invalid request, as the IB spec has it) in a key
+        granting remote atomic access (else a remote access error).  It is read,
+        compared-and-swapped or added to, and written back as a big-endian value, in
+        one engine step - no other work request of this HCA runs in between
+        (IBV_ATOMIC_HCA).  Returns the original 8 bytes, as they travel back.
+
+        # EMU: the target is big-endian (the device's default; mlx5_core does not
+        # set the host-endianness requester mode here), and the CPU is not
+        # excluded between the read and the write (atomic_cap is HCA, not GLOB).
+        """
+        if frame.raddr % ATOMIC_SIZE:
+            raise WqeError(SYND_REMOTE_INVAL_REQ, f"{OP_NAMES[frame.opcode]} at "
+                                                  f"{frame.raddr:#x}: not 8-byte aligned")
+        pieces = self.hca_mkey_translate(frame.rkey, pd, frame.raddr, ATOMIC_SIZE, "ra", True)
+        old = self.hca_dma_gather(pieces, ATOMIC_SIZE)
+        value = _be64(old, 0)
+        if frame.opcode == OP_ATOMIC_CS:
+            new = frame.swap_add if value == frame.compare else value
+        else:
+            new = (value + frame.swap_add) & 0xFFFFFFFFFFFFFFFF
+        if new != value:
+            self.hca_dma_scatter(pieces, struct.pack(">Q", new))
+        return old
+
+    def _gid_ours(self, grh: bytes, l3: int) -> bool:
+        """Is a datagram's destination address one of the port's RoCE addresses?"""
+        dgid = bytes(10) + b"\xff\xff" + grh[36:40] if l3 == CQE_L3_IPV4 else grh[24:40]
+        return any(bytes(MLX5_ADDR_OF("roce_addr_layout", a, "source_l3_address")) == dgid
+                   for a in self.hca.fw.roce_addresses.values())
+
+    @traced
+    def hca_ud_responder(self, frame: Frame) -> None:
+        """A UD datagram arrived.  It is silently dropped - no answer, nothing
+        completes - when its destination GID is not the port's, the QP does not
+        exist, is no UD QP ready to receive (RTR, RTS, SQD), its Q_Key is not
+        the QP's (counted as a Q_Key violation) or no receive is posted.
+        Otherwise the next receive WQE takes the GRH then the payload."""
+        qp = self.hca.fw.qps.get(frame.dest_qpn)
+        grh = frame.grh or bytes(GRH_SIZE)
+        if qp is None or qp.state not in (QPS_RTR, QPS_RTS, QPS_SQD) or \
+                self._c(qp)["st"] != ST_UD or not self._gid_ours(grh, frame.l3):
+            self.stats["ud_dropped"] += 1
+            return
+        qpc = self._c(qp)
+        if frame.qkey != qpc["q_key"]:
+            self.stats["qkey_violations"] += 1
+            return
+        hw = self._qphw(qp.num)
+        try:
+            posted = self._rq_posted(qp, hw)
+        except WqeError as e:
+            self.hca_qp_error(qp, f"doorbell record: {e}")
+            return
+        if not posted:
+            self.stats["ud_dropped"] += 1
+            return
+        try:
+            self.hca_recv_complete(qp, hw, frame)
+        except WqeError as e:
+            self.hca_qp_error(qp, f"UD receive: {e}")
+
+    def _srq_of(self, qp: Mlx5Qp) -> Mlx5Srq | None:
+        """The SRQ a QP takes its receives from (None: its own receive queue).  The
+        firmware keeps it alive while the QP exists."""
+        qpc = self._c(qp)
+        if qpc["rq_type"] != MLX5_SRQ_RQ:
+            return None
+        return self.hca.fw.srqs.get(qpc["srqn_rmpn_xrqn"])
+
+    def _srq_pending(self, srq: Mlx5Srq) -> int:
+        """WQEs posted to an SRQ and not yet given out (its doorbell record's counter)."""
+        hw = self.srq_hw.setdefault(srq.num, [0, 0])
+        return (_be32(self.dma_read(self._c(srq)["dbr_addr"], 4), 0) - hw[1]) & 0xFFFF
+
+    def _rq_posted(self, qp: Mlx5Qp, hw: QpHw) -> bool:
+        """Is a receive WQE waiting for the QP - in its receive queue or its SRQ?"""
+        srq = self._srq_of(qp)
+        if srq is not None:
+            return self._srq_pending(srq) > 0
+        rcv, _snd = self._dbrec(qp)
+        return (hw.rq_ci & 0xFFFF) != (rcv & 0xFFFF)
+
+    @traced
+    def hca_srq_take(self, srq: Mlx5Srq) -> tuple[int, bytes]:
+        """Give out the SRQ's next WQE: (its index, its bytes).  The next one is the
+        index its next segment names; a receive leaving fewer posted than the armed
+        watermark raises the SRQ-limit event and disarms it."""
+        c = self._c(srq)
+        hw = self.srq_hw.setdefault(srq.num, [0, 0])
+        size = 1 << c["log_srq_size"]
+        stride = 1 << (c["log_rq_stride"] + 4)
+        idx = hw[0] & (size - 1)
+        raw = self._read_queue(srq, idx * stride, stride)
+        hw[0] = struct.unpack_from(">H", raw, 2)[0] & (size - 1)
+        hw[1] += 1
+        lwm = srq.srqc["lwm"]
+        if lwm and self._srq_pending(srq) < lwm:
+            MLX5_SET("srqc", srq.srqc, "lwm", 0)
+            self.async_events.append(("srq_limit", srq.num))
+        return idx, raw
+
+    @traced
+    def hca_recv_complete(self, qp: Mlx5Qp, hw: QpHw, frame: Frame,
+                          xsrq: Mlx5Srq | None = None) -> None:
         """Consume the next receive WQE: scatter a SEND's payload into its
         data segments, then a responder CQE."""
         qpc = self._c(qp)
-        stride = 1 << (qpc["log_rq_stride"] + 4)
-        idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
-        raw = self._read_queue(qp, idx * stride, stride)
-        hw.rq_ci += 1
+        srq = xsrq if xsrq is not None else self._srq_of(qp)
+        # an XRC SRQ's receive completes on its CQ, under its user index
+        def cqe(qp: Mlx5Qp, kind: str, **kw: int) -> None:
+            if xsrq is None:
+                self.hca_cqe_write(qp, kind, **kw)
+            else:
+                self.hca_xrc_cqe_write(qp, xsrq, kind, **kw)
+        if srq is None:
+            stride = 1 << (qpc["log_rq_stride"] + 4)
+            idx = hw.rq_ci & ((1 << qpc["log_rq_size"]) - 1)
+            raw = self._read_queue(qp, idx * stride, stride)
+            hw.rq_ci += 1
+            first, pd = 0, qpc["pd"]
+        else:                         # after the WQE's next segment; the SRQ's PD
+            idx, raw = self.hca_srq_take(srq)
+            stride, first, pd = len(raw), 16, self._c(srq)["pd"]
         op = frame.opcode
+        length, payload, flags = frame.length, frame.payload, 0
+        if frame.kind == "ud":        # the GRH first, then the message
+            length += GRH_SIZE
+            payload = bytearray(frame.grh or bytes(GRH_SIZE)) + (payload or b"")
+            flags = 1 << 28 | frame.l3 << 24          # flags_rqpn: GRH, L3 header type
         if op != OP_RDMA_WRITE_IMM:
             sges = []
-            for off in range(0, stride, 16):
+            for off in range(first, stride, 16):
                 n, lkey, addr = _be32(raw, off), _be32(raw, off + 4), _be64(raw, off + 8)
                 if lkey == INVALID_LKEY and n == 0:
                     break
                 sges.append((lkey, addr, n))
             room = sum(n for _, _, n in sges)
             try:
-                if frame.length > room:
-                    raise WqeError(SYND_LOCAL_LENGTH, f"SEND of {frame.length} bytes, receive "
+                if length > room:
+                    raise WqeError(SYND_LOCAL_LENGTH, f"SEND of {length} bytes, receive "
                                                       f"buffer {room}")
-                pieces, left = [], frame.length
-                for p in self._sges(qp, sges, "lw"):
+                pieces, left = [], length
+                for p in self._sges(qp, sges, "lw", pd):
                     if left <= 0:
                         break
                     pieces.append((p[0], min(p[1], left)))
                     left -= pieces[-1][1]
             except WqeError as e:
-                self.hca_cqe_write(qp, "resp_err", wqe_index=idx, syndrome=e.syndrome)
+                cqe(qp, "resp_err", wqe_index=idx, syndrome=e.syndrome)
                 peer = SYND_REMOTE_INVAL_REQ if e.syndrome == SYND_LOCAL_LENGTH \
                     else SYND_REMOTE_OP
                 raise WqeError(peer, str(e)) from None
-            if frame.length:
-                self.hca_dma_scatter(pieces, frame.payload)
+            if length:
+                self.hca_dma_scatter(pieces, payload)
         kind = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
-                OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM}[op]
-        self.hca_cqe_write(qp, "resp", wqe_index=idx, opcode=kind, byte_cnt=frame.length,
-                           imm=frame.imm, src_qpn=frame.src_qpn)
+                OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM, OP_SEND_INV: CQE_RESP_SEND_INV}[op]
+        cqe(qp, "resp", wqe_index=idx, opcode=kind, byte_cnt=length, imm=frame.imm,
+            src_qpn=frame.src_qpn | flags)
 
     @traced
     def hca_requester_answer(self, frame: Frame) -> None:
@@ -948,7 +1456,13 @@ class Mlx5Engine:
         self._retire_errors(qp, hw)
 
     def _retire_errors(self, qp: Mlx5Qp, hw: QpHw) -> None:
-        """A local error whose turn has come: its CQE, then the QP to ERR."""
+        """A local error whose turn has come: its CQE, then the QP to ERR.  Local
+        operations (a UMR) done while earlier WQEs were unanswered complete now."""
+        while hw.outstanding and hw.outstanding[0].frame is None and \
+                not hw.outstanding[0].error:
+            sent = hw.outstanding.popleft()
+            if sent.signaled:
+                self.hca_cqe_write(qp, "req", wqe_index=sent.wqe_index, opcode=sent.opcode)
         if hw.outstanding and hw.outstanding[0].error:
             sent = hw.outstanding.popleft()
             hw.stalled = False
@@ -978,6 +1492,8 @@ class Mlx5Engine:
             self.hca_cqe_write(qp, "req_err", wqe_index=sent.wqe_index, opcode=sent.opcode,
                                syndrome=SYND_WR_FLUSH)
         qpc = self._c(qp)
+        if qpc["no_sq"] and not qpc["rq_bytes"]:
+            return                        # an XRC target: no queue of its own
         try:
             rcv, snd = self._dbrec(qp)
         except WqeError as e:
@@ -1016,6 +1532,22 @@ class Mlx5Engine:
         or receive CQ, with the owner bit of the CQ's current pass."""
         qpc = self._c(qp)
         cqn = qpc["cqn_snd"] if kind in ("req", "req_err") else qpc["cqn_rcv"]
+        self._write_cqe(qp, cqn, qpc["user_index"], kind, wqe_index, opcode, syndrome,
+                        byte_cnt, imm, src_qpn)
+
+    @traced
+    def hca_xrc_cqe_write(self, qp: Mlx5Qp, srq: Mlx5Srq, kind: str, *, wqe_index: int = 0,
+                          opcode: int = 0, syndrome: int = 0, byte_cnt: int = 0, imm: int = 0,
+                          src_qpn: int = 0) -> None:
+        """A receive through an XRC SRQ: the CQE goes to the SRQ's CQ, under the SRQ's
+        user index, naming the target QP."""
+        c = self._c(srq)
+        self._write_cqe(qp, c["cqn"], c["user_index"], kind, wqe_index, opcode, syndrome,
+                        byte_cnt, imm, src_qpn)
+
+    def _write_cqe(self, qp: Mlx5Qp, cqn: int, user_index: int, kind: str, wqe_index: int,
+                   opcode: int, syndrome: int, byte_cnt: int, imm: int, src_qpn: int) -> None:
+        """The CQE itself (hca_cqe_write, hca_xrc_cqe_write)."""
         cq = self.hca.fw.cqs.get(cqn)
         if cq is None:
             return
@@ -1029,18 +1561,18 @@ class Mlx5Engine:
         except WqeError as e:             # the CQ's memory is not reachable: a CQ error
             self.async_events.append(("cq_error", cqn, str(e)))
             return
-        if (pi - ci) & 0xFFFFFF >= 1 << log:
+        if (pi - ci) & 0xFFFFFF >= 1 << log and not cq.cqc["oi"]:
             self.async_events.append(("cq_overrun", cqn, qp.num))
             return
         cqe = bytearray(64)
         op = {"req": CQE_REQ, "resp": opcode, "req_err": CQE_REQ_ERR,
               "resp_err": CQE_RESP_ERR}[kind]
-        struct.pack_into(">I", cqe, 32, qpc["user_index"] & 0xFFFFFF)
+        struct.pack_into(">I", cqe, 32, user_index & 0xFFFFFF)
         if kind in ("req_err", "resp_err"):
             cqe[55] = syndrome
             struct.pack_into(">I", cqe, 56, (opcode & 0xFF) << 24 | qp.num)
         else:
-            struct.pack_into(">I", cqe, 24, src_qpn & 0xFFFFFF)
+            struct.pack_into(">I", cqe, 24, src_qpn & 0xFFFFFFFF)
             struct.pack_into(">I", cqe, 36, imm)
             struct.pack_into(">I", cqe, 44, byte_cnt)
             sop = (opcode & 0xFF) << 24 if kind == "req" else 0
@@ -1056,6 +1588,85 @@ class Mlx5Engine:
             return
         self.cq_pi[cqn] = pi + 1
         self.stats["cqes"] += 1
+        if cqn in self.cq_armed:
+            del self.cq_armed[cqn]
+            self.hca_comp_event(cq)
+
+    # -- completion events and resize ------------------------------------------------------
+    @traced
+    def hca_cq_arm(self, rec: UarWrite) -> None:
+        """A CQ doorbell: arm the CQ it names if it belongs to that UAR page; CQEs
+        already past the armed consumer index raise the event at once."""
+        word0, cqn = _be32(rec.data, 0), _be32(rec.data, 4) & 0xFFFFFF
+        cq = self.hca.fw.cqs.get(cqn)
+        if cq is None or cq.cqc["uar_page"] != rec.uar:
+            self.async_events.append(("bad_cq_doorbell", cqn, rec.uar))
+            return
+        ci = word0 & 0xFFFFFF
+        if (self.cq_pi.get(cqn, 0) - ci) & 0xFFFFFF:
+            self.cq_armed.pop(cqn, None)
+            self.hca_comp_event(cq)
+        else:
+            self.cq_armed[cqn] = ci
+
+    @traced
+    def hca_comp_event(self, cq: Mlx5Cq) -> None:
+        """One completion EQE for the CQ into its EQ (owner bit = the EQ's pass), then
+        the EQ's MSI-X vector."""
+        eq = self.hca.fw.eqs.get(cq.cqc["c_eqn_or_apu_element"])
+        if eq is None:
+            return
+        eqc = eq.ctx
+        log = eqc["log_eq_size"]
+        pi = self.eq_pi.get(eq.num, 0)
+        page = 1 << (12 + eqc["log_page_size"])
+        off = eqc["page_offset"] * (page // 64) + (pi & ((1 << log) - 1)) * EQE_SIZE
+        eqe = bytearray(EQE_SIZE)
+        eqe[1] = EQE_TYPE_COMP
+        struct.pack_into(">I", eqe, 56, cq.num & 0xFFFFFF)
+        eqe[63] = pi >> log & 1
+        try:
+            base = int.from_bytes(int(eq.pas.view[off // page]).to_bytes(8, "little"), "big")
+            self.dma_write(base + off % page, bytes(eqe))
+        except WqeError as e:
+            self.hca.device_errors.append(f"EQ {eq.num:#x}: EQE write failed: {e}")
+            return
+        self.eq_pi[eq.num] = pi + 1
+        msix_raise(self.hca.pdev, eqc["intr"])
+
+    def cq_resize(self, cq: Mlx5Cq, log_size: int, log_page: int, page_offset: int,
+                  pas: U64Array) -> bool:
+        """MODIFY_CQ resize: False if the CQEs not yet consumed (by the doorbell
+        record) and the RESIZE CQE do not fit in 2^log_size; else the RESIZE CQE
+        goes to the old ring at the producer index and the CQ continues in the new
+        ring after it."""
+        cqn = cq.num
+        cqc = self._c(cq)
+        pi = self.cq_pi.get(cqn, 0)
+        try:
+            ci = _be32(self.dma_read(cqc["dbr_addr"], 4), 0) & 0xFFFFFF
+        except WqeError:
+            return False
+        if ((pi - ci) & 0xFFFFFF) + 1 > 1 << log_size:
+            return False
+        log = cqc["log_cq_size"]
+        cqe = bytearray(64)
+        struct.pack_into(">H", cqe, 60, pi & 0xFFFF)
+        cqe[63] = CQE_RESIZE_CQ << 4 | (pi >> log & 1)
+        try:
+            at = (pi & ((1 << log) - 1)) * cqc["cqe_size"] + (cqc["cqe_size"] - 64)
+            for dma, n in self._pas_pieces(cq, at, 64):
+                self.dma_write(dma, bytes(cqe[:n]))
+                cqe = cqe[n:]
+        except WqeError as e:
+            self.async_events.append(("cq_error", cqn, str(e)))
+        MLX5_SET("cqc", cq.cqc, "log_cq_size", log_size)
+        MLX5_SET("cqc", cq.cqc, "log_page_size", log_page)
+        MLX5_SET("cqc", cq.cqc, "page_offset", page_offset)
+        cq.pas = pas
+        cq.hw_cache = None
+        self.cq_pi[cqn] = pi + 1
+        return True
 
 
 def engine_of(hca: ConnectX) -> Mlx5Engine:

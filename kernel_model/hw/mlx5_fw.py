@@ -42,7 +42,14 @@ from typing import TYPE_CHECKING
 import attrs
 
 # mlx5_fw_ctx and mlx5_fw_qp are imported for their handlers: they fill the rest of COMMANDS
-from kernel_model.hw import mlx5_caps, mlx5_fw_ctx, mlx5_fw_port, mlx5_fw_qp  # noqa: F401
+from kernel_model.hw import (  # noqa: F401 - mlx5_fw_srq: the SRQ commands
+    mlx5_caps,
+    mlx5_fw_ctx,
+    mlx5_fw_memic,
+    mlx5_fw_port,
+    mlx5_fw_qp,
+    mlx5_fw_srq,
+)
 from kernel_model.hw.mlx5_fw_cmd import (  # noqa: F401 - SYNDROMES, syndrome: the public face
     ADAPTER_PAGE,
     COMMANDS,
@@ -84,6 +91,7 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_STAT_RES_BUSY,
     MLX5_GET,
     MLX5_SET,
+    MLX5_SET64,
     IfcStruct,
     memcpy_ifc,
 )
@@ -156,12 +164,22 @@ class Firmware:
         self.caps_cur: dict[int, IfcStruct] = {}
         defaults = {MLX5_CAP_GENERAL: mlx5_caps.GENERAL_MAX,
                     mlx5_caps.MLX5_CAP_ROCE: mlx5_caps.ROCE,
-                    mlx5_caps.MLX5_CAP_ETHERNET_OFFLOADS: mlx5_caps.ETH}
+                    mlx5_caps.MLX5_CAP_ETHERNET_OFFLOADS: mlx5_caps.ETH,
+                    mlx5_caps.MLX5_CAP_DEV_MEM: mlx5_caps.DEV_MEM}
         for cap, layout in mlx5_caps.CAP_LAYOUT.items():
             page = IfcStruct(layout)
             for field, value in {**defaults[cap], **per_type[cap]}.items():
-                MLX5_SET(layout, page, field, value)
+                (MLX5_SET64 if field == "memic_bar_start_addr" else MLX5_SET)(
+                    layout, page, field, value)
             self.caps_max[cap] = page
+        dev_mem = self.caps_max[mlx5_caps.MLX5_CAP_DEV_MEM]
+        memic_size = MLX5_GET("device_mem_cap", dev_mem, "memic_bar_size")
+        if "memic_bar_start_addr" not in per_type[mlx5_caps.MLX5_CAP_DEV_MEM]:
+            # the MEMIC window is the top of BAR0, below it the UAR pages
+            MLX5_SET64("device_mem_cap", dev_mem, "memic_bar_start_addr",
+                       hca.config.bar_size - memic_size)
+        # the on-chip memory's bytes: they survive resets, as SRAM does while powered
+        self.memic_data = bytearray(memic_size)
         self.injected: list[Injection] = []
         self.leaked: list[str] = []     # objects a TEARDOWN_HCA / reset found allocated
         self.cmd_log: list[tuple[str, int, int, int]] = []  # (name, op_mod, status, syndrome)
@@ -182,7 +200,10 @@ class Firmware:
         self.eqs: dict = {}
         self.cqs: dict = {}
         self.qps: dict = {}
+        self.srqs: dict = {}    # srqn -> Mlx5Srq (mlx5_fw_srq.py)
+        self.xrcds: dict = {}   # xrcdn -> Mlx5Xrcd (mlx5_fw_srq.py)
         self.mkeys: dict = {}   # mkey index -> Mlx5Mkey
+        self.memics: dict = {}  # BAR-relative start -> Mlx5Memic (mlx5_fw_memic.py)
         self.roce_addresses: dict = {}  # RoCE address (GID) index -> roce_addr_layout
         self._new_ids()
         self.vport = mlx5_fw_port.default_vport(self.hca)
@@ -199,12 +220,16 @@ class Firmware:
             "eq": IdAllocator(7, 1 << 8, lambda: 1 << self.cap("log_max_eq")),
             "cq": IdAllocator(0x400, 1 << 24, lambda: 1 << self.cap("log_max_cq")),
             "qp": IdAllocator(0x100, 1 << 24, lambda: 1 << self.cap("log_max_qp")),
+            "srq": IdAllocator(0x100, 1 << 24, lambda: 1 << self.cap("log_max_srq")),
+            "xrcd": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_xrcd")),
             "mkey": IdAllocator(8, 1 << 24, lambda: 1 << self.cap("log_max_mkey")),
         }
 
     def tables(self) -> dict[str, dict]:
-        return {"QP": self.qps, "MKEY": self.mkeys, "CQ": self.cqs, "EQ": self.eqs,
-                "TD": self.tds, "PD": self.pds, "UAR": self.uars, "UCTX": self.uctxs}
+        return {"QP": self.qps, "SRQ": self.srqs, "MKEY": self.mkeys, "CQ": self.cqs,
+                "EQ": self.eqs, "XRCD": self.xrcds,
+                "TD": self.tds, "PD": self.pds, "UAR": self.uars, "UCTX": self.uctxs,
+                "MEMIC": self.memics}
 
     def live_objects(self) -> list[object]:
         return [obj for table in self.tables().values() for obj in table.values()]
@@ -244,7 +269,9 @@ class Firmware:
 
     @property
     def nr_uars(self) -> int:
-        return self.hca.config.bar_size // self.uar_page_size
+        """UAR pages fill BAR0 up to the MEMIC window (the BAR's end without MEMIC)."""
+        start, size = mlx5_fw_memic.memic_window(self)
+        return (start if size else self.hca.config.bar_size) // self.uar_page_size
 
     # -- dispatch --------------------------------------------------------------------
     def inject(self, opcode: int, status: int, check: str = "injected", *,

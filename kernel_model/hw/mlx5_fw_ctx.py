@@ -15,9 +15,9 @@ Checks are the cheap ones a real firmware makes: field ranges against the
 current capabilities, referenced objects exist and are the caller's (uid)
 or shared (uid 0; a UAR must be the caller's own), the PAS covers the buffer
 the context describes.
-# EMU: SRQs, XRC domains, DEVX umems and event delivery (EQEs) are not
-# modelled: an SRQ number in a QPC is not checked, a context naming a umem
-# is refused with BAD_PARAM, and no EQE is ever written to an EQ's buffer.
+# EMU: XRC domains, DEVX umems and event delivery (EQEs) are not
+# modelled: a context naming a umem is refused with BAD_PARAM, and no EQE
+# is ever written to an EQ's buffer.  SRQs are mlx5_fw_srq.py's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from c_ext import U64Array
+from kernel_model.hw import mlx5_fw_memic
 from kernel_model.hw.mlx5_fw_cmd import ADAPTER_PAGE, FwError, FwObject, fw_command
 from kernel_model.hw.mlx5_ifc import (
     MLX5_ADDR_OF,
@@ -36,17 +37,26 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_OP_DESTROY_EQ,
     MLX5_CMD_OP_DESTROY_MKEY,
     MLX5_CMD_OP_DESTROY_QP,
+    MLX5_CMD_OP_EMU_UMR_REREG_PD_ACCESS,
     MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY,
     MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY,
+    MLX5_CMD_OP_MODIFY_CQ,
     MLX5_CMD_OP_QUERY_CQ,
     MLX5_CMD_OP_QUERY_MKEY,
     MLX5_CMD_OP_QUERY_QP,
     MLX5_CMD_STAT_BAD_INP_LEN_ERR,
     MLX5_CMD_STAT_BAD_PARAM_ERR,
+    MLX5_CMD_STAT_BAD_RES_STATE_ERR,
+    MLX5_CQ_OPMOD_RESIZE,
     MLX5_GET,
     MLX5_MKC_ACCESS_MODE_KSM,
+    MLX5_MKC_ACCESS_MODE_MEMIC,
     MLX5_MKC_ACCESS_MODE_MTT,
+    MLX5_MODIFY_CQ_MASK_LOG_SIZE,
+    MLX5_MODIFY_CQ_MASK_PG_OFFSET,
+    MLX5_MODIFY_CQ_MASK_PG_SIZE,
     MLX5_NON_ZERO_RQ,
+    MLX5_QPC_ST_XRC,
     MLX5_QPC_STATE_RST,
     MLX5_SET,
     MLX5_SET64,
@@ -62,7 +72,7 @@ if TYPE_CHECKING:
 _QP_STATES = {0: "RST", 1: "INIT", 2: "RTR", 3: "RTS", 4: "SQER", 6: "ERR", 7: "SQD"}
 _QP_TYPES = {0x0: "RC", 0x1: "UC", 0x2: "UD", 0x3: "XRC", 0x5: "DCI", 0x7: "QP0", 0x8: "QP1",
              0x9: "RAW", 0xc: "REG_UMR"}
-_ACCESS_MODES = {0: "PA", 1: "MTT", 2: "KLM", 3: "KSM"}
+_ACCESS_MODES = {0: "PA", 1: "MTT", 2: "KLM", 3: "KSM", 5: "MEMIC"}
 
 
 class Mlx5Ctx(FwObject):
@@ -191,6 +201,7 @@ def destroy_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     fw.release(eq, "eq")
     eq.drop_refs()
     del fw.eqs[eq.num]
+    fw.hca.object_destroyed("eq", eq.num)
 
 
 # -- CQ -----------------------------------------------------------------------------------
@@ -229,6 +240,35 @@ def query_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     memcpy_ifc(MLX5_ADDR_OF("query_cq_out", out, "cq_context"), cq.cqc)
 
 
+@fw_command(MLX5_CMD_OP_MODIFY_CQ, "modify_cq")
+def modify_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    """MODIFY_CQ with op_mod RESIZE: a new ring (size, page size and offset, PAS) for the
+    CQ.  The CQEs software has not consumed must fit in it with the RESIZE CQE the
+    device writes at the old producer index (BAD_PARAM otherwise); the device then
+    goes on in the new ring.  # EMU: only resize is modelled (moderation: BAD_PARAM)."""
+    cq = fw.lookup(fw.cqs, MLX5_GET("modify_cq_in", in_, "cqn"), _uid(in_), "cq")
+    if MLX5_GET("modify_cq_in", in_, "op_mod") != MLX5_CQ_OPMOD_RESIZE:
+        raise _bad("modify_cq_op_mod")
+    if MLX5_GET("modify_cq_in", in_, "cq_umem_valid"):
+        raise _bad("modify_cq_umem")
+    select = MLX5_GET("modify_cq_in", in_, "modify_field_select")
+    if select & ~(MLX5_MODIFY_CQ_MASK_LOG_SIZE | MLX5_MODIFY_CQ_MASK_PG_OFFSET
+                  | MLX5_MODIFY_CQ_MASK_PG_SIZE) or not select & MLX5_MODIFY_CQ_MASK_LOG_SIZE:
+        raise _bad("modify_cq_field_select")
+    new = MLX5_ADDR_OF("modify_cq_in", in_, "cq_context")
+    if new["log_cq_size"] > fw.cap("log_max_cq_sz") or not fw.cap("cq_resize"):
+        raise _bad("modify_cq_log_size")
+    pas = MLX5_ADDR_OF("modify_cq_in", in_, "pas")
+    cqc = cq.cqc
+    log_page = new["log_page_size"] if select & MLX5_MODIFY_CQ_MASK_PG_SIZE \
+        else cqc["log_page_size"]
+    offset = new["page_offset"] if select & MLX5_MODIFY_CQ_MASK_PG_OFFSET else cqc["page_offset"]
+    _check_pas(pas, log_page, offset, (64 << min(cqc["cqe_sz"], 1)) << new["log_cq_size"],
+               "modify_cq_pas")
+    if not fw.hca.engine.cq_resize(cq, new["log_cq_size"], log_page, offset, _copy_pas(pas)):
+        raise _bad("modify_cq_outstanding")
+
+
 # -- QP -----------------------------------------------------------------------------------
 def _qp_buffer_bytes(fw: Firmware, qpc: IfcStruct) -> int:
     """Bytes of the RQ (first) and SQ the QPC describes, after range checks."""
@@ -249,6 +289,11 @@ def _qp_buffer_bytes(fw: Firmware, qpc: IfcStruct) -> int:
 
 
 def _qp_refs(fw: Firmware, qpc: IfcStruct, uid: int) -> list[FwObject]:
+    if qpc["st"] == MLX5_QPC_ST_XRC and qpc["no_sq"] and qpc["rq_type"] == MLX5_SRQ_RQ:
+        # EMU: an XRC target QP refers to its domain only: the device-global PD, CQ
+        # and SRQ mlx5_ib names in the real QPC (devr) are not modelled; each
+        # request names the domain's SRQ it goes to
+        return [fw.ref(fw.xrcds, qpc["xrcd"], uid, "create_qp_xrcd")]
     refs = [fw.ref(fw.pds, qpc["pd"], uid, "create_qp_pd"),
             fw.ref_uar(qpc["uar_page"], uid, "create_qp_uar", shared=False)]
     if not qpc["no_sq"]:
@@ -256,6 +301,10 @@ def _qp_refs(fw: Firmware, qpc: IfcStruct, uid: int) -> list[FwObject]:
     if qpc["rq_type"] in (MLX5_NON_ZERO_RQ, MLX5_SRQ_RQ) or (
             qpc["rq_type"] == MLX5_ZERO_LEN_RQ and qpc["cqn_rcv"]):
         refs.append(fw.ref(fw.cqs, qpc["cqn_rcv"], uid, "create_qp_cqn_rcv"))
+    if qpc["rq_type"] == MLX5_SRQ_RQ and qpc["srqn_rmpn_xrqn"]:   # busy while attached
+        refs.append(fw.ref(fw.srqs, qpc["srqn_rmpn_xrqn"], uid, "create_qp_srqn"))
+    if qpc["xrcd"]:                     # an XRC QP's domain (uid 0: shared)
+        refs.append(fw.ref(fw.xrcds, qpc["xrcd"], uid, "create_qp_xrcd"))
     return refs
 
 
@@ -313,14 +362,21 @@ def create_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     if MLX5_GET("create_mkey_in", in_, "mkey_umem_valid"):
         raise _bad("create_mkey_umem")
     mode = mkc["access_mode_4_2"] << 2 | mkc["access_mode_1_0"]
-    if mode > MLX5_MKC_ACCESS_MODE_KSM:
+    if mode > MLX5_MKC_ACCESS_MODE_KSM and mode != MLX5_MKC_ACCESS_MODE_MEMIC:
         raise _bad("create_mkey_access_mode")
     pd = fw.ref(fw.pds, mkc["pd"], uid, "create_mkey_pd")
+    refs: list = [pd]
     if mode == MLX5_MKC_ACCESS_MODE_MTT:
         _check_mtt(in_, mkc)
+    elif mode == MLX5_MKC_ACCESS_MODE_MEMIC:
+        # start_addr is a BAR-relative MEMIC address: the range must be allocated
+        memic = mlx5_fw_memic.memic_covers(fw, mkc["start_addr"], mkc["len"])
+        if memic is None or mkc["length64"]:
+            raise _bad("create_mkey_memic_range")
+        refs.append(memic)
     index = fw.new_id("mkey", fw.mkeys)
     pas = MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt")
-    fw.mkeys[index] = Mlx5Mkey(index, uid, mkc.copy(), _copy_pas(pas), [pd])
+    fw.mkeys[index] = Mlx5Mkey(index, uid, mkc.copy(), _copy_pas(pas), refs)
     MLX5_SET("create_mkey_out", out, "mkey_index", index)
 
 
@@ -375,6 +431,27 @@ def emu_umr_update_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     mkey.pas = _copy_pas(pas)
     if MLX5_GET("emu_umr_update_mkey_in", in_, "enable"):
         MLX5_SET("mkc", m, "free", 0)
+    mkey.hw_cache = None
+
+
+@fw_command(MLX5_CMD_OP_EMU_UMR_REREG_PD_ACCESS, "emu_umr_rereg_pd_access")
+def emu_umr_rereg_pd_access(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
+    """What the UMR of mlx5r_umr_rereg_pd_access does (see the opcode's EMU note): the
+    mkey keeps its key, translation and range; its PD and access bits (a, rw, rr, lw,
+    lr) become the given ones.  MLX5_UMR_CHECK_FREE: a free (revoked) mkey fails
+    (BAD_RES_STATE), as does a PD that does not exist (BAD_PARAM); a failed UMR
+    changes nothing."""
+    index = MLX5_GET("emu_umr_rereg_pd_access_in", in_, "mkey_index")
+    mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
+    if mkey.mkc["free"]:
+        raise FwError(MLX5_CMD_STAT_BAD_RES_STATE_ERR, "umr_rereg_pd_access_free")
+    new = MLX5_ADDR_OF("emu_umr_rereg_pd_access_in", in_, "memory_key_mkey_entry")
+    pd = fw.ref(fw.pds, new["pd"], mkey.uid, "umr_rereg_pd_access_pd")
+    for field in ("pd", "a", "rw", "rr", "lw", "lr"):
+        MLX5_SET("mkc", mkey.mkc, field, new[field])
+    mkey.drop_refs()
+    mkey.refs = [pd]
+    pd.users += 1
     mkey.hw_cache = None
 
 

@@ -51,6 +51,8 @@ MLX5_CMD_OP_CREATE_MKEY = 0x200
 MLX5_CMD_OP_QUERY_MKEY = 0x201
 MLX5_CMD_OP_DESTROY_MKEY = 0x202
 MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS = 0x203
+MLX5_CMD_OP_ALLOC_MEMIC = 0x205
+MLX5_CMD_OP_DEALLOC_MEMIC = 0x206
 # EMU: not a PRM command.  The kernel revokes an mkey with a UMR work request on
 # its UMR QP (mlx5r_umr_revoke_mr); the UMR QP is not modelled, so the same
 # effect - the mkey free, in the UMR PD, DMA through it drained - is this
@@ -60,11 +62,18 @@ MLX5_CMD_OP_EMU_UMR_REVOKE_MKEY = 0x7F01
 # loads an mkey's translation and its PD, access and range, and with `enable`
 # turns it on (MLX5_IB_SEND_UMR_ENABLE_MR | UPDATE_PD_ACCESS | UPDATE_TRANSLATION)
 MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY = 0x7F02
+# EMU: not a PRM command either: the UMR of mlx5r_umr_rereg_pd_access (rereg_mr of the
+# PD or access only): the mkey's PD and access bits replaced in place, nothing else;
+# MLX5_UMR_CHECK_FREE - it fails on a free (revoked) mkey
+MLX5_CMD_OP_EMU_UMR_REREG_PD_ACCESS = 0x7F03
 MLX5_CMD_OP_CREATE_EQ = 0x301
 MLX5_CMD_OP_DESTROY_EQ = 0x302
 MLX5_CMD_OP_CREATE_CQ = 0x400
 MLX5_CMD_OP_DESTROY_CQ = 0x401
 MLX5_CMD_OP_QUERY_CQ = 0x402
+MLX5_CMD_OP_MODIFY_CQ = 0x403
+MLX5_CQ_OPMOD_RESIZE = 1                 # modify_cq_in.op_mod
+MLX5_MODIFY_CQ_MASK_LOG_SIZE, MLX5_MODIFY_CQ_MASK_PG_OFFSET, MLX5_MODIFY_CQ_MASK_PG_SIZE = 1, 2, 4
 MLX5_CMD_OP_CREATE_QP = 0x500
 MLX5_CMD_OP_DESTROY_QP = 0x501
 MLX5_CMD_OP_RST2INIT_QP = 0x502
@@ -77,6 +86,11 @@ MLX5_CMD_OP_2RST_QP = 0x50a
 MLX5_CMD_OP_QUERY_QP = 0x50b
 MLX5_CMD_OP_SQD_RTS_QP = 0x50c
 MLX5_CMD_OP_INIT2INIT_QP = 0x50e
+MLX5_CMD_OP_CREATE_SRQ = 0x700
+MLX5_CMD_OP_DESTROY_SRQ = 0x701
+MLX5_CMD_OP_QUERY_SRQ = 0x702
+MLX5_CMD_OP_ARM_RQ = 0x703
+MLX5_ARM_RQ_IN_OP_MOD_SRQ = 1            # arm_rq_in.op_mod
 MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT = 0x754
 MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT = 0x755
 MLX5_CMD_OP_QUERY_ROCE_ADDRESS = 0x760
@@ -88,6 +102,8 @@ MLX5_CMD_OP_DEALLOC_UAR = 0x803
 MLX5_CMD_OP_ACCESS_REG = 0x805
 MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN = 0x816
 MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN = 0x817
+MLX5_CMD_OP_ALLOC_XRCD = 0x80e
+MLX5_CMD_OP_DEALLOC_XRCD = 0x80f
 MLX5_CMD_OP_CREATE_UCTX = 0xa04
 MLX5_CMD_OP_DESTROY_UCTX = 0xa06
 
@@ -118,6 +134,7 @@ MLX5_CMD_STAT_BAD_OUTP_LEN_ERR = 0x51
 MLX5_CAP_GENERAL = 0
 MLX5_CAP_ETHERNET_OFFLOADS = 1
 MLX5_CAP_ROCE = 4
+MLX5_CAP_DEV_MEM = 0xF
 HCA_CAP_OPMOD_GET_MAX = 0
 HCA_CAP_OPMOD_GET_CUR = 1
 MLX5_SET_HCA_CAP_OP_MOD_GENERAL_DEVICE = 0x0
@@ -136,6 +153,7 @@ MLX5_QPC_TIMESTAMP_FORMAT_REAL_TIME = 0x2
 MLX5_CQC_CQE_SZ_64_BYTES, MLX5_CQC_CQE_SZ_128_BYTES = 0x0, 0x1
 MLX5_MKC_ACCESS_MODE_PA, MLX5_MKC_ACCESS_MODE_MTT = 0x0, 0x1
 MLX5_MKC_ACCESS_MODE_KLMS, MLX5_MKC_ACCESS_MODE_KSM = 0x2, 0x3
+MLX5_MKC_ACCESS_MODE_MEMIC = 0x5
 MLX5_CAP_PORT_TYPE_IB, MLX5_CAP_PORT_TYPE_ETH = 0x0, 0x1
 MLX5_CAP_INLINE_MODE_L2, MLX5_CAP_INLINE_MODE_VPORT_CONTEXT = 0, 1
 MLX5_CAP_INLINE_MODE_NOT_REQUIRED = 2
@@ -232,6 +250,12 @@ _TEXT: dict[str, str] = {
         xrcd 24, cqn_rcv 24, dbr_addr 64, q_key 32, rq_type 3, srqn_rmpn_xrqn 24, rmsn 24,
         hw_sq_wqebb_counter 16, sw_sq_wqebb_counter 16, hw_rq_counter 32, sw_rq_counter 32,
         cgs 1, cs_req 8, cs_res 8, dc_access_key 64, dbr_umem_valid 1""",
+    # EMU: one context for basic and XRC SRQs: srqc with xrc_srqc's user_index (the
+    # CQE of an XRC SRQ's receive names it); see kernel_model/hw/mlx5_fw_srq.py
+    "srqc": """
+        state 4, log_srq_size 4, wq_signature 1, cont_srq 1, rlky 1, log_rq_stride 3,
+        xrcd 24, page_offset 6, cqn 24, log_page_size 6, pd 24, lwm 16, wqe_cnt 16,
+        dbr_addr 64, user_index 24""",
     "cqc": """
         status 4, as_notify 1, initiator_src_dct 1, dbr_umem_valid 1, apu_cq 1, cqe_sz 3,
         cc 1, scqe_break_moderation_en 1, oi 1, cq_period_mode 2, cqe_comp_en 1,
@@ -270,6 +294,9 @@ _TEXT: dict[str, str] = {
         ib_link_width_admin 16, ib_proto_admin 16, ext_eth_proto_oper 32, eth_proto_oper 32,
         ib_link_width_oper 16, ib_proto_oper 16, connector_type 4, eth_proto_lp_advertise 32""",
     "uctx": "cap 32",
+    "device_mem_cap": """
+        memic 1, log_min_memic_alloc_size 5, log_max_memic_addr_alignment 8,
+        memic_bar_start_addr 64, memic_bar_size 32, max_memic_size 32, memic_operations 32""",
     # commands
     "query_hca_cap_in": "other_function 1, function_id 16",
     "query_hca_cap_out": "capability @hca_cap_union",
@@ -306,6 +333,8 @@ _TEXT: dict[str, str] = {
     "create_cq_out": "cqn 24",
     "destroy_cq_in": "cqn 24", "destroy_cq_out": "",
     "query_cq_in": "cqn 24", "query_cq_out": "cq_context @cqc, pas []",
+    "modify_cq_in": "cqn 24, modify_field_select 32, cq_context @cqc, cq_umem_valid 1, pas []",
+    "modify_cq_out": "",
     "create_qp_in": """
         qpc_ext 1, input_qpn 24, opt_param_mask 32, ece 32, qpc @qpc, wq_umem_offset 64,
         wq_umem_id 32, wq_umem_valid 1, pas []""",
@@ -313,6 +342,12 @@ _TEXT: dict[str, str] = {
     "destroy_qp_in": "qpn 24", "destroy_qp_out": "",
     "query_qp_in": "qpc_ext 1, qpn 24",
     "query_qp_out": "opt_param_mask 32, ece 32, qpc @qpc, pas []",
+    "create_srq_in": "srq_context_entry @srqc, pas []", "create_srq_out": "srqn 24",
+    "destroy_srq_in": "srqn 24", "destroy_srq_out": "",
+    "query_srq_in": "srqn 24", "query_srq_out": "srq_context_entry @srqc, pas []",
+    "arm_rq_in": "srq_number 24, lwm 16", "arm_rq_out": "",
+    "alloc_xrcd_in": "", "alloc_xrcd_out": "xrcd 24",
+    "dealloc_xrcd_in": "xrcd 24", "dealloc_xrcd_out": "",
     # the QP state transitions (the mailboxes of qpc.c modify_qp_mbox_alloc)
     "rst2init_qp_in": _MODIFY_QP_IN, "rst2init_qp_out": "ece 32",
     "init2init_qp_in": _MODIFY_QP_IN, "init2init_qp_out": "ece 32",
@@ -334,10 +369,16 @@ _TEXT: dict[str, str] = {
         translations_octword_actual_size 32, klm_pas_mtt []""",
     "create_mkey_out": "mkey_index 24",
     "destroy_mkey_in": "mkey_index 24", "destroy_mkey_out": "",
+    "alloc_memic_in": """
+        range_size 32, memic_size 32, log_memic_addr_alignment 8, range_start_addr 64""",
+    "alloc_memic_out": "memic_start_addr 64",
+    "dealloc_memic_in": "memic_start_addr 64, memic_size 32", "dealloc_memic_out": "",
     "emu_umr_revoke_mkey_in": "mkey_index 24", "emu_umr_revoke_mkey_out": "",
     "emu_umr_update_mkey_in": """
         mkey_index 24, enable 1, memory_key_mkey_entry @mkc, klm_pas_mtt []""",
     "emu_umr_update_mkey_out": "",
+    "emu_umr_rereg_pd_access_in": "mkey_index 24, memory_key_mkey_entry @mkc",
+    "emu_umr_rereg_pd_access_out": "",
     "query_mkey_in": "mkey_index 24",
     "query_mkey_out": "memory_key_mkey_entry @mkc, bsf0_klm0_pas_mtt0_1 []",
     "query_nic_vport_context_in": "other_vport 1, vport_number 16, allowed_list_type 3",
@@ -352,7 +393,8 @@ _TEXT: dict[str, str] = {
 
 #: union name -> its members (a union accepts every member's fields)
 UNIONS: dict[str, tuple[str, ...]] = {
-    "hca_cap_union": ("cmd_hca_cap", "roce_cap", "per_protocol_networking_offload_caps"),
+    "hca_cap_union": ("cmd_hca_cap", "roce_cap", "per_protocol_networking_offload_caps",
+                      "device_mem_cap"),
     "register_data": ("pmtu_reg", "ptys_reg"),
 }
 

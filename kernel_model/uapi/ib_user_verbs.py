@@ -20,18 +20,44 @@ IB_USER_VERBS_CMD_QUERY_DEVICE = 1
 IB_USER_VERBS_CMD_QUERY_PORT = 2
 IB_USER_VERBS_CMD_ALLOC_PD = 3
 IB_USER_VERBS_CMD_DEALLOC_PD = 4
+IB_USER_VERBS_CMD_CREATE_AH = 5
+IB_USER_VERBS_CMD_DESTROY_AH = 8
 IB_USER_VERBS_CMD_REG_MR = 9
+IB_USER_VERBS_CMD_REREG_MR = 11
 IB_USER_VERBS_CMD_DEREG_MR = 13
+IB_USER_VERBS_CMD_ALLOC_MW = 14
+IB_USER_VERBS_CMD_DEALLOC_MW = 15
 IB_USER_VERBS_CMD_CREATE_CQ = 18
+IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL = 17
+IB_USER_VERBS_CMD_RESIZE_CQ = 19
 IB_USER_VERBS_CMD_DESTROY_CQ = 20
 IB_USER_VERBS_CMD_CREATE_QP = 24
 IB_USER_VERBS_CMD_QUERY_QP = 25
 IB_USER_VERBS_CMD_MODIFY_QP = 26
 IB_USER_VERBS_CMD_DESTROY_QP = 27
+IB_USER_VERBS_CMD_CREATE_SRQ = 29
+IB_USER_VERBS_CMD_MODIFY_SRQ = 30
+IB_USER_VERBS_CMD_QUERY_SRQ = 31
+IB_USER_VERBS_CMD_DESTROY_SRQ = 32
+IB_USER_VERBS_CMD_CREATE_XSRQ = 36
+IB_USER_VERBS_CMD_OPEN_XRCD = 37
+IB_USER_VERBS_CMD_CLOSE_XRCD = 38
 
 # the command word: a command number, plus a flag for the extended (write_ex) table
 IB_USER_VERBS_CMD_COMMAND_MASK = 0xFF
 IB_USER_VERBS_CMD_FLAG_EXTENDED = 0x80000000
+
+# enum ib_uverbs_ex_write_cmds (the extended table: the command word has
+# IB_USER_VERBS_CMD_FLAG_EXTENDED, the header is followed by ib_uverbs_ex_cmd_hdr)
+IB_USER_VERBS_EX_CMD_QUERY_DEVICE = IB_USER_VERBS_CMD_QUERY_DEVICE
+IB_USER_VERBS_EX_CMD_CREATE_CQ = IB_USER_VERBS_CMD_CREATE_CQ
+
+# enum ib_uverbs_ex_create_cq_flags
+IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION = 1 << 0
+IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN = 1 << 1
+
+# enum ib_uverbs_gid_type (ib_uverbs_gid_entry.gid_type)
+IB_UVERBS_GID_TYPE_IB, IB_UVERBS_GID_TYPE_ROCE_V1, IB_UVERBS_GID_TYPE_ROCE_V2 = 0, 1, 2
 
 # enum ib_uverbs_access_flags
 IB_UVERBS_ACCESS_LOCAL_WRITE = 1 << 0
@@ -137,8 +163,34 @@ class ib_uverbs_reg_mr_resp(UStruct):
 
 
 @uapi_struct
+class ib_uverbs_rereg_mr(UStruct):
+    FIELDS = (("response", "Q"), ("mr_handle", "I"), ("flags", "I"), ("start", "Q"),
+              ("length", "Q"), ("hca_va", "Q"), ("pd_handle", "I"), ("access_flags", "I"))
+
+
+@uapi_struct
+class ib_uverbs_rereg_mr_resp(UStruct):
+    FIELDS = (("lkey", "I"), ("rkey", "I"))
+
+
+@uapi_struct
 class ib_uverbs_dereg_mr(UStruct):
     FIELDS = (("mr_handle", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_alloc_mw(UStruct):
+    FIELDS = (("response", "Q"), ("pd_handle", "I"), ("mw_type", "B"), ("reserved", "3s"))
+
+
+@uapi_struct
+class ib_uverbs_alloc_mw_resp(UStruct):
+    FIELDS = (("mw_handle", "I"), ("rkey", "I"))
+
+
+@uapi_struct
+class ib_uverbs_dealloc_mw(UStruct):
+    FIELDS = (("mw_handle", "I"),)
 
 
 @uapi_struct
@@ -150,6 +202,47 @@ class ib_uverbs_create_cq(UStruct):
 @uapi_struct
 class ib_uverbs_create_cq_resp(UStruct):
     FIELDS = (("cq_handle", "I"), ("cqe", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_cq(UStruct):
+    """The extended CREATE_CQ request (no response pointer: ib_uverbs_ex_cmd_hdr has it)."""
+
+    FIELDS = (("user_handle", "Q"), ("cqe", "I"), ("comp_vector", "I"), ("comp_channel", "i"),
+              ("comp_mask", "I"), ("flags", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_cq_resp(UStruct):
+    FIELDS = (("base", ib_uverbs_create_cq_resp), ("comp_mask", "I"),
+              ("response_length", "I"))
+
+
+@uapi_struct
+class ib_uverbs_create_comp_channel(UStruct):
+    FIELDS = (("response", "Q"),)
+
+
+@uapi_struct
+class ib_uverbs_create_comp_channel_resp(UStruct):
+    FIELDS = (("fd", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_resize_cq(UStruct):
+    FIELDS = (("response", "Q"), ("cq_handle", "I"), ("cqe", "I"))
+
+
+@uapi_struct
+class ib_uverbs_resize_cq_resp(UStruct):
+    FIELDS = (("cqe", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_comp_event_desc(UStruct):
+    """What read() of a completion channel returns per event: the CQ's user_handle."""
+
+    FIELDS = (("cq_handle", "Q"),)
 
 
 @uapi_struct
@@ -187,6 +280,99 @@ class ib_uverbs_destroy_qp(UStruct):
 class ib_uverbs_destroy_qp_resp(UStruct):
     FIELDS = (("events_reported", "I"),)
 
+
+# -- SRQ (enum ib_srq_type, enum ib_srq_attr_mask) ---------------------------------
+IB_UVERBS_SRQT_BASIC, IB_UVERBS_SRQT_XRC, IB_UVERBS_SRQT_TM = 0, 1, 2
+IB_SRQ_MAX_WR, IB_SRQ_LIMIT = 1 << 0, 1 << 1
+
+
+@uapi_struct
+class ib_uverbs_create_srq(UStruct):
+    FIELDS = (("response", "Q"), ("user_handle", "Q"), ("pd_handle", "I"), ("max_wr", "I"),
+              ("max_sge", "I"), ("srq_limit", "I"))
+
+
+@uapi_struct
+class ib_uverbs_create_xsrq(UStruct):
+    FIELDS = (("response", "Q"), ("user_handle", "Q"), ("srq_type", "I"), ("pd_handle", "I"),
+              ("max_wr", "I"), ("max_sge", "I"), ("srq_limit", "I"), ("max_num_tags", "I"),
+              ("xrcd_handle", "I"), ("cq_handle", "I"))
+
+
+@uapi_struct
+class ib_uverbs_create_srq_resp(UStruct):
+    FIELDS = (("srq_handle", "I"), ("max_wr", "I"), ("max_sge", "I"), ("srqn", "I"))
+
+
+@uapi_struct
+class ib_uverbs_modify_srq(UStruct):
+    FIELDS = (("srq_handle", "I"), ("attr_mask", "I"), ("max_wr", "I"), ("srq_limit", "I"))
+
+
+@uapi_struct
+class ib_uverbs_query_srq(UStruct):
+    FIELDS = (("response", "Q"), ("srq_handle", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_query_srq_resp(UStruct):
+    FIELDS = (("max_wr", "I"), ("max_sge", "I"), ("srq_limit", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_destroy_srq(UStruct):
+    FIELDS = (("response", "Q"), ("srq_handle", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_destroy_srq_resp(UStruct):
+    FIELDS = (("events_reported", "I"),)
+
+
+# -- XRC domains ----------------------------------------------------------------------
+@uapi_struct
+class ib_uverbs_open_xrcd(UStruct):
+    FIELDS = (("response", "Q"), ("fd", "I"), ("oflags", "I"))
+
+
+@uapi_struct
+class ib_uverbs_open_xrcd_resp(UStruct):
+    FIELDS = (("xrcd_handle", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_close_xrcd(UStruct):
+    FIELDS = (("xrcd_handle", "I"),)
+
+
+
+@uapi_struct
+class ib_uverbs_global_route(UStruct):
+    FIELDS = (("dgid", "16s"), ("flow_label", "I"), ("sgid_index", "B"), ("hop_limit", "B"),
+              ("traffic_class", "B"), ("reserved", "B"))
+
+
+@uapi_struct
+class ib_uverbs_ah_attr(UStruct):
+    FIELDS = (("grh", ib_uverbs_global_route), ("dlid", "H"), ("sl", "B"),
+              ("src_path_bits", "B"), ("static_rate", "B"), ("is_global", "B"),
+              ("port_num", "B"), ("reserved", "B"))
+
+
+@uapi_struct
+class ib_uverbs_create_ah(UStruct):
+    FIELDS = (("response", "Q"), ("user_handle", "Q"), ("pd_handle", "I"), ("reserved", "I"),
+              ("attr", ib_uverbs_ah_attr))
+
+
+@uapi_struct
+class ib_uverbs_create_ah_resp(UStruct):
+    FIELDS = (("ah_handle", "I"),)
+
+
+@uapi_struct
+class ib_uverbs_destroy_ah(UStruct):
+    FIELDS = (("ah_handle", "I"),)
 
 
 @uapi_struct
@@ -230,3 +416,62 @@ class ib_uverbs_query_qp_resp(UStruct):
               ("min_rnr_timer", "B"), ("port_num", "B"), ("timeout", "B"), ("retry_cnt", "B"),
               ("rnr_retry", "B"), ("alt_port_num", "B"), ("alt_timeout", "B"),
               ("sq_sig_all", "B"), ("reserved", "5s"))
+
+
+# -- the extended commands (write_ex) and the GID entry of the QUERY_GID ioctls ---------
+@uapi_struct
+class ib_uverbs_ex_cmd_hdr(UStruct):
+    """After ib_uverbs_cmd_hdr in an extended command; its sizes count 8-byte words."""
+
+    FIELDS = (("response", "Q"), ("provider_in_words", "H"), ("provider_out_words", "H"),
+              ("cmd_hdr_reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_query_device(UStruct):
+    FIELDS = (("comp_mask", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_odp_caps(UStruct):
+    FIELDS = (("general_caps", "Q"), ("rc_odp_caps", "I"), ("uc_odp_caps", "I"),
+              ("ud_odp_caps", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_rss_caps(UStruct):
+    FIELDS = (("supported_qpts", "I"), ("max_rwq_indirection_tables", "I"),
+              ("max_rwq_indirection_table_size", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_tm_caps(UStruct):
+    FIELDS = (("max_rndv_hdr_size", "I"), ("max_num_tags", "I"), ("flags", "I"),
+              ("max_ops", "I"), ("max_sge", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_cq_moderation_caps(UStruct):
+    FIELDS = (("max_cq_moderation_count", "H"), ("max_cq_moderation_period", "H"),
+              ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_query_device_resp(UStruct):
+    """The legacy response as `base`, then the extended capabilities (304 bytes)."""
+
+    FIELDS = (("base", ib_uverbs_query_device_resp), ("comp_mask", "I"),
+              ("response_length", "I"), ("odp_caps", ib_uverbs_odp_caps),
+              ("timestamp_mask", "Q"), ("hca_core_clock", "Q"), ("device_cap_flags_ex", "Q"),
+              ("rss_caps", ib_uverbs_rss_caps), ("max_wq_type_rq", "I"),
+              ("raw_packet_caps", "I"), ("tm_caps", ib_uverbs_tm_caps),
+              ("cq_moderation_caps", ib_uverbs_cq_moderation_caps), ("max_dm_size", "Q"),
+              ("xrc_odp_caps", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_gid_entry(UStruct):
+    """One GID of UVERBS_METHOD_QUERY_GID_TABLE / _ENTRY (gid: its 16 raw bytes)."""
+
+    FIELDS = (("gid", "16s"), ("gid_index", "I"), ("port_num", "I"), ("gid_type", "I"),
+              ("netdev_ifindex", "I"))

@@ -91,6 +91,13 @@ class mlx5_ib_alloc_pd_resp(UStruct):
 
 
 @uapi_struct
+class mlx5_ib_create_ah_resp(UStruct):
+    """The driver's part of CREATE_AH's response: the destination MAC it resolved."""
+
+    FIELDS = (("response_length", "I"), ("dmac", "6s"), ("reserved", "6s"))
+
+
+@uapi_struct
 class mlx5_ib_create_cq(UStruct):
     FIELDS = (("buf_addr", "Q"), ("db_addr", "Q"), ("cqe_size", "I"), ("cqe_comp_en", "B"),
               ("cqe_comp_res_format", "B"), ("flags", "H"), ("uar_page_index", "H"),
@@ -103,11 +110,27 @@ class mlx5_ib_create_cq_resp(UStruct):
 
 
 @uapi_struct
+class mlx5_ib_resize_cq(UStruct):
+    FIELDS = (("buf_addr", "Q"), ("cqe_size", "H"), ("reserved0", "H"), ("reserved1", "I"))
+
+
+@uapi_struct
 class mlx5_ib_create_qp(UStruct):
     FIELDS = (("buf_addr", "Q"), ("db_addr", "Q"), ("sq_wqe_count", "I"),
               ("rq_wqe_count", "I"), ("rq_wqe_shift", "I"), ("flags", "I"), ("uidx", "I"),
               ("bfreg_index", "I"), ("sq_buf_addr", "Q"), ("ece_options", "I"),
               ("log_num_concurent", "B"), ("log_num_errored", "B"), ("reserved", "H"))
+
+
+@uapi_struct
+class mlx5_ib_create_srq(UStruct):
+    FIELDS = (("buf_addr", "Q"), ("db_addr", "Q"), ("flags", "I"), ("reserved0", "I"),
+              ("uidx", "I"), ("reserved1", "I"))
+
+
+@uapi_struct
+class mlx5_ib_create_srq_resp(UStruct):
+    FIELDS = (("srqn", "I"), ("reserved", "I"))
 
 
 @uapi_struct
@@ -132,3 +155,8 @@ class mlx5_ib_modify_qp(UStruct):
 @uapi_struct
 class mlx5_ib_modify_qp_resp(UStruct):
     FIELDS = (("response_length", "I"), ("dctn", "I"), ("ece_options", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class mlx5_ib_alloc_mw(UStruct):
+    FIELDS = (("comp_mask", "I"), ("num_klms", "B"), ("reserved1", "B"), ("reserved2", "H"))

@@ -47,3 +47,28 @@ MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET = UVERBS_ID_DRIVER_NS + 2
 MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH = UVERBS_ID_DRIVER_NS + 3
 MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID = UVERBS_ID_DRIVER_NS + 4
 MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE = UVERBS_ID_DRIVER_NS
+
+# mlx5_user_ioctl_cmds.h: enum mlx5_ib_std_types_methods (on UVERBS_OBJECT_DEVICE) and
+# enum mlx5_ib_query_port_attrs
+MLX5_IB_METHOD_QUERY_PORT = UVERBS_ID_DRIVER_NS
+MLX5_IB_ATTR_QUERY_PORT_PORT_NUM = UVERBS_ID_DRIVER_NS
+MLX5_IB_ATTR_QUERY_PORT = UVERBS_ID_DRIVER_NS + 1
+
+# mlx5_user_ioctl_cmds.h: enum mlx5_ib_alloc_dm_attrs (the driver's attributes on
+# UVERBS_METHOD_DM_ALLOC) and mlx5_user_ioctl_verbs.h: enum mlx5_ib_uapi_dm_type
+MLX5_IB_ATTR_ALLOC_DM_RESP_START_OFFSET = UVERBS_ID_DRIVER_NS
+MLX5_IB_ATTR_ALLOC_DM_RESP_PAGE_INDEX = UVERBS_ID_DRIVER_NS + 1
+MLX5_IB_ATTR_ALLOC_DM_REQ_TYPE = UVERBS_ID_DRIVER_NS + 2
+MLX5_IB_UAPI_DM_TYPE_MEMIC = 0
+MLX5_IB_UAPI_DM_TYPE_STEERING_SW_ICM = 1
+MLX5_IB_UAPI_DM_TYPE_HEADER_MODIFY_SW_ICM = 2
+
+
+@uapi_struct
+class mlx5_ib_uapi_query_port(UStruct):
+    """Mirrors struct mlx5_ib_uapi_query_port (mlx5_user_ioctl_verbs.h); reg_c0 is
+    struct mlx5_ib_uapi_reg {value, mask}."""
+
+    FIELDS = (("flags", "Q"), ("vport", "H"), ("vport_vhca_id", "H"),
+              ("esw_owner_vhca_id", "H"), ("rsvd0", "H"), ("vport_steering_icm_rx", "Q"),
+              ("vport_steering_icm_tx", "Q"), ("reg_c0_value", "I"), ("reg_c0_mask", "I"))

@@ -116,26 +116,114 @@ def ibv_cmd_reg_mr(ctx: Any, pd_handle: int, addr: int, length: int, hca_va: int
 
 
 @traced
+def ibv_cmd_rereg_mr(vmr: Any, flags: int, addr: int, length: int, hca_va: int, access: int,
+                     pd: Any) -> uv.ib_uverbs_rereg_mr_resp:
+    """Mirrors ibv_cmd_rereg_mr(): REREG_MR (the PD handle only with CHANGE_PD); the
+    MR takes the keys the kernel answers (and the PD's context with CHANGE_PD)."""
+    pd_handle = pd.handle if flags & v.IBV_REREG_MR_CHANGE_PD else 0
+    resp = execute_write(vmr.context, uv.IB_USER_VERBS_CMD_REREG_MR,
+                         uv.ib_uverbs_rereg_mr(mr_handle=vmr.handle, flags=flags, start=addr,
+                                               length=length, hca_va=hca_va,
+                                               pd_handle=pd_handle, access_flags=access),
+                         uv.ib_uverbs_rereg_mr_resp, what="ibv_cmd_rereg_mr")[0]
+    vmr.lkey, vmr.rkey = resp.lkey, resp.rkey
+    if flags & v.IBV_REREG_MR_CHANGE_PD:
+        vmr.context = pd.context
+    return resp
+
+
+@traced
+def ibv_cmd_alloc_mw(pd: Any, mw_type: int) -> uv.ib_uverbs_alloc_mw_resp:
+    """Mirrors ibv_cmd_alloc_mw(): ALLOC_MW in the PD."""
+    return execute_write(pd.context, uv.IB_USER_VERBS_CMD_ALLOC_MW,
+                         uv.ib_uverbs_alloc_mw(pd_handle=pd.handle, mw_type=mw_type),
+                         uv.ib_uverbs_alloc_mw_resp, what="ibv_cmd_alloc_mw")[0]
+
+
+@traced
+def ibv_cmd_dealloc_mw(mw: Any) -> None:
+    """Mirrors ibv_cmd_dealloc_mw()."""
+    execute_write(mw.context, uv.IB_USER_VERBS_CMD_DEALLOC_MW,
+                  uv.ib_uverbs_dealloc_mw(mw_handle=mw.handle), None, what="ibv_cmd_dealloc_mw")
+
+
+@traced
 def ibv_cmd_dereg_mr(ctx: Any, mr_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DEREG_MR,
                   uv.ib_uverbs_dereg_mr(mr_handle=mr_handle), None, what="ibv_cmd_dereg_mr")
 
 
 @traced
+def ibv_cmd_create_comp_channel(ctx: Any) -> int:
+    """Mirrors ibv_create_comp_channel()'s CREATE_COMP_CHANNEL write: the new fd."""
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL,
+                         uv.ib_uverbs_create_comp_channel(),
+                         uv.ib_uverbs_create_comp_channel_resp,
+                         what="ibv_create_comp_channel")[0].fd
+
+
+@traced
 def ibv_cmd_create_cq(ctx: Any, cqe: int, comp_vector: int, drv_req: UStruct,
-                      drv_resp_cls: type[UStruct], user_handle: int = 0):
+                      drv_resp_cls: type[UStruct], user_handle: int = 0,
+                      channel: Any = None):
     return execute_write(ctx, uv.IB_USER_VERBS_CMD_CREATE_CQ,
                          uv.ib_uverbs_create_cq(user_handle=user_handle, cqe=cqe,
-                                                comp_vector=comp_vector, comp_channel=-1),
+                                                comp_vector=comp_vector,
+                                                comp_channel=channel.fd if channel else -1),
                          uv.ib_uverbs_create_cq_resp, drv_req, drv_resp_cls,
                          "ibv_cmd_create_cq")
 
 
 @traced
-def ibv_cmd_destroy_cq(ctx: Any, cq_handle: int) -> None:
-    execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_CQ,
-                  uv.ib_uverbs_destroy_cq(cq_handle=cq_handle), uv.ib_uverbs_destroy_cq_resp,
-                  what="ibv_cmd_destroy_cq")
+def ibv_cmd_create_cq_ex(ctx: Any, attr: Any, drv_req: UStruct, drv_resp_cls: type[UStruct],
+                         user_handle: int = 0):
+    """Mirrors ibv_cmd_create_cq_ex2() -> ibv_icmd_create_cq_ex(): EOPNOTSUPP for a
+    comp_mask past FLAGS | PD; timestamps ask for TIMESTAMP_COMPLETION, IGNORE_OVERRUN
+    for IGNORE_OVERRUN; no flags: the legacy CREATE_CQ, else the extended one.
+    Returns (handle, cqe, the provider's response).
+
+    # EMU: rdma-core tries the ioctl method first; the emulated uverbs takes the
+    # write() commands it falls back to.
+    """
+    if attr.comp_mask & ~(v.IBV_CQ_INIT_ATTR_MASK_FLAGS | v.IBV_CQ_INIT_ATTR_MASK_PD):
+        raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_create_cq_ex")
+    flags = 0
+    if attr.wc_flags & (v.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+                        | v.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK):
+        flags |= uv.IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION
+    if attr.comp_mask & v.IBV_CQ_INIT_ATTR_MASK_FLAGS and \
+            attr.flags & v.IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN:
+        flags |= uv.IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN
+    channel = attr.channel
+    if not flags:
+        resp, drv = ibv_cmd_create_cq(ctx, attr.cqe, attr.comp_vector, drv_req, drv_resp_cls,
+                                      user_handle, channel)
+        return resp.cq_handle, resp.cqe, drv
+    R = uv.ib_uverbs_ex_create_cq_resp
+    req = uv.ib_uverbs_ex_create_cq(user_handle=user_handle, cqe=attr.cqe,
+                                    comp_vector=attr.comp_vector,
+                                    comp_channel=channel.fd if channel else -1, flags=flags)
+    raw = execute_write_ex(ctx, uv.IB_USER_VERBS_EX_CMD_CREATE_CQ, req, R.SIZE,
+                           "ibv_cmd_create_cq_ex", drv_req, drv_resp_cls.SIZE)
+    resp = R.unpack(raw[:R.SIZE])
+    return resp.base.cq_handle, resp.base.cqe, drv_resp_cls.unpack(raw[R.SIZE:])
+
+
+@traced
+def ibv_cmd_resize_cq(cq: Any, cqe: int, drv_req: UStruct) -> int:
+    """Mirrors ibv_cmd_resize_cq(): RESIZE_CQ; the CQ's new cqe."""
+    resp = execute_write(cq.context, uv.IB_USER_VERBS_CMD_RESIZE_CQ,
+                         uv.ib_uverbs_resize_cq(cq_handle=cq.handle, cqe=cqe),
+                         uv.ib_uverbs_resize_cq_resp, drv_req, None, "ibv_cmd_resize_cq")[0]
+    return resp.cqe
+
+
+@traced
+def ibv_cmd_destroy_cq(ctx: Any, cq_handle: int) -> uv.ib_uverbs_destroy_cq_resp:
+    """DESTROY_CQ; the response counts the events the kernel reported for the CQ."""
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_CQ,
+                         uv.ib_uverbs_destroy_cq(cq_handle=cq_handle),
+                         uv.ib_uverbs_destroy_cq_resp, what="ibv_cmd_destroy_cq")[0]
 
 
 @traced
@@ -160,10 +248,119 @@ def ibv_cmd_create_qp_ex(ctx: Any, req: uv.ib_uverbs_create_qp, drv_req: UStruct
 
 
 @traced
+def ibv_cmd_create_srq(pd: Any, attr: Any, drv_req: UStruct, drv_resp_cls: type[UStruct]):
+    """Mirrors ibv_cmd_create_srq() (legacy CREATE_SRQ write): attr.attr gets the sizes
+    the kernel answered; returns (core response: handle, provider response)."""
+    a = attr.attr
+    resp, drv = execute_write(pd.context, uv.IB_USER_VERBS_CMD_CREATE_SRQ,
+                              uv.ib_uverbs_create_srq(pd_handle=pd.handle, max_wr=a.max_wr,
+                                                      max_sge=a.max_sge,
+                                                      srq_limit=a.srq_limit),
+                              uv.ib_uverbs_create_srq_resp, drv_req, drv_resp_cls,
+                              "ibv_cmd_create_srq")
+    a.max_wr, a.max_sge = resp.max_wr, resp.max_sge
+    return resp, drv
+
+
+@traced
+def ibv_cmd_create_srq_ex(context: Any, srq: Any, attr: Any, drv_req: UStruct,
+                          drv_resp_cls: type[UStruct]):
+    """Mirrors ibv_cmd_create_srq_ex() (the CREATE_XSRQ write): the SRQ type, its PD,
+    an XRC SRQ's domain and CQ; attr.attr gets the sizes the kernel answered and an
+    XRC SRQ its number (srq.srq_num).  Returns (core response, provider response)."""
+    a = attr.attr
+    req = uv.ib_uverbs_create_xsrq(srq_type=attr.srq_type, pd_handle=attr.pd.handle,
+                                   max_wr=a.max_wr, max_sge=a.max_sge, srq_limit=a.srq_limit)
+    if attr.srq_type == uv.IB_UVERBS_SRQT_XRC:
+        req.xrcd_handle, req.cq_handle = attr.xrcd.handle, attr.cq.handle
+    resp, drv = execute_write(context, uv.IB_USER_VERBS_CMD_CREATE_XSRQ, req,
+                              uv.ib_uverbs_create_srq_resp, drv_req, drv_resp_cls,
+                              "ibv_cmd_create_srq_ex")
+    a.max_wr, a.max_sge = resp.max_wr, resp.max_sge
+    srq.srq_type, srq.pd = attr.srq_type, attr.pd
+    if attr.srq_type == uv.IB_UVERBS_SRQT_XRC:
+        srq.xrcd, srq.cq, srq.srq_num = attr.xrcd, attr.cq, resp.srqn
+    return resp, drv
+
+
+@traced
+def ibv_cmd_open_xrcd(context: Any, attr: Any) -> int:
+    """Mirrors ibv_cmd_open_xrcd(): EOPNOTSUPP for comp_mask bits it does not know,
+    EINVAL without both FD and OFLAGS; OPEN_XRCD; returns the handle."""
+    if attr.comp_mask >= v.IBV_XRCD_INIT_ATTR_RESERVED:
+        raise VerbsError(errno.EOPNOTSUPP, f"ibv_cmd_open_xrcd: comp_mask {attr.comp_mask:#x}")
+    if not attr.comp_mask & v.IBV_XRCD_INIT_ATTR_FD or \
+            not attr.comp_mask & v.IBV_XRCD_INIT_ATTR_OFLAGS:
+        raise VerbsError(errno.EINVAL, "ibv_cmd_open_xrcd: FD and OFLAGS are required")
+    resp, _ = execute_write(context, uv.IB_USER_VERBS_CMD_OPEN_XRCD,
+                            uv.ib_uverbs_open_xrcd(fd=attr.fd & 0xFFFFFFFF, oflags=attr.oflags),
+                            uv.ib_uverbs_open_xrcd_resp, what="ibv_cmd_open_xrcd")
+    return resp.xrcd_handle
+
+
+@traced
+def ibv_cmd_close_xrcd(xrcd: Any) -> None:
+    """Mirrors ibv_cmd_close_xrcd(): CLOSE_XRCD (EBUSY while its SRQs or QPs live)."""
+    execute_write(xrcd.context, uv.IB_USER_VERBS_CMD_CLOSE_XRCD,
+                  uv.ib_uverbs_close_xrcd(xrcd_handle=xrcd.handle), None,
+                  what="ibv_cmd_close_xrcd")
+
+
+@traced
+def ibv_cmd_modify_srq(srq: Any, attr: Any, attr_mask: int) -> None:
+    """Mirrors ibv_cmd_modify_srq(): MODIFY_SRQ (no response)."""
+    execute_write(srq.context, uv.IB_USER_VERBS_CMD_MODIFY_SRQ,
+                  uv.ib_uverbs_modify_srq(srq_handle=srq.handle, attr_mask=attr_mask,
+                                          max_wr=attr.max_wr, srq_limit=attr.srq_limit),
+                  None, what="ibv_cmd_modify_srq")
+
+
+@traced
+def ibv_cmd_query_srq(srq: Any, attr: Any) -> None:
+    """Mirrors ibv_cmd_query_srq(): QUERY_SRQ into attr."""
+    resp, _ = execute_write(srq.context, uv.IB_USER_VERBS_CMD_QUERY_SRQ,
+                            uv.ib_uverbs_query_srq(srq_handle=srq.handle),
+                            uv.ib_uverbs_query_srq_resp, what="ibv_cmd_query_srq")
+    attr.max_wr, attr.max_sge, attr.srq_limit = resp.max_wr, resp.max_sge, resp.srq_limit
+
+
+@traced
+def ibv_cmd_destroy_srq(srq: Any) -> None:
+    """Mirrors ibv_cmd_destroy_srq() (the write path): DESTROY_SRQ."""
+    execute_write(srq.context, uv.IB_USER_VERBS_CMD_DESTROY_SRQ,
+                  uv.ib_uverbs_destroy_srq(srq_handle=srq.handle),
+                  uv.ib_uverbs_destroy_srq_resp, what="ibv_cmd_destroy_srq")
+
+
+@traced
 def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
     execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
                   uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,
                   what="ibv_cmd_destroy_qp")
+
+
+@traced
+def ibv_cmd_create_ah(pd: Any, attr: Any, drv_resp_cls: type[UStruct] | None = None):
+    """Mirrors ibv_cmd_create_ah(): CREATE_AH with the address attributes; returns
+    (core response: the handle, the provider's response)."""
+    grh = attr.grh
+    cmd = uv.ib_uverbs_create_ah(
+        pd_handle=pd.handle,
+        attr=uv.ib_uverbs_ah_attr(
+            grh=uv.ib_uverbs_global_route(dgid=bytes(grh.dgid), flow_label=grh.flow_label,
+                                          sgid_index=grh.sgid_index, hop_limit=grh.hop_limit,
+                                          traffic_class=grh.traffic_class),
+            dlid=attr.dlid, sl=attr.sl, src_path_bits=attr.src_path_bits,
+            static_rate=attr.static_rate, is_global=attr.is_global, port_num=attr.port_num))
+    return execute_write(pd.context, uv.IB_USER_VERBS_CMD_CREATE_AH, cmd,
+                         uv.ib_uverbs_create_ah_resp, None, drv_resp_cls, "ibv_cmd_create_ah")
+
+
+@traced
+def ibv_cmd_destroy_ah(ctx: Any, ah_handle: int) -> None:
+    """Mirrors ibv_cmd_destroy_ah()."""
+    execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_AH,
+                  uv.ib_uverbs_destroy_ah(ah_handle=ah_handle), None, what="ibv_cmd_destroy_ah")
 
 
 def _dest(ah: Any) -> uv.ib_uverbs_qp_dest:
@@ -243,6 +440,92 @@ def ibv_cmd_query_qp(qp: Any, attr: Any, attr_mask: int, init_attr: Any) -> None
     init_attr.qp_type, init_attr.sq_sig_all = qp.qp_type, resp.sq_sig_all
 
 
+# -- the extended write() commands (rdma-core cmd_write.c _execute_cmd_write_ex) ---------
+@traced
+def execute_write_ex(ctx: Any, command: int, req: UStruct, resp_size: int,
+                     what: str = "", drv_req: UStruct | None = None,
+                     drv_resp_size: int = 0) -> bytes:
+    """write() one extended command: ib_uverbs_cmd_hdr (command | FLAG_EXTENDED, the
+    core request and response in 8-byte words), ib_uverbs_ex_cmd_hdr (the response
+    pointer, the provider's words), the request, the provider's request; returns the
+    resp_size + drv_resp_size response bytes."""
+    proc, buf = ctx.proc, ctx.cmd_buf
+    body = c_assign(req).pack()
+    drv = c_assign(drv_req).pack() if drv_req is not None else b""
+    hsize = uv.ib_uverbs_cmd_hdr.SIZE + uv.ib_uverbs_ex_cmd_hdr.SIZE
+    count = hsize + len(body) + len(drv)
+    hdr = uv.ib_uverbs_cmd_hdr(command=command | uv.IB_USER_VERBS_CMD_FLAG_EXTENDED,
+                               in_words=len(body) // 8, out_words=resp_size // 8)
+    total = resp_size + drv_resp_size
+    ex_hdr = uv.ib_uverbs_ex_cmd_hdr(response=buf + RESP_OFFSET if total else 0,
+                                     provider_in_words=len(drv) // 8,
+                                     provider_out_words=drv_resp_size // 8)
+    proc.store(buf, hdr.pack() + ex_hdr.pack() + body + drv)
+    ret = proc.write(ctx.cmd_fd, buf, count)
+    if ret != count:
+        raise VerbsError(-ret if ret < 0 else 5, what or f"uverbs ex command {command}")
+    return proc.load(buf + RESP_OFFSET, total) if total else b""
+
+
+@traced
+def ibv_cmd_query_device_any(ctx: Any, comp_mask: int = 0) -> v.ibv_device_attr_ex:
+    """Mirrors ibv_cmd_query_device_any() for an ibv_device_attr_ex caller: EINVAL
+    for an input comp_mask; the extended QUERY_DEVICE (on EOPNOTSUPP/ENOSYS the
+    legacy one); each extended field is copied only when the kernel's
+    response_length covers it (CAN_COPY).  phys_port_cnt_ex is the number of
+    ports/ in the device's sysfs directory (the legacy count if there are none)."""
+    if comp_mask:
+        raise VerbsError(errno.EINVAL, "ibv_cmd_query_device_any: input comp_mask")
+    R = uv.ib_uverbs_ex_query_device_resp
+    try:
+        resp = R.unpack(execute_write_ex(ctx, uv.IB_USER_VERBS_EX_CMD_QUERY_DEVICE,
+                                         uv.ib_uverbs_ex_query_device(), R.SIZE,
+                                         "ibv_cmd_query_device_any"))
+    except VerbsError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        resp = R(base=ibv_cmd_query_device(ctx), response_length=R.offsetof("comp_mask"))
+    attr = v.ibv_device_attr_ex(orig_attr=resp.base)
+
+    def can_copy(field: str, size: int) -> bool:
+        return resp.response_length >= R.offsetof(field) + size
+
+    if can_copy("odp_caps", uv.ib_uverbs_odp_caps.SIZE):
+        o = resp.odp_caps
+        attr.odp_caps = v.ibv_odp_caps(o.general_caps, o.rc_odp_caps, o.uc_odp_caps,
+                                       o.ud_odp_caps)
+    if can_copy("timestamp_mask", 8):
+        attr.completion_timestamp_mask = resp.timestamp_mask
+    if can_copy("hca_core_clock", 8):
+        attr.hca_core_clock = resp.hca_core_clock
+    if can_copy("device_cap_flags_ex", 8):
+        attr.device_cap_flags_ex = resp.device_cap_flags_ex
+    if can_copy("rss_caps", uv.ib_uverbs_rss_caps.SIZE):
+        r = resp.rss_caps
+        attr.rss_caps = v.ibv_rss_caps(r.supported_qpts, r.max_rwq_indirection_tables,
+                                       r.max_rwq_indirection_table_size)
+    if can_copy("max_wq_type_rq", 4):
+        attr.max_wq_type_rq = resp.max_wq_type_rq
+    if can_copy("raw_packet_caps", 4):
+        attr.raw_packet_caps = resp.raw_packet_caps
+    if can_copy("tm_caps", uv.ib_uverbs_tm_caps.SIZE):
+        t = resp.tm_caps
+        attr.tm_caps = v.ibv_tm_caps(t.max_rndv_hdr_size, t.max_num_tags, t.flags, t.max_ops,
+                                     t.max_sge)
+    if can_copy("cq_moderation_caps", uv.ib_uverbs_cq_moderation_caps.SIZE):
+        c = resp.cq_moderation_caps
+        attr.cq_mod_caps = v.ibv_cq_moderation_caps(c.max_cq_moderation_count,
+                                                    c.max_cq_moderation_period)
+    if can_copy("max_dm_size", 8):
+        attr.max_dm_size = resp.max_dm_size
+    if can_copy("xrc_odp_caps", 4):
+        attr.xrc_odp_caps = resp.xrc_odp_caps
+    ports = ctx.proc.getdents(f"{ctx.device.ibdev_path}/ports")
+    num_ports = len(ports) if isinstance(ports, list) else 0
+    attr.phys_port_cnt_ex = num_ports or resp.base.phys_port_cnt
+    return attr
+
+
 # -- the ioctl() path (rdma-core cmd_ioctl.c), for driver methods ---------------------------
 IOCTL_OUT_OFFSET = 3072  # where output attributes' buffers go in the scratch page
 
@@ -254,13 +537,18 @@ def execute_ioctl(ctx: Any, object_id: int, method_id: int,
 
     `attrs` are (attr_id, value, kind): "in" an inline input, "out4"/"out8" an
     output of 4/8 bytes (a pointer to a buffer), "idr" a handle (new objects
-    get theirs written back; destroy names one).
+    get theirs written back; destroy names one), "ptr_out" an output into the
+    caller's own memory, value (address, length) (fill_attr_out: the caller
+    reads it there; not in the returned dict).
     """
     proc, buf = ctx.proc, ctx.cmd_buf
     out_at: dict[int, tuple[int, int]] = {}
     packed, next_out = [], buf + IOCTL_OUT_OFFSET
     for attr_id, value, kind in attrs:
-        size = {"in": 4, "in8": 8, "idr": 8, "out4": 4, "out8": 8}[kind]
+        if kind == "ptr_out":
+            (value, size) = value
+        else:
+            size = {"in": 4, "in8": 8, "idr": 8, "out4": 4, "out8": 8}[kind]
         if kind.startswith("out"):
             out_at[attr_id] = (next_out, size)
             value, next_out = next_out, next_out + 8

@@ -27,19 +27,45 @@ class verbs_context_ops:
     alloc_context: Any = None
     free_context: Any = None
     query_port: Any = None
+    query_device_ex: Any = None
     alloc_pd: Any = None
     dealloc_pd: Any = None
     reg_mr: Any = None
+    rereg_mr: Any = None
+    alloc_mw: Any = None
+    dealloc_mw: Any = None
+    bind_mw: Any = None
     dereg_mr: Any = None
     create_cq: Any = None
+    create_cq_ex: Any = None
+    resize_cq: Any = None
+    req_notify_cq: Any = None
+    cq_event: Any = None
     destroy_cq: Any = None
     create_qp: Any = None
+    create_qp_ex: Any = None
     modify_qp: Any = None
     query_qp: Any = None
     destroy_qp: Any = None
+    create_srq: Any = None
+    create_srq_ex: Any = None
+    modify_srq: Any = None
+    query_srq: Any = None
+    get_srq_num: Any = None
+    destroy_srq: Any = None
+    post_srq_recv: Any = None
+    open_xrcd: Any = None
+    close_xrcd: Any = None
+    create_ah: Any = None
+    destroy_ah: Any = None
     post_send: Any = None
     post_recv: Any = None
     poll_cq: Any = None
+    alloc_dm: Any = None
+    free_dm: Any = None
+    memcpy_to_dm: Any = None
+    memcpy_from_dm: Any = None
+    reg_dm_mr: Any = None
 
 
 # vendor id -> the registered provider's ops (init.c's driver_list)

@@ -1,16 +1,20 @@
 """pyverbs.addr: GIDs, global routes, address-handle attributes and address handles.
 
 GID, GlobalRoute and AHAttr are the plain structs (ibv_gid, ibv_global_route,
-ibv_ah_attr) QPs are connected with; AH (ibv_create_ah) is not in the emulated stack
-yet and fails with EOPNOTSUPP.
+ibv_ah_attr) QPs are connected with; AH is an address handle (ibv_create_ah, or
+ibv_create_ah_from_wc to answer a received datagram), what a UD send is addressed by.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+from userspace.libibverbs import verbs as v
 from userspace.libibverbs import verbs_types as vt
-from userspace.pyverbs.base import PyverbsCM, PyverbsObject, unsupported
+from userspace.pyverbs.base import PyverbsCM, PyverbsObject, call, destroy
+from userspace.pyverbs.host import current_process
+from userspace.pyverbs.pyverbs_error import PyverbsUserError
 from userspace.pyverbs.utils import gid_str_to_array
 
 
@@ -100,9 +104,39 @@ class GRH(PyverbsObject):
         self.next_hdr, self.hop_limit = next_hdr, hop_limit
 
 
+    def pack(self) -> bytes:
+        """The 40 bytes of struct ibv_grh."""
+        return struct.pack(">IHBB16s16s", self.version_tclass_flow, self.paylen, self.next_hdr,
+                           self.hop_limit, self.sgid.raw, self.dgid.raw)
+
+
 class AH(PyverbsCM):
-    """Mirrors pyverbs' AH (ibv_create_ah): not in the emulated stack yet."""
+    """Mirrors pyverbs' AH: AH(pd, attr=AHAttr) is ibv_create_ah; AH(pd, wc=WC,
+    grh=GRH or the address of the received GRH, port_num=N) is ibv_create_ah_from_wc
+    (its attributes, from ibv_init_ah_from_wc, become `init_attr`).  A child of the
+    PD: closed (ibv_destroy_ah) before it."""
 
     def __init__(self, pd: Any, **kwargs: Any) -> None:
         super().__init__()
-        raise unsupported("Failed to create AH")
+        self.init_attr: AHAttr | None = kwargs.get("attr")
+        wc = kwargs.get("wc")
+        if wc is not None:
+            grh, port_num = kwargs.get("grh"), kwargs.get("port_num")
+            if grh is None or port_num is None:
+                raise PyverbsUserError("Missing grh or port_num to create AH from WC")
+            raw = grh.pack() if isinstance(grh, GRH) else current_process().load(int(grh), 40)
+            c_attr = call("Failed to initialize AH from WC", v.ibv_init_ah_from_wc,
+                          pd.ctx.ctx, port_num, wc, raw)
+            self.init_attr = AHAttr.from_c(c_attr)
+            self.ah = call("Failed to create AH", v.ibv_create_ah, pd.pd, c_attr)
+        else:
+            if self.init_attr is None:
+                raise PyverbsUserError("Missing attr to create AH")
+            self.ah = call("Failed to create AH", v.ibv_create_ah, pd.pd, self.init_attr.to_c())
+        self._created()
+        self.pd = pd
+        pd.add_ref(self)
+
+    def _free(self) -> None:
+        self.logger.debug("Closing AH")
+        destroy("Failed to destroy AH", v.ibv_destroy_ah, self.ah)

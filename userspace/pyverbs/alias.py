@@ -46,9 +46,12 @@ def install() -> None:
     """From now on `pyverbs` is the emulated face (RuntimeError if another pyverbs
     was imported already: the two must not mix in one interpreter)."""
     loaded = sys.modules.get(ALIAS)
-    if loaded is not None and loaded is not importlib.import_module(TARGET):
+    if loaded is not None and not loaded.__name__.startswith(TARGET):
         raise RuntimeError(f"pyverbs alias: another pyverbs ({loaded.__file__}) is "
                            "already imported")
+    for name in [n for n in sys.modules if n == ALIAS or n.startswith(ALIAS + ".")]:
+        if sys.modules[name] is not sys.modules.get(TARGET + name[len(ALIAS):]):
+            del sys.modules[name]  # an alias of a copy since re-imported: map afresh
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from kernel_model.emu.process import SegmentationFault
 from userspace.pyverbs import host
 from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
@@ -48,6 +49,11 @@ def verb(msg: str) -> Iterator[None]:
     except OSError as ex:
         set_errno(ex.errno or 0)
         raise PyverbsRDMAError(msg, ex.errno or 0) from None
+    except SegmentationFault as ex:
+        # EMU: the library's own load or store faulted (memory exhausted, say): a real
+        # process dies of SIGSEGV; the face reports EFAULT so the program goes on
+        set_errno(errno.EFAULT)
+        raise PyverbsRDMAError(f"{msg} ({ex})", errno.EFAULT) from None
 
 
 _graveyard: list[PyverbsCM] = []
@@ -123,8 +129,8 @@ class PyverbsCM(PyverbsObject):
         # pyverbs frees an object nobody closed when it is collected.  Freeing is a
         # verb, which must not run from inside whatever verb the collector
         # interrupted: the object is kept (resurrected) and closed by the next verb.
-        if not getattr(self, "_closed", True):
-            _graveyard.append(self)
+        if not getattr(self, "_closed", True) and _graveyard is not None:
+            _graveyard.append(self)  # (None once the interpreter tears modules down)
 
     def __enter__(self) -> Any:
         return self
@@ -135,6 +141,11 @@ class PyverbsCM(PyverbsObject):
     def add_ref(self, child: PyverbsCM) -> None:
         """Record `child` so that closing this object closes it first."""
         self._children.add(child)
+
+    def remove_ref(self, child: PyverbsCM) -> None:
+        """Forget `child` (it moved to another parent, as an MR re-registered in
+        another PD)."""
+        self._children.discard(child)
 
     def _check_open(self, what: str) -> None:
         if self._closed:

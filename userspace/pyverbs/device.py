@@ -10,14 +10,23 @@ A failed verb raises PyverbsRDMAError with pyverbs' message and the errno.
 from __future__ import annotations
 
 import errno
+import os
 from typing import Any
 
 import userspace.pyverbs.enums as e
 from userspace.libibverbs import verbs as v
 from userspace.pyverbs.addr import GID
-from userspace.pyverbs.base import PyverbsCM, PyverbsObject, call, destroy, unsupported
+from userspace.pyverbs.base import (
+    PyverbsCM,
+    PyverbsObject,
+    call,
+    destroy,
+    set_errno,
+    unsupported,
+)
 from userspace.pyverbs.host import current_process
 from userspace.pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
+from userspace.pyverbs.utils import gid_str
 
 
 # -- devices --------------------------------------------------------------------------
@@ -84,6 +93,125 @@ class DeviceAttr(_Wrapped):
                 f"Max QP: {self.max_qp}\nPhys port count: {self.phys_port_cnt}")
 
 
+class QueryDeviceExInput(PyverbsObject):
+    """Mirrors pyverbs' QueryDeviceExInput (struct ibv_query_device_ex_input)."""
+
+    def __init__(self, comp_mask: int) -> None:
+        super().__init__()
+        self.comp_mask = comp_mask
+
+
+class ODPCaps(_Wrapped):
+    """Mirrors pyverbs' ODPCaps (struct ibv_odp_caps, plus the device's xrc_odp_caps)."""
+
+    def __init__(self, raw: Any, xrc_odp_caps: int = 0) -> None:
+        super().__init__(raw)
+        self.xrc_odp_caps = xrc_odp_caps
+
+    def __str__(self) -> str:
+        general = {e.IBV_ODP_SUPPORT: "IBV_ODP_SUPPORT",
+                   e.IBV_ODP_SUPPORT_IMPLICIT: "IBV_ODP_SUPPORT_IMPLICIT"}
+        per = {e.IBV_ODP_SUPPORT_SEND: "IBV_ODP_SUPPORT_SEND",
+               e.IBV_ODP_SUPPORT_RECV: "IBV_ODP_SUPPORT_RECV",
+               e.IBV_ODP_SUPPORT_WRITE: "IBV_ODP_SUPPORT_WRITE",
+               e.IBV_ODP_SUPPORT_READ: "IBV_ODP_SUPPORT_READ",
+               e.IBV_ODP_SUPPORT_ATOMIC: "IBV_ODP_SUPPORT_ATOMIC",
+               e.IBV_ODP_SUPPORT_SRQ_RECV: "IBV_ODP_SUPPORT_SRQ_RECV"}
+        return (f"ODP General caps: {str_from_flags(self.general_caps, general)}\n"
+                f"RC ODP caps: {str_from_flags(self.rc_odp_caps, per)}\n"
+                f"UD ODP caps: {str_from_flags(self.ud_odp_caps, per)}\n"
+                f"UC ODP caps: {str_from_flags(self.uc_odp_caps, per)}\n"
+                f"XRC ODP caps: {str_from_flags(self.xrc_odp_caps, per)}\n")
+
+
+class TSOCaps(_Wrapped):
+    """Mirrors pyverbs' TSOCaps."""
+
+
+class RSSCaps(_Wrapped):
+    """Mirrors pyverbs' RSSCaps."""
+
+
+class PacketPacingCaps(_Wrapped):
+    """Mirrors pyverbs' PacketPacingCaps."""
+
+
+class PCIAtomicCaps(_Wrapped):
+    """Mirrors pyverbs' PCIAtomicCaps."""
+
+
+class TMCaps(_Wrapped):
+    """Mirrors pyverbs' TMCaps."""
+
+
+class CQModerationCaps(_Wrapped):
+    """Mirrors pyverbs' CQModerationCaps."""
+
+
+class DeviceAttrEx(_Wrapped):
+    """Mirrors pyverbs' DeviceAttrEx (struct ibv_device_attr_ex)."""
+
+    @property
+    def orig_attr(self) -> DeviceAttr:
+        return DeviceAttr(self._raw.orig_attr)
+
+    @property
+    def odp_caps(self) -> ODPCaps:
+        return ODPCaps(self._raw.odp_caps, self._raw.xrc_odp_caps)
+
+    @property
+    def tso_caps(self) -> TSOCaps:
+        return TSOCaps(self._raw.tso_caps)
+
+    @property
+    def rss_caps(self) -> RSSCaps:
+        return RSSCaps(self._raw.rss_caps)
+
+    @property
+    def packet_pacing_caps(self) -> PacketPacingCaps:
+        return PacketPacingCaps(self._raw.packet_pacing_caps)
+
+    @property
+    def pci_atomic_caps(self) -> PCIAtomicCaps:
+        return PCIAtomicCaps(self._raw.pci_atomic_caps)
+
+    @property
+    def tm_caps(self) -> TMCaps:
+        return TMCaps(self._raw.tm_caps)
+
+    @property
+    def cq_mod_caps(self) -> CQModerationCaps:
+        return CQModerationCaps(self._raw.cq_mod_caps)
+
+
+class GIDEntry(PyverbsObject):
+    """Mirrors pyverbs' GIDEntry (struct ibv_gid_entry): the GID's two halves as
+    the host reads their big-endian bytes, its index, port, type and netdev."""
+
+    def __init__(self, subnet_prefix: int = 0, interface_id: int = 0, gid_index: int = 0,
+                 port_num: int = 0, gid_type: int = 0, ndev_ifindex: int = 0) -> None:
+        super().__init__()
+        self.gid_subnet_prefix, self.gid_interface_id = subnet_prefix, interface_id
+        self.gid_index, self.port_num = gid_index, port_num
+        self.gid_type, self.ndev_ifindex = gid_type, ndev_ifindex
+
+    @classmethod
+    def _from(cls, entry: Any) -> GIDEntry:
+        return cls(int.from_bytes(entry.gid[:8], "little"),
+                   int.from_bytes(entry.gid[8:], "little"), entry.gid_index, entry.port_num,
+                   entry.gid_type, entry.ndev_ifindex)
+
+    def gid_str(self) -> str:
+        return gid_str(self.gid_subnet_prefix, self.gid_interface_id)
+
+    def __str__(self) -> str:
+        fmt = "{:<24}: {:<20}\n"
+        return (fmt.format("GID", self.gid_str()) + fmt.format("GID Index", self.gid_index)
+                + fmt.format("Port number", self.port_num)
+                + fmt.format("GID type", translate_gid_type(self.gid_type))
+                + fmt.format("Ndev ifindex", self.ndev_ifindex))
+
+
 class PortAttr(_Wrapped):
     """Mirrors pyverbs' PortAttr (struct ibv_port_attr)."""
 
@@ -101,6 +229,9 @@ class Context(PyverbsCM):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
+        if kwargs.get("cmd_fd") is not None:
+            # EMU: ibv_import_device (sharing another process's context) is not modelled
+            raise unsupported("Failed to import device")
         name = kwargs.get("name")
         if name is None:
             raise PyverbsUserError("Device name must be provided")
@@ -129,10 +260,22 @@ class Context(PyverbsCM):
 
     @property
     def cmd_fd(self) -> int:
-        return self.ctx.cmd_fd
+        """The command fd, as a descriptor of this (real) process.
+
+        EMU: the uverbs file is open in the emulated process (self.ctx.cmd_fd there);
+        a program that hands pyverbs' cmd_fd to the OS (os.dup, as rdma-core's shared-PD
+        test does before importing the context) gets a real descriptor standing for
+        it - an empty memfd, closed with the Context - never some unrelated file of
+        this process that happens to have the emulated number."""
+        if getattr(self, "_fd_token", None) is None:
+            self._fd_token = os.memfd_create(f"uverbs-fd{self.ctx.cmd_fd}", os.MFD_CLOEXEC)
+        return self._fd_token
 
     def _free(self) -> None:
         self.logger.debug("Closing Context")
+        if getattr(self, "_fd_token", None) is not None:
+            os.close(self._fd_token)
+            self._fd_token = None
         destroy("Failed to close device", v.ibv_close_device, self.ctx)
 
     def query_device(self) -> DeviceAttr:
@@ -148,11 +291,22 @@ class Context(PyverbsCM):
         raw = call("Failed to query gid", v.ibv_query_gid, self.ctx, port_num, index)
         return GID(raw)
 
-    def query_device_ex(self, ex_input: Any = None) -> Any:
-        raise unsupported("Failed to query EX device")
+    def query_device_ex(self, ex_input: QueryDeviceExInput | None = None) -> DeviceAttrEx:
+        """ibv_query_device_ex(): a failure carries the verb's errno."""
+        self._check_open("query_device_ex")
+        comp_mask = ex_input.comp_mask if ex_input is not None else 0
+        return DeviceAttrEx(call(f"Failed to query EX device {self.name}",
+                                 v.ibv_query_device_ex, self.ctx, comp_mask))
 
     def query_pkey(self, port_num: int, index: int) -> int:
-        raise unsupported(f"Failed to query pkey {index} of port {port_num}")
+        """ibv_query_pkey(): the P_Key as its __be16 reads on the host; pyverbs'
+        error carries no errno for this verb."""
+        self._check_open("query_pkey")
+        try:
+            return v.ibv_query_pkey(self.ctx, port_num, index)
+        except OSError:
+            raise PyverbsRDMAError(f"Failed to query pkey {index} of port {port_num}") \
+                from None
 
     def query_gid_type(self, port_num: int, index: int) -> int:
         """ibv_query_gid_type(): e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1 or _ROCE_V2."""
@@ -160,11 +314,25 @@ class Context(PyverbsCM):
         return call("Failed to query gid type of index {index}", v.ibv_query_gid_type,
                     self.ctx, port_num, index)
 
-    def query_gid_table(self, max_entries: int, flags: int = 0) -> list:
-        raise unsupported("Failed to query gid table")
+    def query_gid_table(self, max_entries: int, flags: int = 0) -> list[GIDEntry]:
+        """ibv_query_gid_table(): its -errno is the error's code (as pyverbs passes
+        the verb's negative return on)."""
+        self._check_open("query_gid_table")
+        rc, entries = v.ibv_query_gid_table(self.ctx, max_entries, flags)
+        if rc < 0:
+            set_errno(-rc)
+            raise PyverbsRDMAError("Failed to query gid tables of the device", rc)
+        return [GIDEntry._from(x) for x in entries]
 
-    def query_gid_ex(self, port_num: int, gid_index: int, flags: int = 0) -> Any:
-        raise unsupported("Failed to query gid ex")
+    def query_gid_ex(self, port_num: int, gid_index: int, flags: int = 0) -> GIDEntry:
+        """ibv_query_gid_ex(): a failure carries the verb's (positive) errno."""
+        self._check_open("query_gid_ex")
+        rc, entry = v.ibv_query_gid_ex(self.ctx, port_num, gid_index, flags)
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError(f"Failed to query gid table of port {port_num} in index "
+                                   f"{gid_index}", rc)
+        return GIDEntry._from(entry)
 
     def query_rt_values_ex(self, comp_mask: int = 0) -> Any:
         raise unsupported("Failed to query rt values")
@@ -174,11 +342,53 @@ class Context(PyverbsCM):
 
 
 class DM(PyverbsCM):
-    """Mirrors pyverbs' DM (ibv_alloc_dm): the emulated ConnectX has no MEMIC."""
+    """Mirrors pyverbs' DM (ibv_alloc_dm): device memory - the ConnectX's on-chip memory
+    (MEMIC), mapped into the process; copy_to_dm/copy_from_dm load and store through
+    the mapping (libmlx5's 4-byte rules: EINVAL unaligned, EFAULT out of range).
+
+    Importing a DM (handle=, ibv_import_dm) is EOPNOTSUPP: the face has no shared
+    contexts (Context(cmd_fd=...))."""
 
     def __init__(self, context: Context, dm_attr: Any = None, **kwargs: Any) -> None:
         super().__init__()
-        raise unsupported("Failed to allocate device memory")
+        if kwargs.get("handle") is not None:
+            set_errno(errno.EOPNOTSUPP)
+            raise PyverbsRDMAError("Failed to import DM", errno.EOPNOTSUPP)
+        device_attr = context.query_device_ex()
+        if device_attr.max_dm_size <= 0:
+            raise PyverbsUserError("Device doesn't support dm allocation")
+        self.context = context
+        self.dm = call(f"Failed to allocate device memory of size {dm_attr.length}. "
+                       f"Max available size {device_attr.max_dm_size}.", v.ibv_alloc_dm,
+                       context.ctx, dm_attr.length, dm_attr.log_align_req, dm_attr.comp_mask)
+        context.add_ref(self)
+        self._created()
+
+    @property
+    def handle(self) -> int:
+        return self.dm.handle
+
+    def unimport(self) -> None:
+        raise unsupported("Failed to unimport DM")
+
+    def _free(self) -> None:
+        destroy("Failed to free dm", v.ibv_free_dm, self.dm)
+
+    def copy_to_dm(self, dm_offset: int, data: bytes | str, length: int) -> None:
+        """ibv_memcpy_to_dm(): 'Failed to copy to dm' with the errno."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        rc = v.ibv_memcpy_to_dm(self.dm, dm_offset, raw.ljust(length, b"\0"), length)
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError("Failed to copy to dm", rc)
+
+    def copy_from_dm(self, dm_offset: int, length: int) -> bytes:
+        """ibv_memcpy_from_dm(): 'Failed to copy from dm' with the errno."""
+        rc, data = v.ibv_memcpy_from_dm(self.dm, dm_offset, length)
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError("Failed to copy from dm", rc)
+        return data
 
 
 class AllocDmAttr(PyverbsObject):
@@ -186,7 +396,8 @@ class AllocDmAttr(PyverbsObject):
 
     def __init__(self, length: int, log_align_req: int = 0, comp_mask: int = 0) -> None:
         super().__init__()
-        self.length, self.log_align_req, self.comp_mask = length, log_align_req, comp_mask
+        # the C struct's fields: size_t, uint32_t, uint64_t (a float length is truncated)
+        self.length, self.log_align_req, self.comp_mask = int(length), log_align_req, comp_mask
 
 
 # -- translations, as pyverbs prints them -----------------------------------------------
@@ -256,5 +467,7 @@ def str_from_flags(flags: int, dictionary: dict[int, str]) -> str:
     return " ".join(name for bit, name in dictionary.items() if flags & bit)
 
 
-__all__ = ["AllocDmAttr", "Context", "DM", "Device", "DeviceAttr", "PortAttr", "PyverbsError",
+__all__ = ["AllocDmAttr", "CQModerationCaps", "Context", "DM", "Device", "DeviceAttr",
+           "DeviceAttrEx", "GIDEntry", "ODPCaps", "PCIAtomicCaps", "PacketPacingCaps",
+           "QueryDeviceExInput", "RSSCaps", "TMCaps", "TSOCaps", "PortAttr", "PyverbsError",
            "PyverbsRDMAError", "PyverbsUserError", "get_device_list", "rdma_get_devices"]

@@ -12,11 +12,12 @@ interpreter exit the process exits and the machine is shut down and leak-checked
 Configure it before the first verb, with environment variables or configure():
 
     PEERMEM_PYVERBS_HCAS=2            ConnectX functions (default 1)
-    PEERMEM_PYVERBS_RAM_MB=1024       emulated RAM in MiB (default 512)
+    PEERMEM_PYVERBS_RAM_MB=4096       emulated RAM in MiB (default 2048)
     PEERMEM_PYVERBS_PAGE_SIZE=4096    the machine's page size (4096, 16384, 65536)
     PEERMEM_PYVERBS_GPUS=1            NVIDIA GPUs (default 0)
     PEERMEM_PYVERBS_PARAMS="mlx5_ib.dyn_uar=1 ib_core.ofed=25.4"
                                       module parameters, module.name=value
+                                      (default mlx5_ib.dyn_uar=1; the variable replaces it)
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ from kernel_model.emu.machine import Machine
 from kernel_model.emu.platform import rdma_host
 
 CAP_LAST_CAP = 40  # linux/capability.h: CAP_CHECKPOINT_RESTORE
-DEFAULTS: dict[str, Any] = {"nr_hcas": 1, "ram_mb": 512, "page_size": 4096, "nr_gpus": 0,
-                            "params": {}}
+# 2 GiB of RAM: rdma-core's suite touches up to 512 MiB at once (a CQ of max_cqe + 1
+# entries, which libmlx5 allocates and initialises before the kernel refuses it)
+# mlx5_ib.dyn_uar=1: the kernel of rdma-core v44's distribution (Debian bookworm, 6.1)
+# hands out UARs per object (v5.8+), as mlx5dv_devx_alloc_uar and the singleton NC UAR need
+DEFAULTS: dict[str, Any] = {"nr_hcas": 1, "ram_mb": 2048, "page_size": 4096, "nr_gpus": 0,
+                            "params": {"mlx5_ib": {"dyn_uar": 1}}}
 _ENV = {"PEERMEM_PYVERBS_HCAS": "nr_hcas", "PEERMEM_PYVERBS_RAM_MB": "ram_mb",
         "PEERMEM_PYVERBS_PAGE_SIZE": "page_size", "PEERMEM_PYVERBS_GPUS": "nr_gpus"}
 

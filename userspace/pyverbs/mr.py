@@ -14,10 +14,10 @@ from typing import Any
 import userspace.pyverbs.enums as e
 from userspace import libc
 from userspace.libibverbs import verbs as v
-from userspace.pyverbs.base import PyverbsCM, call, destroy, unsupported
+from userspace.pyverbs.base import PyverbsCM, call, destroy, set_errno, unsupported
 from userspace.pyverbs.pd import PD
-from userspace.pyverbs.pyverbs_error import PyverbsUserError
-from userspace.pyverbs.utils import rereg_error_to_str  # noqa: F401 - pyverbs re-exports it
+from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
+from userspace.pyverbs.utils import rereg_error_to_str
 
 HUGE_PAGE_SIZE = 0x200000
 
@@ -84,7 +84,26 @@ class MR(PyverbsCM):
 
     def rereg(self, flags: int, pd: PD | None = None, addr: int = 0, length: int = 0,
               access: int = 0) -> None:
-        raise unsupported("Failed to rereg MR")
+        """Mirrors pyverbs' MR.rereg(): ibv_rereg_mr(); PyverbsRDMAError('Failed to rereg
+        MR: <the error code's name>', errno) on failure.  With CHANGE_TRANSLATION the MR
+        covers [addr, addr + length) from now on (its own buffer, if it had one, is
+        freed); with CHANGE_PD it belongs to `pd`.  lkey/rkey are the kernel's new ones."""
+        self._check_open("MR.rereg")
+        if flags & e.IBV_REREG_MR_CHANGE_PD and pd is None:
+            raise PyverbsUserError("Failed to rereg MR: CHANGE_PD needs a PD")
+        ret, err = v.ibv_rereg_mr(self.mr, flags, pd.pd if pd is not None else None, addr,
+                                  length, access)
+        if ret != 0:
+            set_errno(err)
+            raise PyverbsRDMAError(f"Failed to rereg MR: {rereg_error_to_str(ret)}", err)
+        if flags & e.IBV_REREG_MR_CHANGE_TRANSLATION:
+            if self._owned:
+                libc.free(self.proc, self._buf, max(self._length, 1))
+            self._buf, self._length, self._owned = addr, length, False
+        if flags & e.IBV_REREG_MR_CHANGE_PD and pd is not None:
+            self.pd.remove_ref(self)
+            self.pd = pd
+            pd.add_ref(self)
 
     def unimport(self) -> None:
         raise unsupported("Failed to unimport MR")
@@ -106,6 +125,10 @@ class MWBindInfo(PyverbsCM):
         super().__init__()
         self.mr, self.addr, self.length, self.mw_access_flags = mr, addr, length, mw_access_flags
 
+    def to_c(self) -> v.ibv_mw_bind_info:
+        return v.ibv_mw_bind_info(self.mr.mr if self.mr is not None else None, self.addr,
+                                  self.length, self.mw_access_flags)
+
 
 class MWBind(PyverbsCM):
     """Mirrors pyverbs' MWBind (struct ibv_mw_bind)."""
@@ -114,21 +137,62 @@ class MWBind(PyverbsCM):
         super().__init__()
         self.info, self.send_flags, self.wr_id = info, send_flags, wr_id
 
+    def to_c(self) -> v.ibv_mw_bind:
+        return v.ibv_mw_bind(self.wr_id, self.send_flags, self.info.to_c())
+
 
 class MW(PyverbsCM):
-    """Mirrors pyverbs' MW (ibv_alloc_mw): memory windows are not emulated yet."""
+    """Mirrors pyverbs' MW (ibv_alloc_mw): a memory window of type 1 (bound with
+    QP.bind_mw) or 2 (bound by a BIND_MW work request); close() deallocates it."""
 
     def __init__(self, pd: PD, mw_type: int) -> None:
         super().__init__()
-        raise unsupported("Failed to allocate MW")
+        self.mw = call("Failed to allocate MW", v.ibv_alloc_mw, pd.pd, mw_type)
+        self.pd = pd
+        pd.add_ref(self)
+        self._created()
+        self.logger.debug(f"Allocated memory window of type {mwtype2str(mw_type)}")
+
+    @property
+    def rkey(self) -> int:
+        return self.mw.rkey
+
+    @property
+    def handle(self) -> int:
+        return self.mw.handle
+
+    @property
+    def type(self) -> int:
+        return self.mw.type
+
+    def _free(self) -> None:
+        self.logger.debug("Closing MW")
+        destroy("Failed to dealloc MW", v.ibv_dealloc_mw, self.mw)
+
+    def __str__(self) -> str:
+        return f"MW\nrkey: {self.rkey}\nhandle: {self.handle}\ntype: {mwtype2str(self.type)}\n"
 
 
 class DMMR(MR):
-    """Mirrors pyverbs' DMMR (ibv_reg_dm_mr): no device memory in the model."""
+    """Mirrors pyverbs' DMMR (ibv_reg_dm_mr): a zero-based MR over a DM (buf is 0);
+    write/read copy to and from the DM."""
 
     def __init__(self, pd: PD, length: int, access: int, dm: Any, offset: int) -> None:
         PyverbsCM.__init__(self)
-        raise unsupported("Failed to register a device MR")
+        length, offset = int(length), int(offset)
+        self.pd, self.dm, self.proc = pd, dm, pd.ctx.proc
+        self._owned, self._buf, self._length = False, 0, length
+        self.mr = call(f"Failed to register a device MR. length: {length}, access flags: "
+                       f"{access}", v.ibv_reg_dm_mr, pd.pd, dm.dm, offset, length, access)
+        pd.add_ref(self)
+        dm.add_ref(self)
+        self._created()
+
+    def write(self, data: str | bytes, length: int, offset: int = 0) -> None:
+        self.dm.copy_to_dm(offset, data, length)
+
+    def read(self, length: int, offset: int) -> bytes:
+        return self.dm.copy_from_dm(offset, length)
 
 
 class DmaBufMR(MR):

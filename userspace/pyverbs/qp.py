@@ -4,9 +4,9 @@ QP(pd, QPInitAttr, QPAttr) creates the QP and, given the QPAttr, moves it on as
 pyverbs does: an RC/UC QP to INIT (its remote side is not known yet), a UD QP all the
 way to RTS.  to_init/to_rtr/to_rts name, for each QP type, the attributes the IB
 spec's state table requires for that transition (the masks ibv_rc_pingpong uses),
-and each starts from whatever state the QP is in.  The extended creation on a
-Context (QPInitAttrEx, ibv_create_qp_ex) and the new post-send API (QPEx) are not
-in the emulated stack yet and fail with EOPNOTSUPP.
+and each starts from whatever state the QP is in.  A QPInitAttrEx (on a Context, or
+on a PD, which becomes its PD) goes through ibv_create_qp_ex; QPEx adds the new
+post-send API (the ibv_wr_* calls) for a QP created with send_ops_flags.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 import userspace.pyverbs.enums as e
 from userspace.libibverbs import verbs as v
 from userspace.pyverbs.addr import AHAttr
-from userspace.pyverbs.base import PyverbsCM, PyverbsObject, call, destroy, set_errno, unsupported
+from userspace.pyverbs.base import PyverbsCM, PyverbsObject, call, destroy, set_errno
 from userspace.pyverbs.device import Context
 from userspace.pyverbs.pd import PD
 from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from userspace.pyverbs.utils import qp_state_to_str, qp_type_to_str
-from userspace.pyverbs.wr import RecvWR, SendWR
+from userspace.pyverbs.wr import SGE, RecvWR, SendWR
 
 
 class QPCap(PyverbsObject):
@@ -61,14 +61,22 @@ class QPInitAttr(PyverbsObject):
         self.cap = cap if cap is not None else QPCap()
         self.sq_sig_all = sq_sig_all
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("max_"):
-            return getattr(self.cap, name)
-        raise AttributeError(name)
+    # pyverbs' max_* properties read and write the inner ibv_qp_cap
+    max_send_wr = property(lambda self: self.cap.max_send_wr,
+                           lambda self, val: setattr(self.cap, "max_send_wr", val))
+    max_recv_wr = property(lambda self: self.cap.max_recv_wr,
+                           lambda self, val: setattr(self.cap, "max_recv_wr", val))
+    max_send_sge = property(lambda self: self.cap.max_send_sge,
+                            lambda self, val: setattr(self.cap, "max_send_sge", val))
+    max_recv_sge = property(lambda self: self.cap.max_recv_sge,
+                            lambda self, val: setattr(self.cap, "max_recv_sge", val))
+    max_inline_data = property(lambda self: self.cap.max_inline_data,
+                               lambda self, val: setattr(self.cap, "max_inline_data", val))
 
     def to_c(self) -> v.ibv_qp_init_attr:
         return v.ibv_qp_init_attr(self.send_cq.cq if self.send_cq else None,
-                                  self.recv_cq.cq if self.recv_cq else None, None,
+                                  self.recv_cq.cq if self.recv_cq else None,
+                                  self.srq.srq if self.srq is not None else None,
                                   self.cap.to_c(), self.qp_type, self.sq_sig_all)
 
     def __str__(self) -> str:
@@ -90,6 +98,16 @@ class QPInitAttrEx(QPInitAttr):
         self.max_tso_header, self.source_qpn = max_tso_header, source_qpn
         self.hash_conf, self.ind_table, self.send_ops_flags = hash_conf, ind_table, \
             send_ops_flags
+
+    def to_c_ex(self) -> v.ibv_qp_init_attr_ex:
+        return v.ibv_qp_init_attr_ex(
+            self.send_cq.cq if self.send_cq else None, self.recv_cq.cq if self.recv_cq else None,
+            self.srq.srq if self.srq is not None else None, self.cap.to_c(), self.qp_type,
+            self.sq_sig_all, comp_mask=self.comp_mask,
+            pd=self.pd.pd if self.pd is not None else None,
+            xrcd=self.xrcd.xrcd if self.xrcd is not None else None,
+            create_flags=self.create_flags, max_tso_header=self.max_tso_header,
+            source_qpn=self.source_qpn, send_ops_flags=self.send_ops_flags)
 
 
 _QP_ATTR_FIELDS = ("qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn",
@@ -157,23 +175,32 @@ class QP(PyverbsCM):
     def __init__(self, creator: PD | Context, init_attr: QPInitAttr,
                  qp_attr: QPAttr | None = None) -> None:
         super().__init__()
-        if isinstance(creator, Context) or isinstance(init_attr, QPInitAttrEx):
-            pd = getattr(init_attr, "pd", None) if isinstance(creator, Context) else creator
-            if pd is None or init_attr.qp_type not in _INIT or init_attr.comp_mask & ~(
-                    e.IBV_QP_INIT_ATTR_PD):
-                raise unsupported("Failed to create QP")
-            creator = pd
-        assert isinstance(creator, PD)
-        self.pd = creator
-        self.init_attr = init_attr
-        c_attr = init_attr.to_c()
-        self.qp = call("Failed to create QP", v.ibv_create_qp, creator.pd, c_attr)
+        if isinstance(init_attr, QPInitAttrEx):
+            # ibv_create_qp_ex on the context; a PD creator is the attr's PD
+            if isinstance(creator, PD):
+                init_attr.pd = creator
+                init_attr.comp_mask |= e.IBV_QP_INIT_ATTR_PD
+                ctx = creator.ctx
+            else:
+                ctx = creator
+            c_attr: v.ibv_qp_init_attr = init_attr.to_c_ex()
+            self.qp = call("Failed to create QP", v.ibv_create_qp_ex, ctx.ctx, c_attr)
+            owner: PyverbsCM = init_attr.pd if init_attr.pd is not None else ctx
+        elif isinstance(creator, PD):
+            c_attr = init_attr.to_c()
+            self.qp = call("Failed to create QP", v.ibv_create_qp, creator.pd, c_attr)
+            owner = creator
+        else:
+            raise PyverbsUserError("A QP on a Context needs a QPInitAttrEx")
         self._created()
+        self.pd = init_attr.pd if isinstance(init_attr, QPInitAttrEx) else creator
+        self.init_attr = init_attr
         init_attr.cap = QPCap.from_c(c_attr.cap)  # ibv_create_qp updates the caps
-        creator.add_ref(self)
-        for cq in (init_attr.send_cq, init_attr.recv_cq):
-            if cq is not None:
-                cq.add_ref(self)
+        owner.add_ref(self)
+        for parent in (init_attr.send_cq, init_attr.recv_cq, init_attr.srq,
+                       getattr(init_attr, "xrcd", None)):
+            if parent is not None:
+                parent.add_ref(self)
         if qp_attr is not None:
             if self.qp_type in (e.IBV_QPT_UD, e.IBV_QPT_RAW_PACKET):
                 self.to_rts(qp_attr)
@@ -234,15 +261,26 @@ class QP(PyverbsCM):
                          cap=QPCap.from_c(init.cap), sq_sig_all=init.sq_sig_all)
         return QPAttr.from_c(attr), out
 
+    def query_data_in_order(self, op: int, flags: int = 0) -> int:
+        """ibv_query_qp_data_in_order(): 1 when the data of op arrives in order."""
+        self._check_open("QP.query_data_in_order")
+        return v.ibv_query_qp_data_in_order(self.qp, op, flags)
+
     def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
         """ibv_post_send(); PyverbsRDMAError('Failed to post send') with the errno."""
         self._check_open("QP.post_send")
-        if wr.ud is not None:
-            raise unsupported("Failed to post send")
         rc = v.ibv_post_send(self.qp, wr.to_c(), [])
         if rc:
             set_errno(rc)
             raise PyverbsRDMAError("Failed to post send", rc)
+
+    def bind_mw(self, mw: Any, mw_bind: Any) -> None:
+        """ibv_bind_mw() of a type 1 window; PyverbsRDMAError('Failed to Bind MW')."""
+        self._check_open("QP.bind_mw")
+        rc = v.ibv_bind_mw(self.qp, mw.mw, mw_bind.to_c())
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError("Failed to Bind MW", rc)
 
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         """ibv_post_recv(); PyverbsRDMAError('Failed to post recv') with the errno."""
@@ -261,13 +299,128 @@ class QP(PyverbsCM):
                 f"QP state: {qp_state_to_str(self.qp_state)}")
 
 
+def _htobe32(val: int) -> int:
+    """htobe32() on the (little-endian) host: what pyverbs hands the C API as __be32."""
+    return int.from_bytes((val & 0xFFFFFFFF).to_bytes(4, "big"), "little")
+
+
 class QPEx(QP):
-    """Mirrors pyverbs' QPEx (ibv_create_qp_ex + the ibv_wr_* API): not emulated yet."""
+    """Mirrors pyverbs' QPEx: a QP created through ibv_create_qp_ex; with
+    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS its ibv_qp_ex (ibv_qp_to_qp_ex) carries the new
+    post-send API - wr_start, one builder and its setters per WR, wr_complete."""
 
     def __init__(self, creator: PD | Context, init_attr: QPInitAttr,
                  qp_attr: QPAttr | None = None) -> None:
-        PyverbsCM.__init__(self)
-        raise unsupported("Failed to create QP")
+        self.qp_ex: v.ibv_qp_ex | None = None
+        self._ind_table = getattr(init_attr, "ind_table", None)
+        super().__init__(creator, init_attr, qp_attr)
+        if self._ind_table is not None:
+            self._ind_table.add_ref(self)
+        if getattr(init_attr, "comp_mask", 0) & e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS:
+            self.qp_ex = v.ibv_qp_to_qp_ex(self.qp)
+            if self.qp_ex is None:
+                raise PyverbsRDMAError("Failed to create extended QP", 0)
+        else:
+            self.logger.debug("qp_ex is not accessible since "
+                              "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS was not passed.")
+
+    def _qpx(self) -> v.ibv_qp_ex:
+        if self.qp_ex is None:  # pyverbs dereferences the NULL qp_ex
+            raise PyverbsUserError("qp_ex is not accessible since "
+                                   "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS was not passed")
+        return self.qp_ex
+
+    def _wr(self, name: str, *args: Any) -> None:
+        """One ibv_wr_* call (a builder or setter: errors surface at wr_complete)."""
+        self._check_open(f"QPEx.{name}")
+        call(f"Failed to {name}", getattr(v, f"ibv_{name}"), self._qpx(), *args)
+
+    comp_mask = property(lambda self: self._qpx().comp_mask,
+                         lambda self, val: setattr(self._qpx(), "comp_mask", val))
+    wr_id = property(lambda self: self._qpx().wr_id,
+                     lambda self, val: setattr(self._qpx(), "wr_id", val))
+    wr_flags = property(lambda self: self._qpx().wr_flags,
+                        lambda self, val: setattr(self._qpx(), "wr_flags", val))
+
+    @property
+    def ind_table(self) -> Any:
+        return self._ind_table
+
+    def wr_atomic_cmp_swp(self, rkey: int, remote_addr: int, compare: int, swap: int) -> None:
+        self._wr("wr_atomic_cmp_swp", rkey, remote_addr, compare, swap)
+
+    def wr_atomic_fetch_add(self, rkey: int, remote_addr: int, add: int) -> None:
+        self._wr("wr_atomic_fetch_add", rkey, remote_addr, add)
+
+    def wr_bind_mw(self, mw: Any, rkey: int, bind_info: Any) -> None:
+        info = bind_info.to_c() if hasattr(bind_info, "to_c") else bind_info
+        self._wr("wr_bind_mw", getattr(mw, "mw", mw), rkey, info)
+        self.add_ref(mw)
+
+    def wr_local_inv(self, invalidate_rkey: int) -> None:
+        self._wr("wr_local_inv", invalidate_rkey)
+
+    def wr_atomic_write(self, rkey: int, remote_addr: int, atomic_wr: bytes) -> None:
+        self._wr("wr_atomic_write", rkey, remote_addr, atomic_wr)
+
+    def wr_rdma_read(self, rkey: int, remote_addr: int) -> None:
+        self._wr("wr_rdma_read", rkey, remote_addr)
+
+    def wr_rdma_write(self, rkey: int, remote_addr: int) -> None:
+        self._wr("wr_rdma_write", rkey, remote_addr)
+
+    def wr_rdma_write_imm(self, rkey: int, remote_addr: int, data: int) -> None:
+        self._wr("wr_rdma_write_imm", rkey, remote_addr, _htobe32(data))
+
+    def wr_flush(self, rkey: int, remote_addr: int, length: int, ptype: int,
+                 level: int) -> None:
+        self._wr("wr_flush", rkey, remote_addr, length, ptype, level)
+
+    def wr_send(self) -> None:
+        self._wr("wr_send")
+
+    def wr_send_imm(self, data: int) -> None:
+        self._wr("wr_send_imm", _htobe32(data))
+
+    def wr_send_inv(self, invalidate_rkey: int) -> None:
+        self._wr("wr_send_inv", invalidate_rkey)
+
+    def wr_send_tso(self, hdr: int, hdr_sz: int, mss: int) -> None:
+        self._wr("wr_send_tso", hdr, hdr_sz, mss)
+
+    def wr_set_ud_addr(self, ah: Any, remote_qpn: int, remote_rkey: int) -> None:
+        self._wr("wr_set_ud_addr", ah.ah, remote_qpn, remote_rkey)
+
+    def wr_set_xrc_srqn(self, remote_srqn: int) -> None:
+        self._wr("wr_set_xrc_srqn", remote_srqn)
+
+    def wr_set_inline_data(self, addr: int, length: int) -> None:
+        self._wr("wr_set_inline_data", addr, length)
+
+    def wr_set_inline_data_list(self, num_buf: int, buf_list: list[DataBuffer]) -> None:
+        bufs = [v.ibv_data_buf(b.addr, b.length) for b in list(buf_list)[:num_buf]]
+        self._wr("wr_set_inline_data_list", num_buf, bufs)
+
+    def wr_set_sge(self, sge: SGE) -> None:
+        self._wr("wr_set_sge", sge.lkey, sge.addr, sge.length)
+
+    def wr_set_sge_list(self, num_sge: int, sg_list: list[SGE]) -> None:
+        sges = [v.ibv_sge(s.addr, s.length, s.lkey) for s in list(sg_list)[:num_sge]]
+        self._wr("wr_set_sge_list", num_sge, sges)
+
+    def wr_start(self) -> None:
+        self._wr("wr_start")
+
+    def wr_complete(self) -> None:
+        """ibv_wr_complete(); PyverbsRDMAError('ibv_wr_complete failed.') with the errno."""
+        self._check_open("QPEx.wr_complete")
+        rc = v.ibv_wr_complete(self._qpx())
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError("ibv_wr_complete failed.", rc)
+
+    def wr_abort(self) -> None:
+        self._wr("wr_abort")
 
 
 class ECE(PyverbsCM):

@@ -65,5 +65,8 @@ def access_flags_to_str(flags: int) -> str:
 
 
 def rereg_error_to_str(error: int) -> str:
-    return _name({-1: "General failure", -2: "Failed to deregister MR",
-                  -3: "Failed to register new MR"}, error)
+    """The name of an ibv_rereg_mr() error code (enum ibv_rereg_mr_err_code)."""
+    try:
+        return e.ibv_rereg_mr_err_code(error).name
+    except ValueError:
+        return f"Unknown error ({error})"

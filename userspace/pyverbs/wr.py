@@ -58,13 +58,15 @@ class SendWR(PyverbsCM):
     """Mirrors pyverbs' SendWR (struct ibv_send_wr)."""
 
     def __init__(self, wr_id: int = 0, opcode: int = e.IBV_WR_SEND, num_sge: int = 0,
-                 imm_data: int = 0, sg: list[SGE] | None = None, send_flags: int = 0,
+                 imm_data: int = 0, sg: list[SGE] | None = None,
+                 send_flags: int = e.IBV_SEND_SIGNALED,
                  next_wr: SendWR | None = None) -> None:
         super().__init__()
         self.wr_id, self.opcode, self.imm_data = wr_id, opcode, imm_data
         self.send_flags, self.next_wr = send_flags, next_wr
         self.sg_list = _sges(sg, num_sge)
         self.rkey = self.remote_addr = 0
+        self.compare_add = self.swap = 0
         self.ud: tuple[Any, int, int] | None = None
 
     @property
@@ -82,15 +84,28 @@ class SendWR(PyverbsCM):
         self.compare_add, self.swap = compare_add, swap
 
     def set_bind_wr(self, mw: Any, bind_info: Any) -> None:
+        """wr.bind_mw: the window, its next key (ibv_inc_rkey of its current one - what
+        `rkey` reads from now on) and the binding."""
         self.bind = (mw, bind_info)
+        self.rkey = v.ibv_inc_rkey(mw.rkey)
 
     def set_qp_type_xrc(self, remote_srqn: int) -> None:
         self.remote_srqn = remote_srqn
 
     def to_c(self) -> v.ibv_send_wr:
-        return v.ibv_send_wr(self.wr_id, self.next_wr.to_c() if self.next_wr else None,
-                             [s.to_c() for s in self.sg_list], self.opcode, self.send_flags,
-                             self.imm_data, self.remote_addr, self.rkey)
+        wr = v.ibv_send_wr(self.wr_id, self.next_wr.to_c() if self.next_wr else None,
+                           [s.to_c() for s in self.sg_list], self.opcode, self.send_flags,
+                           self.imm_data, self.remote_addr, self.rkey,
+                           compare_add=self.compare_add, swap=self.swap)
+        if self.ud is not None:  # wr.ud: the AH's C object, remote QPN and Q_Key
+            ah, wr.remote_qpn, wr.remote_qkey = self.ud
+            wr.ah = ah.ah if ah is not None else None
+        wr.remote_srqn = getattr(self, "remote_srqn", 0)   # qp_type.xrc
+        bind = getattr(self, "bind", None)
+        if bind is not None:     # wr.bind_mw
+            mw, info = bind
+            wr.bind_mw = v.ibv_bind_mw_wr(mw.mw, self.rkey, info.to_c())
+        return wr
 
 
 def send_flags_to_str(flags: int) -> str:

@@ -129,7 +129,9 @@ def test_create_mkey_checks(up):
     pd = MLX5_GET("alloc_pd_out", ok(up, "alloc_pd"), "pd")
     e = "memory_key_mkey_entry__"
     for over, check in (({e + "pd": 5}, "create_mkey_pd"),
-                        ({e + "access_mode_4_2": 1}, "create_mkey_access_mode"),
+                        ({e + "access_mode_4_2": 2}, "create_mkey_access_mode"),
+                        # MEMIC (5) over on-chip memory nobody allocated
+                        ({e + "access_mode_4_2": 1}, "create_mkey_memic_range"),
                         ({e + "log_page_size": 11}, "create_mkey_log_page_size"),
                         ({e + "translations_octword_size": 1}, "create_mkey_octwords"),
                         ({"mkey_umem_valid": 1}, "create_mkey_umem")):

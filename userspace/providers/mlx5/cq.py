@@ -15,6 +15,7 @@ from typing import Any
 
 from kernel_model import trace
 from kernel_model.trace import traced, tracepoint
+from userspace.providers.mlx5.srq import mlx5_free_srq_wqe, mlx5_srq
 
 MLX5_CQE_INVALID = 0xF
 MLX5_CQE_OWNER_MASK = 1
@@ -49,9 +50,10 @@ def update_cons_index(cq: Any) -> None:
 
 
 @traced
-def mlx5_cq_clean(cq: Any, rsn: int) -> None:
+def mlx5_cq_clean(cq: Any, rsn: int, srq: Any = None) -> None:
     """Mirrors __mlx5_cq_clean(): drop the CQEs of one QP (user index or QPN)
-    that software has not polled yet, sliding the later ones down.
+    that software has not polled yet, sliding the later ones down; a receive
+    completion from the QP's SRQ gives its WQE back to the SRQ.
 
     Called when the QP goes to RESET or is destroyed, so a stale completion
     never reaches the next user of the QP number.
@@ -68,6 +70,8 @@ def mlx5_cq_clean(cq: Any, rsn: int) -> None:
         prod -= 1
         raw = proc.load(_cqe_addr(cq, prod), cq.cqe_sz)
         if cqe_rsn(cq, raw) == rsn:
+            if srq is not None and raw[CQE_OP_OWN] >> 4 not in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR):
+                mlx5_free_srq_wqe(srq, struct.unpack_from(">H", raw, 60)[0])
             nfreed += 1
         elif nfreed:
             dest = _cqe_addr(cq, prod + nfreed)
@@ -96,9 +100,12 @@ SYNDROME_TO_STATUS = {0x01: IBV_WC_LOC_LEN_ERR, 0x02: IBV_WC_LOC_QP_OP_ERR,
 # enum ibv_wc_opcode and flags
 IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ = 0, 1, 2
 IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM = 128, 129
-IBV_WC_WITH_IMM = 1 << 1
+IBV_WC_GRH, IBV_WC_WITH_IMM, IBV_WC_WITH_INV = 1 << 0, 1 << 1, 1 << 3
+MLX5_OPCODE_UMR, MLX5_CQE_RESP_SEND_INV = 0x25, 4
+IBV_WC_COMP_SWAP, IBV_WC_FETCH_ADD = 3, 4
 REQ_OPCODE_TO_WC = {0x08: IBV_WC_RDMA_WRITE, 0x09: IBV_WC_RDMA_WRITE, 0x0A: IBV_WC_SEND,
-                    0x0B: IBV_WC_SEND, 0x01: IBV_WC_SEND, 0x10: IBV_WC_RDMA_READ}
+                    0x0B: IBV_WC_SEND, 0x01: IBV_WC_SEND, 0x10: IBV_WC_RDMA_READ,
+                    0x11: IBV_WC_COMP_SWAP, 0x12: IBV_WC_FETCH_ADD}
 
 
 # EMU: rdma-core has no tracepoints; this marks each CQE taken (by its owner bit)
@@ -121,14 +128,20 @@ def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
     qp = _find_qp(cq, cqe_rsn(cq, raw))
     if qp is None:
         return False
-    wc.qp_num = qp.qp_num
+    is_xsrq = isinstance(qp, mlx5_srq)      # MLX5_RSC_TYPE_XSRQ: an XRC SRQ's receive
+    wc.qp_num = struct.unpack_from(">I", raw, CQE_SOP_DROP_QPN)[0] & 0xFFFFFF if is_xsrq \
+        else qp.qp_num
     wc.wc_flags = 0
     wqe_ctr = struct.unpack_from(">H", raw, 60)[0]
-    if opcode in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR):
+    if opcode in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR) and not is_xsrq:
         wq = qp.sq
         idx = wqe_ctr & (wq.wqe_cnt - 1)
         wc.wr_id = wq.wrid[idx]
         wq.tail = wq.wqe_head[idx] + 1
+    elif is_xsrq or qp.srq is not None:   # handle_responder: the SRQ's WQE, back on its list
+        srq = qp if is_xsrq else qp.srq
+        wc.wr_id = srq.wrid[wqe_ctr & (srq.max - 1)]
+        mlx5_free_srq_wqe(srq, wqe_ctr & (srq.max - 1))
     else:
         wq = qp.rq
         wc.wr_id = wq.wrid[wq.tail & (wq.wqe_cnt - 1)]
@@ -145,18 +158,30 @@ def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
     if opcode == MLX5_CQE_REQ:
         sop = struct.unpack_from(">I", raw, CQE_SOP_DROP_QPN)[0] >> 24
         wc.opcode = REQ_OPCODE_TO_WC.get(sop, IBV_WC_SEND)
+        if sop == MLX5_OPCODE_UMR:       # handle_good_req: BIND_MW or LOCAL_INV, as posted
+            wc.opcode = wq.wr_data[idx]
         wc.byte_len = byte_cnt if wc.opcode == IBV_WC_RDMA_READ else 0
+        if wc.opcode in (IBV_WC_COMP_SWAP, IBV_WC_FETCH_ADD):
+            wc.byte_len = 8          # handle_good_req: an atomic returns 8 bytes
         if sop in (0x09, 0x0B):  # handle_good_req: WRITE_IMM / SEND_IMM carry the flag
             wc.wc_flags |= IBV_WC_WITH_IMM
         return True
     wc.byte_len = byte_cnt
-    wc.src_qp = struct.unpack_from(">I", raw, 24)[0] & 0xFFFFFF
+    flags_rqpn = struct.unpack_from(">I", raw, 24)[0]
+    wc.src_qp = flags_rqpn & 0xFFFFFF
+    wc.sl = flags_rqpn >> 24 & 0xF
+    if flags_rqpn >> 28 & 3:        # handle_responder: the message came with a GRH
+        wc.wc_flags |= IBV_WC_GRH
     if opcode == MLX5_CQE_RESP_WR_IMM:
         wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM
     else:
         wc.opcode = IBV_WC_RECV
     if opcode in (MLX5_CQE_RESP_WR_IMM, MLX5_CQE_RESP_SEND_IMM):
         wc.wc_flags |= IBV_WC_WITH_IMM
+        wc.imm_data = struct.unpack_from(">I", raw, 36)[0]
+    elif opcode == MLX5_CQE_RESP_SEND_INV:
+        # handle_responder: the rkey the SEND invalidated (wc.invalidated_rkey, the union)
+        wc.wc_flags |= IBV_WC_WITH_INV
         wc.imm_data = struct.unpack_from(">I", raw, 36)[0]
     return True
 

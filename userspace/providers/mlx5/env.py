@@ -115,6 +115,13 @@ def get_uar_info(env: Mapping[str, str], page_size: int) -> tuple[int, int]:
     return tot, low
 
 
+def get_cqe_size(env: Mapping[str, str]) -> int:
+    """Mirrors get_cqe_size() without mlx5dv attributes: MLX5_CQE_SIZE (atoi), else 64;
+    only 64 and 128 are sizes - anything else is -EINVAL."""
+    size = _atoi(env["MLX5_CQE_SIZE"]) if "MLX5_CQE_SIZE" in env else 64
+    return size if size in (64, 128) else -errno.EINVAL
+
+
 def single_threaded_app(env: Mapping[str, str]) -> bool:
     """Mirrors single_threaded_app(): exactly "1" turns the bfreg locks off."""
     return env.get("MLX5_SINGLE_THREADED") == "1"

@@ -43,7 +43,12 @@ from kernel_model.uapi.rdma_user_ioctl import (
     MLX5_IB_OBJECT_UAR,
 )
 from userspace.libc import MAP_SHARED, PROT_WRITE, SysError, free, posix_memalign
-from userspace.libibverbs.cmd import VerbsError, execute_ioctl, ibv_cmd_get_context
+from userspace.libibverbs.cmd import (
+    VerbsError,
+    execute_ioctl,
+    ibv_cmd_get_context,
+    ibv_cmd_query_device_any,
+)
 from userspace.libibverbs.verbs_types import ibv_context
 from userspace.providers.mlx5 import env as mlx5_env
 from userspace.providers.mlx5.errors import ProviderError
@@ -86,6 +91,8 @@ class mlx5_context(ibv_context):
     uar_size: int = 4096
     num_dyn_bfregs: int = 0
     resp: Any = None
+    atomic_cap: int = 0         # ibv_device_attr.atomic_cap (mlx5_query_device_ctx)
+    max_dm_size: int = 0        # ibv_device_attr_ex.max_dm_size (mlx5_query_device_ctx)
     # UARs
     uar: list[mlx5_uar_info] = attrs.Factory(list)
     bfs: list[mlx5_bf] = attrs.Factory(list)
@@ -198,7 +205,21 @@ def mlx5_alloc_context(base: ibv_context) -> mlx5_context:
     except BaseException:
         proc.close(ctx.async_fd)
         raise
+    mlx5_query_device_ctx(ctx)
     return ctx
+
+
+@traced
+def mlx5_query_device_ctx(ctx: mlx5_context) -> None:
+    """Mirrors mlx5_query_device_ctx(): QUERY_DEVICE once at open, keeping what the
+    data path needs - atomic_cap (a QP may post atomics only on a device that has
+    them).  Void: a failure leaves the defaults."""
+    try:
+        attr = ibv_cmd_query_device_any(ctx)
+    except OSError:
+        return
+    ctx.atomic_cap = attr.orig_attr.atomic_cap
+    ctx.max_dm_size = attr.max_dm_size
 
 
 @traced

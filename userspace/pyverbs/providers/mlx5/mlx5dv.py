@@ -1,78 +1,465 @@
-"""pyverbs.providers.mlx5.mlx5dv: mlx5 direct verbs (mlx5dv_open_device, DevX,
-UAR/VAR/PP allocation, DC, raw WQEs).
+"""pyverbs.providers.mlx5.mlx5dv: mlx5 direct verbs.
 
-The names exist so that programs importing them load; creating one of its objects
-fails with EOPNOTSUPP (see userspace/pyverbs/base.py, NotEmulated), which the
-rdma-core tests report as a skip.  docs/pyverbs.md lists what is emulated.
+Emulated, on the project's libmlx5 (userspace/providers/mlx5/dv.py):
+
+* Mlx5Context(Mlx5DVContextAttr, name=...): mlx5dv_open_device, a Context whose
+  open passes the mlx5dv context flags.  MLX5DV_CONTEXT_FLAGS_DEVX fails with
+  EOPNOTSUPP: DevX is not emulated.
+* Mlx5Context.query_mlx5_device(): mlx5dv_query_device (Mlx5DVContext).
+* Mlx5UAR(ctx, flags): mlx5dv_devx_alloc_uar / mlx5dv_devx_free_uar (the BF and NC
+  types, through the kernel's UAR object).
+* Mlx5QP / Mlx5CQ: mlx5dv_create_qp / mlx5dv_create_cq check their dv attributes as
+  libmlx5 does (EINVAL), then need the extended QP / CQ, which succeed only with
+  nothing an mlx5-specific attribute asks of the HCA (else EOPNOTSUPP).
+* Mlx5Context.query_mlx5_port(): mlx5dv_query_port (the kernel's
+  MLX5_IB_METHOD_QUERY_PORT).
+* The other static calls (reserved QPNs, crypto login, clock info, LAG port, UDP
+  source port, DevX commands) exist with pyverbs' signatures and fail with
+  EOPNOTSUPP, as libmlx5 does on a kernel or device without the feature.
+
+DevX objects, UMEMs, EQs, VAR, packet pacing, DM operation addresses and raw WQEs
+stay NotEmulated: creating one fails with EOPNOTSUPP, which the rdma-core tests
+report as a skip.  docs/pyverbs.md lists what is emulated.
 """
 
 from __future__ import annotations
 
+import errno
+import weakref
 from typing import Any
 
-from userspace.pyverbs.base import AttrStruct, NotEmulated, unsupported
+import attrs
+
+import userspace.pyverbs.providers.mlx5.mlx5_enums as dve
+from userspace.libibverbs import verbs as v
+from userspace.providers.mlx5 import dv
+from userspace.pyverbs import enums as e
+from userspace.pyverbs.base import (
+    AttrStruct,
+    NotEmulated,
+    PyverbsCM,
+    PyverbsObject,
+    call,
+    set_errno,
+    unsupported,
+)
+from userspace.pyverbs.cq import CQEX, CqInitAttrEx
+from userspace.pyverbs.device import Context
+from userspace.pyverbs.host import current_process
+from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
+from userspace.pyverbs.qp import QPEx, QPInitAttrEx
+
+_FMT = "{:20}: {:<20}\n"
 
 
-class Mlx5CQ(NotEmulated):
-    """Mirrors pyverbs' Mlx5CQ: not emulated."""
-
-    _VERB = "create Mlx5CQ"
-
-
-class Mlx5Context(NotEmulated):
-    """Mirrors pyverbs' Mlx5Context: not emulated."""
-
-    _VERB = "create Mlx5Context"
+def _fail(msg: str, rc: int) -> PyverbsRDMAError:
+    """A verb that returned the errno rc (pyverbs raises PyverbsRDMAError(msg, rc))."""
+    set_errno(rc)
+    return PyverbsRDMAError(msg, rc)
 
 
-class Mlx5Cqe64(AttrStruct):
-    """Mirrors pyverbs' Mlx5Cqe64."""
+class Mlx5DVContextAttr(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DVContextAttr (struct mlx5dv_context_attr)."""
 
-    _FIELDS = ('addr',)
+    def __init__(self, flags: int = 0, comp_mask: int = 0) -> None:
+        super().__init__()
+        self.flags, self.comp_mask = flags, comp_mask
 
-
-class Mlx5DCIStreamInitAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DCIStreamInitAttr."""
-
-    _FIELDS = ('log_num_concurent', 'log_num_errored')
-
-
-class Mlx5DVCQInitAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DVCQInitAttr."""
-
-    _FIELDS = ('comp_mask', 'cqe_comp_res_format', 'flags', 'cqe_size')
+    def __str__(self) -> str:
+        return _FMT.format("flags", self.flags) + _FMT.format("comp_mask", self.comp_mask)
 
 
-class Mlx5DVContext(NotEmulated):
-    """Mirrors pyverbs' Mlx5DVContext: not emulated."""
+class Mlx5DVPortAttr(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DVPortAttr (struct mlx5dv_port)."""
 
-    _VERB = "create Mlx5DVContext"
+    def __init__(self) -> None:
+        super().__init__()
+        self.flags = self.vport = self.vport_vhca_id = self.esw_owner_vhca_id = 0
+        self.vport_steering_icm_rx = self.vport_steering_icm_tx = 0
+        self.reg_c0_value = self.reg_c0_mask = 0
 
-
-class Mlx5DVContextAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DVContextAttr."""
-
-    _FIELDS = ('flags', 'comp_mask')
-
-
-class Mlx5DVDCInitAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DVDCInitAttr."""
-
-    _FIELDS = ('dc_type', 'dct_access_key', 'dci_streams')
+    def __str__(self) -> str:
+        return _FMT.format("flags", hex(self.flags))
 
 
-class Mlx5DVPortAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DVPortAttr."""
+class Mlx5DVContext(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DVContext (struct mlx5dv_context): the answer of
+    mlx5dv_query_device.  The nested caps read as dicts, as Cython returns structs."""
 
-    _FIELDS = ()
+    def __init__(self) -> None:
+        super().__init__()
+        self.dv = dv.mlx5dv_context()
+
+    @property
+    def comp_mask(self) -> int:
+        return self.dv.comp_mask
+
+    @comp_mask.setter
+    def comp_mask(self, val: int) -> None:
+        self.dv.comp_mask = val
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "dv":
+            raise AttributeError(name)
+        field = "tunnel_offloads_caps" if name == "tunnel_offload_caps" else name
+        if field not in _DV_FIELDS:
+            raise AttributeError(name)
+        value = getattr(self.dv, field)
+        return attrs.asdict(value) if attrs.has(type(value)) else value
+
+    def __str__(self) -> str:
+        d, ind = self.dv, "  {:20}: {:<20}\n"
+        cqe = "CQE compression caps:\n" + ind.format("max num", d.cqe_comp_caps.max_num) + \
+            ind.format("supported formats", cqe_comp_to_str(d.cqe_comp_caps.supported_format))
+        swp = "SW parsing caps:\n" + \
+            ind.format("SW parsing offloads", swp_to_str(d.sw_parsing_caps.sw_parsing_offloads)) \
+            + ind.format("supported QP types", qpts_to_str(d.sw_parsing_caps.supported_qpts))
+        s = d.striding_rq_caps
+        strd = "Striding RQ caps:\n" + \
+            ind.format("min single stride log num of bytes",
+                       s.min_single_stride_log_num_of_bytes) + \
+            ind.format("max single stride log num of bytes",
+                       s.max_single_stride_log_num_of_bytes) + \
+            ind.format("min single wqe log num of strides", s.min_single_wqe_log_num_of_strides) \
+            + ind.format("max single wqe log num of strides",
+                         s.max_single_wqe_log_num_of_strides) + \
+            ind.format("supported QP types", qpts_to_str(s.supported_qpts))
+        stream = "DCI stream caps:\n" + \
+            ind.format("max log num concurrent streams",
+                       d.dci_streams_caps.max_log_num_concurent) + \
+            ind.format("max log num errored streams", d.dci_streams_caps.max_log_num_errored)
+        return (_FMT.format("Version", d.version)
+                + _FMT.format("Flags", context_flags_to_str(d.flags))
+                + _FMT.format("comp mask", context_comp_mask_to_str(d.comp_mask))
+                + cqe + swp + strd + stream
+                + _FMT.format("Tunnel offloads caps",
+                              tunnel_offloads_to_str(d.tunnel_offloads_caps))
+                + _FMT.format("Max dynamic BF registers", d.max_dynamic_bfregs)
+                + _FMT.format("Max clock info update [nsec]", d.max_clock_info_update_nsec)
+                + _FMT.format("Flow action flags", d.flow_action_flags)
+                + _FMT.format("DC ODP caps", d.dc_odp_caps)
+                + _FMT.format("Num LAG ports", d.num_lag_ports)
+                + _FMT.format("Max WR memcpy length", d.max_wr_memcpy_length))
 
 
-class Mlx5DVQPInitAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DVQPInitAttr."""
+_DV_FIELDS = frozenset(("version", "flags", "cqe_comp_caps", "sw_parsing_caps",
+                        "striding_rq_caps", "tunnel_offloads_caps", "max_dynamic_bfregs",
+                        "max_clock_info_update_nsec", "flow_action_flags", "dc_odp_caps",
+                        "crypto_caps", "num_lag_ports", "dci_streams_caps",
+                        "max_wr_memcpy_length"))
 
-    _FIELDS = ('comp_mask', 'create_flags', 'dc_init_attr', 'send_ops_flags')
+# what query_mlx5_device() asks for when the caller leaves comp_mask at -1 (pyverbs' list)
+_DEFAULT_QUERY_MASK = (dve.MLX5DV_CONTEXT_MASK_CQE_COMPRESION | dve.MLX5DV_CONTEXT_MASK_SWP
+                       | dve.MLX5DV_CONTEXT_MASK_STRIDING_RQ
+                       | dve.MLX5DV_CONTEXT_MASK_TUNNEL_OFFLOADS
+                       | dve.MLX5DV_CONTEXT_MASK_DYN_BFREGS
+                       | dve.MLX5DV_CONTEXT_MASK_CLOCK_INFO_UPDATE
+                       | dve.MLX5DV_CONTEXT_MASK_DC_ODP_CAPS
+                       | dve.MLX5DV_CONTEXT_MASK_FLOW_ACTION_FLAGS
+                       | dve.MLX5DV_CONTEXT_MASK_DCI_STREAMS
+                       | dve.MLX5DV_CONTEXT_MASK_WR_MEMCPY_LENGTH
+                       | dve.MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD)
 
 
+class Mlx5Context(Context):
+    """Mirrors pyverbs' Mlx5Context: the device opened by mlx5dv_open_device()."""
+
+    def __init__(self, attr: Mlx5DVContextAttr, name: str | bytes = "") -> None:
+        PyverbsCM.__init__(self)
+        if attr is None:
+            raise TypeError("Argument 'attr' must not be None")
+        if isinstance(name, bytes):
+            name = name.decode()
+        if not name:
+            raise PyverbsUserError("Device name must be provided")
+        self.proc = current_process()
+        devs = [d for d in v.ibv_get_device_list(self.proc) if d.name == name]
+        if not devs:
+            raise PyverbsRDMAError(f"Failed to open device {name}", errno.ENODEV)
+        self.device = devs[0]
+        if not dv.mlx5dv_is_supported(self.device):
+            raise PyverbsUserError("This is not an MLX5 device")
+        self.ctx = call(f"Failed to open mlx5 context on {name}", dv.mlx5dv_open_device,
+                        self.proc, self.device,
+                        dv.mlx5dv_context_attr(attr.flags, attr.comp_mask))
+        self._created()
+        self.uars: weakref.WeakSet[Mlx5UAR] = weakref.WeakSet()
+
+    def query_mlx5_device(self, comp_mask: int = -1) -> Mlx5DVContext:
+        """mlx5dv_query_device(); comp_mask -1 asks for pyverbs' default set."""
+        self._check_open("query_mlx5_device")
+        dv_attr = Mlx5DVContext()
+        dv_attr.comp_mask = _DEFAULT_QUERY_MASK if comp_mask == -1 else comp_mask
+        rc = dv.mlx5dv_query_device(self.ctx, dv_attr.dv)
+        if rc:
+            raise _fail(f"Failed to query mlx5 device {self.name}.", rc)
+        return dv_attr
+
+    @staticmethod
+    def query_mlx5_port(ctx: Context, port_num: int) -> Mlx5DVPortAttr:
+        """mlx5dv_query_port(): the port's e-switch vport information (zeros on a
+        function whose e-switch is not in switchdev mode); EINVAL for a bad port."""
+        rc, info = dv.mlx5dv_query_port(ctx.ctx, port_num)
+        if rc:
+            raise _fail(f"Failed to query dv port mlx5 {ctx.name} port {port_num}.", rc)
+        attr = Mlx5DVPortAttr()
+        for name in ("flags", "vport", "vport_vhca_id", "esw_owner_vhca_id",
+                     "vport_steering_icm_rx", "vport_steering_icm_tx", "reg_c0_value",
+                     "reg_c0_mask"):
+            setattr(attr, name, getattr(info, name))
+        return attr
+
+    @staticmethod
+    def reserved_qpn_alloc(ctx: Context) -> int:
+        """mlx5dv_reserved_qpn_alloc(): needs DevX (ALLOC_QPN commands): EOPNOTSUPP."""
+        raise _fail("Failed to alloc reserved QP number.",
+                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_reserved_qpn_alloc"))
+
+    @staticmethod
+    def reserved_qpn_dealloc(ctx: Context, qpn: int) -> None:
+        raise _fail(f"Failed to dealloc QP number {qpn}.",
+                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_reserved_qpn_dealloc"))
+
+    @staticmethod
+    def crypto_login(ctx: Context, login_attr: Any) -> None:
+        raise _fail("Failed to create crypto login session.",
+                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_crypto_login"))
+
+    @staticmethod
+    def query_login_state(ctx: Context) -> int:
+        raise _fail("Failed to query the crypto login session state.",
+                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_crypto_login_query_state"))
+
+    @staticmethod
+    def crypto_logout(ctx: Context) -> None:
+        raise _fail("Failed to logout from crypto login session.",
+                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_crypto_logout"))
+
+    @staticmethod
+    def device_timestamp_to_ns(ctx: Context, device_timestamp: int) -> int:
+        """mlx5dv_get_clock_info(): the context mapped no clock-info page: EOPNOTSUPP."""
+        raise _fail("Failed to get the clock info",
+                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_get_clock_info"))
+
+    def devx_general_cmd(self, in_: Any, outlen: int) -> bytes:
+        raise _fail("DevX general command failed",
+                    dv.mlx5dv_unsupported(self.ctx, "mlx5dv_devx_general_cmd"))
+
+    def devx_query_eqn(self, vector: int) -> int:
+        raise _fail("Failed to query EQN", dv.mlx5dv_unsupported(self.ctx, "mlx5dv_devx_query_eqn"))
+
+
+class Mlx5UAR(PyverbsCM):
+    """Mirrors pyverbs' Mlx5UAR: mlx5dv_devx_alloc_uar(); close() is mlx5dv_devx_free_uar()."""
+
+    def __init__(self, context: Context, flags: int = 0) -> None:
+        super().__init__()
+        if context is None:
+            raise TypeError("Argument 'context' must not be None")
+        self._uar = call("Failed to allocate UAR", dv.mlx5dv_devx_alloc_uar, context.ctx, flags)
+        self._created()
+        context.add_ref(self)
+
+    def _free(self) -> None:
+        dv.mlx5dv_devx_free_uar(self._uar)
+
+    def _field(self, name: str) -> int:
+        self._check_open(f"Mlx5UAR.{name}")
+        return getattr(self._uar, name)
+
+    @property
+    def reg_addr(self) -> int:
+        return self._field("reg_addr")
+
+    @property
+    def base_addr(self) -> int:
+        return self._field("base_addr")
+
+    @property
+    def page_id(self) -> int:
+        return self._field("page_id")
+
+    @property
+    def mmap_off(self) -> int:
+        return self._field("mmap_off")
+
+    @property
+    def comp_mask(self) -> int:
+        return self._field("comp_mask")
+
+    @property
+    def uar(self) -> int:
+        """The struct's address in C; here an identifier that is non-zero while allocated."""
+        return 0 if self._closed else id(self._uar)
+
+    def __str__(self) -> str:
+        return (_FMT.format("reg addr", self.reg_addr) + _FMT.format("base addr", self.base_addr)
+                + _FMT.format("page id", self.page_id) + _FMT.format("mmap off", self.mmap_off)
+                + _FMT.format("comp mask", self.comp_mask))
+
+
+class Mlx5DVQPInitAttr(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DVQPInitAttr (struct mlx5dv_qp_init_attr)."""
+
+    def __init__(self, comp_mask: int = 0, create_flags: int = 0, dc_init_attr: Any = None,
+                 send_ops_flags: int = 0) -> None:
+        super().__init__()
+        self.comp_mask, self.create_flags, self.send_ops_flags = \
+            comp_mask, create_flags, send_ops_flags
+        self.dc_type = getattr(dc_init_attr, "dc_type", 0) if dc_init_attr else 0
+        self.dct_access_key = getattr(dc_init_attr, "dct_access_key", 0) if dc_init_attr else 0
+        self.dci_streams = getattr(dc_init_attr, "dci_streams", None) if dc_init_attr else None
+
+    def __str__(self) -> str:
+        return (_FMT.format("Comp mask", qp_comp_mask_to_str(self.comp_mask))
+                + _FMT.format("Create flags", qp_create_flags_to_str(self.create_flags))
+                + _FMT.format("DC type", dc_type_to_str(self.dc_type))
+                + _FMT.format("Send ops flags", send_ops_flags_to_str(self.send_ops_flags)))
+
+
+# mlx5dv.h: the mlx5dv_qp_init_attr comp_mask bits libmlx5 knows
+_DV_QP_COMP_MASK = (dve.MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS
+                    | dve.MLX5DV_QP_INIT_ATTR_MASK_DC
+                    | dve.MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS
+                    | dve.MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS)
+
+
+class Mlx5QP(QPEx):
+    """Mirrors pyverbs' Mlx5QP (mlx5dv_create_qp).
+
+    Unknown comp_mask bits are EINVAL (create_qp's check_comp_mask); DC, DCI streams,
+    mlx5 create flags and mlx5 send ops need HCA features the emulated stack lacks:
+    EOPNOTSUPP.  Without them the QP is the extended QP (QPEx) of the same attributes.
+    """
+
+    def __init__(self, context: Context, init_attr: QPInitAttrEx,
+                 dv_init_attr: Mlx5DVQPInitAttr | None = None) -> None:
+        self.dc_type = dv_init_attr.dc_type if dv_init_attr else 0
+        mask = dv_init_attr.comp_mask if dv_init_attr else 0
+        msg = (f"Failed to create MLX5 QP.\nQPInitAttrEx attributes:\n{init_attr}\n"
+               f"MLX5DVQPInitAttr:\n{dv_init_attr}")
+        if mask & ~_DV_QP_COMP_MASK:
+            PyverbsCM.__init__(self)
+            raise _fail(msg, errno.EINVAL)
+        dc_bits = dve.MLX5DV_QP_INIT_ATTR_MASK_DC | dve.MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS
+        wanted = (mask & dc_bits
+                  or mask & dve.MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS
+                  and dv_init_attr.create_flags
+                  or mask & dve.MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS
+                  and dv_init_attr.send_ops_flags)
+        if wanted:
+            PyverbsCM.__init__(self)
+            raise unsupported(msg)
+        super().__init__(context, init_attr)
+
+    @staticmethod
+    def query_lag_port(qp: Any) -> tuple[int, int]:
+        """mlx5dv_query_qp_lag_port(): the emulated HCA has no LAG: EOPNOTSUPP."""
+        raise _fail(f"Failed to query QP #{qp.qp_num}",
+                    dv.mlx5dv_unsupported(qp.qp.context, "mlx5dv_query_qp_lag_port"))
+
+    @staticmethod
+    def modify_lag_port(qp: Any, port_num: int) -> None:
+        raise _fail(f"Failed to modify lag of QP #{qp.qp_num}",
+                    dv.mlx5dv_unsupported(qp.qp.context, "mlx5dv_modify_qp_lag_port"))
+
+    @staticmethod
+    def modify_qp_sched_elem(qp: Any, req_sched_leaf: Any = None,
+                             resp_sched_leaf: Any = None) -> None:
+        raise _fail(f"Failed to modify QP #{qp.qp_num} sched element",
+                    dv.mlx5dv_unsupported(qp.qp.context, "mlx5dv_modify_qp_sched_elem"))
+
+    @staticmethod
+    def modify_udp_sport(qp: Any, udp_sport: int) -> None:
+        """mlx5dv_modify_qp_udp_sport(): a DevX RTS2RTS command: EOPNOTSUPP."""
+        raise _fail(f"Failed to modify UDP source port of QP #{qp.qp_num}",
+                    dv.mlx5dv_unsupported(qp.qp.context, "mlx5dv_modify_qp_udp_sport"))
+
+    @staticmethod
+    def map_ah_to_qp(ah: Any, qp_num: int) -> None:
+        raise _fail(f"Failed to map AH to QP #{qp_num}", errno.EOPNOTSUPP)
+
+    @staticmethod
+    def modify_dci_stream_channel_id(qp: Any, stream_id: int) -> None:
+        raise _fail(f"Failed to reset stream_id #{stream_id} for DCI QP", errno.EOPNOTSUPP)
+
+
+class Mlx5DVCQInitAttr(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DVCQInitAttr (struct mlx5dv_cq_init_attr)."""
+
+    def __init__(self, comp_mask: int = 0, cqe_comp_res_format: int = 0, flags: int = 0,
+                 cqe_size: int = 0) -> None:
+        super().__init__()
+        self.comp_mask, self.cqe_comp_res_format = comp_mask, cqe_comp_res_format
+        self.flags, self.cqe_size = flags, cqe_size
+
+    def __str__(self) -> str:
+        fmt = "{:22}: {:<20}\n"
+        return ("Mlx5DVCQInitAttr:\n" + fmt.format("comp_mask", self.comp_mask)
+                + fmt.format("CQE compression format", self.cqe_comp_res_format)
+                + fmt.format("flags", self.flags) + fmt.format("CQE size", self.cqe_size))
+
+
+_DV_CQ_COMP_MASK = (dve.MLX5DV_CQ_INIT_ATTR_MASK_COMPRESSED_CQE
+                    | dve.MLX5DV_CQ_INIT_ATTR_MASK_FLAGS | dve.MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE)
+
+
+class Mlx5CQ(CQEX):
+    """Mirrors pyverbs' Mlx5CQ (mlx5dv_create_cq).
+
+    The checks of libmlx5's create_cq on the dv attributes, in its order, are
+    EINVAL: unknown comp_mask bits; CQE compression the device does not report (the
+    emulated HCA reports none) or more than one format; a CQE size other than 64 or
+    128; unknown flags, or padding without 128-byte CQEs or the device's padding
+    cap.  Then the extended CQ (CQEX); 128-byte CQEs are EOPNOTSUPP - the emulated
+    provider builds 64-byte CQEs only.
+    """
+
+    def __init__(self, context: Mlx5Context, init_attr: CqInitAttrEx,
+                 dv_init_attr: Mlx5DVCQInitAttr | None = None) -> None:
+        msg = f"Failed to create MLX5 CQ.\nCQInitAttrEx:\n{init_attr}\nMLX5DVCQInitAttr:\n" \
+              f"{dv_init_attr}"
+        rc = self._check(context, dv_init_attr)
+        if rc:
+            PyverbsCM.__init__(self)
+            raise _fail(msg, rc)
+        super().__init__(context, init_attr)
+
+    @staticmethod
+    def _check(context: Context, attr: Mlx5DVCQInitAttr | None) -> int:
+        if attr is None or not attr.comp_mask:
+            return 0
+        if attr.comp_mask & ~_DV_CQ_COMP_MASK:
+            return errno.EINVAL
+        caps = Mlx5Context.query_mlx5_device(context) if isinstance(context, Mlx5Context) \
+            else None
+        flags = caps.flags if caps is not None else 0
+        if attr.comp_mask & dve.MLX5DV_CQ_INIT_ATTR_MASK_COMPRESSED_CQE:
+            comp = caps.cqe_comp_caps if caps is not None else {"max_num": 0}
+            fmt = attr.cqe_comp_res_format
+            if not comp["max_num"] or not fmt & comp.get("supported_format", 0) \
+                    or fmt & (fmt - 1):
+                return errno.EINVAL
+        cqe_sz = 64
+        if attr.comp_mask & dve.MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE:
+            if attr.cqe_size not in (64, 128):
+                return errno.EINVAL
+            cqe_sz = attr.cqe_size
+        if attr.comp_mask & dve.MLX5DV_CQ_INIT_ATTR_MASK_FLAGS:
+            if attr.flags & ~dve.MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD:
+                return errno.EINVAL
+            if attr.flags & dve.MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD and (
+                    cqe_sz != 128 or not flags & dve.MLX5DV_CONTEXT_FLAGS_CQE_128B_PAD):
+                return errno.EINVAL
+        if cqe_sz != 64:
+            return errno.EOPNOTSUPP
+        return 0
+
+    def __str__(self) -> str:
+        return "Mlx5 CQ:\n" + "{:<22}: {:<20}\n".format("CQEs", getattr(self, "cqe", 0))
+
+
+# -- not emulated ----------------------------------------------------------------------
 class Mlx5DevxEq(NotEmulated):
     """Mirrors pyverbs' Mlx5DevxEq: not emulated."""
 
@@ -103,18 +490,6 @@ class Mlx5PP(NotEmulated):
     _VERB = "create Mlx5PP"
 
 
-class Mlx5QP(NotEmulated):
-    """Mirrors pyverbs' Mlx5QP: not emulated."""
-
-    _VERB = "create Mlx5QP"
-
-
-class Mlx5UAR(NotEmulated):
-    """Mirrors pyverbs' Mlx5UAR: not emulated."""
-
-    _VERB = "create Mlx5UAR"
-
-
 class Mlx5UMEM(NotEmulated):
     """Mirrors pyverbs' Mlx5UMEM: not emulated."""
 
@@ -125,6 +500,24 @@ class Mlx5VAR(NotEmulated):
     """Mirrors pyverbs' Mlx5VAR: not emulated."""
 
     _VERB = "create Mlx5VAR"
+
+
+class Mlx5Cqe64(AttrStruct):
+    """Mirrors pyverbs' Mlx5Cqe64."""
+
+    _FIELDS = ('addr',)
+
+
+class Mlx5DCIStreamInitAttr(AttrStruct):
+    """Mirrors pyverbs' Mlx5DCIStreamInitAttr."""
+
+    _FIELDS = ('log_num_concurent', 'log_num_errored')
+
+
+class Mlx5DVDCInitAttr(AttrStruct):
+    """Mirrors pyverbs' Mlx5DVDCInitAttr."""
+
+    _FIELDS = ('dc_type', 'dct_access_key', 'dci_streams')
 
 
 class Mlx5VfioAttr(AttrStruct):
@@ -157,45 +550,91 @@ class WqeSeg(AttrStruct):
     _FIELDS = ()
 
 
-def bitmask_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("bitmask_to_str: not emulated")
+# -- the translations pyverbs prints with --------------------------------------------------
+def bitmask_to_str(bits: int, values: dict[int, str]) -> str:
+    """The names of the bits set, comma separated, then the number in parentheses."""
+    names = [name for bit, name in values.items() if bit & bits]
+    return ", ".join(names) + f" ({bits})"
 
 
-def context_comp_mask_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("context_comp_mask_to_str: not emulated")
+def qpts_to_str(qp_types: int) -> str:
+    names = {e.IBV_QPT_RC: "RC", e.IBV_QPT_UC: "UC", e.IBV_QPT_UD: "UD",
+             e.IBV_QPT_RAW_PACKET: "Raw Packet", e.IBV_QPT_XRC_SEND: "XRC Send",
+             e.IBV_QPT_XRC_RECV: "XRC Recv", e.IBV_QPT_DRIVER: "Driver QPT"}
+    return bitmask_to_str(qp_types, {1 << t: n for t, n in names.items()})
 
 
-def context_flags_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("context_flags_to_str: not emulated")
+def context_comp_mask_to_str(mask: int) -> str:
+    return bitmask_to_str(mask, {
+        dve.MLX5DV_CONTEXT_MASK_CQE_COMPRESION: "CQE compression",
+        dve.MLX5DV_CONTEXT_MASK_SWP: "SW parsing",
+        dve.MLX5DV_CONTEXT_MASK_STRIDING_RQ: "Striding RQ",
+        dve.MLX5DV_CONTEXT_MASK_TUNNEL_OFFLOADS: "Tunnel offloads",
+        dve.MLX5DV_CONTEXT_MASK_DYN_BFREGS: "Dynamic BF regs",
+        dve.MLX5DV_CONTEXT_MASK_CLOCK_INFO_UPDATE: "Clock info update",
+        dve.MLX5DV_CONTEXT_MASK_FLOW_ACTION_FLAGS: "Flow action flags"})
 
 
-def cqe_comp_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("cqe_comp_to_str: not emulated")
+def context_flags_to_str(flags: int) -> str:
+    return bitmask_to_str(flags, {
+        dve.MLX5DV_CONTEXT_FLAGS_CQE_V1: "CQE v1",
+        dve.MLX5DV_CONTEXT_FLAGS_MPW_ALLOWED: "Multi packet WQE allowed",
+        dve.MLX5DV_CONTEXT_FLAGS_ENHANCED_MPW: "Enhanced multi packet WQE",
+        dve.MLX5DV_CONTEXT_FLAGS_CQE_128B_COMP: "Support CQE 128B compression",
+        dve.MLX5DV_CONTEXT_FLAGS_CQE_128B_PAD: "Support CQE 128B padding",
+        dve.MLX5DV_CONTEXT_FLAGS_PACKET_BASED_CREDIT_MODE:
+            "Support packet based credit mode (in RC QP)"})
 
 
-def dc_type_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("dc_type_to_str: not emulated")
+def swp_to_str(swps: int) -> str:
+    return bitmask_to_str(swps, {dve.MLX5DV_SW_PARSING: "SW Parsing",
+                                 dve.MLX5DV_SW_PARSING_CSUM: "SW Parsing CSUM",
+                                 dve.MLX5DV_SW_PARSING_LSO: "SW Parsing LSO"})
 
 
-def qp_comp_mask_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("qp_comp_mask_to_str: not emulated")
+def cqe_comp_to_str(cqe: int) -> str:
+    return bitmask_to_str(cqe, {dve.MLX5DV_CQE_RES_FORMAT_HASH: "with hash",
+                                dve.MLX5DV_CQE_RES_FORMAT_CSUM: "with RX checksum CSUM",
+                                dve.MLX5DV_CQE_RES_FORMAT_CSUM_STRIDX: "with stride index"})
 
 
-def qp_create_flags_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("qp_create_flags_to_str: not emulated")
+def tunnel_offloads_to_str(tun: int) -> str:
+    return bitmask_to_str(tun, {
+        dve.MLX5DV_RAW_PACKET_CAP_TUNNELED_OFFLOAD_VXLAN: "VXLAN",
+        dve.MLX5DV_RAW_PACKET_CAP_TUNNELED_OFFLOAD_GRE: "GRE",
+        dve.MLX5DV_RAW_PACKET_CAP_TUNNELED_OFFLOAD_GENEVE: "Geneve",
+        dve.MLX5DV_RAW_PACKET_CAP_TUNNELED_OFFLOAD_CW_MPLS_OVER_GRE:
+            "Ctrl word + MPLS over GRE",
+        dve.MLX5DV_RAW_PACKET_CAP_TUNNELED_OFFLOAD_CW_MPLS_OVER_UDP:
+            "Ctrl word + MPLS over UDP"})
 
 
-def qpts_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("qpts_to_str: not emulated")
+def dc_type_to_str(dctype: int) -> str:
+    return {dve.MLX5DV_DCTYPE_DCT: "DCT", dve.MLX5DV_DCTYPE_DCI: "DCI"}.get(
+        dctype, f"Unknown DC type ({dctype})")
 
 
-def send_ops_flags_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("send_ops_flags_to_str: not emulated")
+def qp_comp_mask_to_str(flags: int) -> str:
+    return bitmask_to_str(flags, {
+        dve.MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS: "Create flags",
+        dve.MLX5DV_QP_INIT_ATTR_MASK_DC: "DC",
+        dve.MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS: "Send ops flags",
+        dve.MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS: "DCI Stream"})
 
 
-def swp_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("swp_to_str: not emulated")
+def qp_create_flags_to_str(flags: int) -> str:
+    return bitmask_to_str(flags, {
+        dve.MLX5DV_QP_CREATE_TUNNEL_OFFLOADS: "Tunnel offloads",
+        dve.MLX5DV_QP_CREATE_TIR_ALLOW_SELF_LOOPBACK_UC: "Allow UC self loopback",
+        dve.MLX5DV_QP_CREATE_TIR_ALLOW_SELF_LOOPBACK_MC: "Allow MC self loopback",
+        dve.MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE: "Disable scatter to CQE",
+        dve.MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE: "Allow scatter to CQE",
+        dve.MLX5DV_QP_CREATE_PACKET_BASED_CREDIT_MODE: "Packet based credit mode",
+        dve.MLX5DV_QP_CREATE_SIG_PIPELINING: "Support signature pipeline support"})
 
 
-def tunnel_offloads_to_str(*args: Any, **kwargs: Any) -> Any:
-    raise unsupported("tunnel_offloads_to_str: not emulated")
+def send_ops_flags_to_str(flags: int) -> str:
+    return bitmask_to_str(flags, {dve.MLX5DV_QP_EX_WITH_MR_INTERLEAVED: "With MR interleaved",
+                                  dve.MLX5DV_QP_EX_WITH_MR_LIST: "With MR list",
+                                  dve.MLX5DV_QP_EX_WITH_MKEY_CONFIGURE: "With Mkey configure"})
+

@@ -15,10 +15,9 @@ from userspace.pyverbs import host, mem_alloc
 from userspace.pyverbs.addr import GID, AHAttr, GlobalRoute
 from userspace.pyverbs.cq import CQ
 from userspace.pyverbs.mr import MR
-from userspace.pyverbs.pd import PD
+from userspace.pyverbs.pd import PD, ParentDomain, ParentDomainInitAttr
 from userspace.pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 from userspace.pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from userspace.pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from userspace.pyverbs.wr import SGE, RecvWR, SendWR
 
 
@@ -45,13 +44,17 @@ def test_the_device_list_names_the_hca_in_bytes():
 def test_a_context_opens_the_uverbs_file_and_closing_it_twice_is_harmless():
     fds = open_fds()
     ctx = d.Context(name="mlx5_0")
-    assert ctx.cmd_fd not in fds and ctx.cmd_fd in open_fds()
+    assert ctx.ctx.cmd_fd not in fds and ctx.ctx.cmd_fd in open_fds()
+    token = ctx.cmd_fd  # a real descriptor standing for the emulated one
+    os.close(os.dup(token))
     attr = ctx.query_device()
     assert attr.vendor_id == 0x02C9 and attr.phys_port_cnt == 1
     assert attr.fw_version.count(".") == 2
     ctx.close()
     ctx.close()
     assert open_fds() == fds
+    with pytest.raises(OSError):
+        os.fstat(token)
 
 
 def test_a_context_needs_a_name_and_an_existing_device():
@@ -180,11 +183,11 @@ def test_a_modify_with_a_bad_mask_fails_with_the_errno():
 
 
 def test_a_feature_not_emulated_fails_with_eopnotsupp_but_its_attrs_build():
-    attr = SrqInitAttr(SrqAttr(max_wr=8))
-    assert attr.attr.max_wr == 8 and attr.srq_limit == 0
     with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
+        attr = ParentDomainInitAttr(pd=pd)
+        assert attr.pd is pd and attr.comp_mask == 0
         with pytest.raises(PyverbsRDMAError) as ei:
-            SRQ(pd, attr)
+            ParentDomain(ctx, attr)
     assert ei.value.error_code == errno.EOPNOTSUPP
 
 

@@ -40,8 +40,7 @@ TESTS = '''
 import errno, unittest
 import pyverbs.device as d
 from pyverbs.pyverbs_error import PyverbsRDMAError
-from pyverbs.srq import SRQ, SrqInitAttr
-from pyverbs.pd import PD
+from pyverbs.pd import PD, ParentDomain, ParentDomainInitAttr
 from args_parser import parser
 
 class Mini(unittest.TestCase):
@@ -50,13 +49,13 @@ class Mini(unittest.TestCase):
         with d.Context(name=d.get_device_list()[0].name.decode()) as ctx:
             self.assertEqual(ctx.query_device().vendor_id, 0x02c9)
 
-    def test_srq(self):
+    def test_parent_domain(self):
         with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
             try:
-                SRQ(pd, SrqInitAttr())
+                ParentDomain(ctx, ParentDomainInitAttr(pd=pd))
             except PyverbsRDMAError as ex:
                 if ex.error_code == errno.EOPNOTSUPP:
-                    raise unittest.SkipTest("Create SRQ is not supported")
+                    raise unittest.SkipTest("Parent Domain is not supported")
                 raise
 
     def test_wrong(self):
@@ -82,7 +81,7 @@ def test_the_runner_reports_each_outcome_and_the_skip_reasons(suite):
     assert r.returncode == 1, r.stderr  # test_wrong failed
     assert "FAIL  tests.test_mini.Mini.test_wrong" in r.stdout
     assert "3 collected: 1 passed, 1 failed, 0 errored, 1 skipped" in r.stdout
-    assert "1  Create SRQ is not supported" in r.stdout
+    assert "1  Parent Domain is not supported" in r.stdout
     assert "Traceback" not in r.stderr
 
 
