@@ -63,6 +63,12 @@ from kernel_model.mm_types import (  # noqa: F401 - re-exported: callers name th
     vm_area_struct,
     vm_operations_struct,
 )
+from kernel_model.mmu_notifier import (
+    MMU_NOTIFY_RELEASE,
+    MMU_NOTIFY_UNMAP,
+    mmu_notifier_invalidate_range_start,
+    mmu_notifier_range,
+)
 from kernel_model.pgtable import _PAGE_ACCESSED, _PAGE_NX, _PAGE_PRESENT, _PAGE_RW, _PAGE_USER
 from kernel_model.trace import traced
 from kernel_model.userfaultfd_k import userfaultfd_unmap_prep
@@ -111,6 +117,9 @@ def exit_mmap(mm: mm_struct) -> None:
     the first such oops is raised again at the end.
     """
     oops: list[KernelBug] = []
+    if mm.vmas:  # mmu_notifier_release(): mirrors of the address space let go first
+        mmu_notifier_invalidate_range_start(mmu_notifier_range(mm, 0, mm.task_size,
+                                                               MMU_NOTIFY_RELEASE))
     for vma in list(mm.vmas):
         try:
             unmap_vmas(vma, vma.vm_start, vma.vm_end)
@@ -309,6 +318,9 @@ def vms_complete_munmap_vmas(mm: mm_struct, start: int, end: int,
     if last.vm_end > end:
         split_vma(last, end)
     userfaultfd_unmap_prep(mm, start, end)
+    # unmap_vmas(): mirrors of the range (ODP, hmm) are invalidated before the zap
+    mmu_notifier_invalidate_range_start(mmu_notifier_range(mm, vmas[0].vm_start,
+                                                           vmas[-1].vm_end, MMU_NOTIFY_UNMAP))
     for vma in vmas:
         unmap_vmas(vma, vma.vm_start, vma.vm_end)
         remove_vma(vma)

@@ -49,6 +49,7 @@ IB_ACCESS_REMOTE_ATOMIC = IB_UVERBS_ACCESS_REMOTE_ATOMIC
 IB_ACCESS_MW_BIND = IB_UVERBS_ACCESS_MW_BIND
 IB_ZERO_BASED = IB_UVERBS_ACCESS_ZERO_BASED
 IB_ACCESS_ON_DEMAND = IB_UVERBS_ACCESS_ON_DEMAND
+IBK_ON_DEMAND_PAGING = 1 << 2          # enum ib_kernel_cap_flags
 IB_ACCESS_HUGETLB = IB_UVERBS_ACCESS_HUGETLB
 IB_ACCESS_RELAXED_ORDERING = IB_UVERBS_ACCESS_RELAXED_ORDERING
 IB_ACCESS_FLUSH_GLOBAL = IB_UVERBS_ACCESS_FLUSH_GLOBAL
@@ -66,6 +67,13 @@ IB_QPT_SMI, IB_QPT_GSI, IB_QPT_RC, IB_QPT_UC, IB_QPT_UD = 0, 1, 2, 3, 4
 IB_QPT_RAW_PACKET = 8
 IB_QPT_XRC_INI, IB_QPT_XRC_TGT = 9, 10
 IB_QPT_DRIVER = 0xFF
+# enum ib_qp_create_flags
+IB_QP_CREATE_IPOIB_UD_LSO, IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK = 1 << 0, 1 << 1
+IB_QP_CREATE_CROSS_CHANNEL, IB_QP_CREATE_MANAGED_SEND = 1 << 2, 1 << 3
+IB_QP_CREATE_MANAGED_RECV, IB_QP_CREATE_NETIF_QP = 1 << 4, 1 << 5
+IB_QP_CREATE_INTEGRITY_EN, IB_QP_CREATE_NETDEV_USE = 1 << 6, 1 << 7
+IB_QP_CREATE_SCATTER_FCS, IB_QP_CREATE_CVLAN_STRIPPING = 1 << 8, 1 << 9
+IB_QP_CREATE_SOURCE_QPN, IB_QP_CREATE_PCI_WRITE_END_PADDING = 1 << 10, 1 << 11
 
 # enum ib_port_state
 IB_PORT_NOP, IB_PORT_DOWN, IB_PORT_INIT, IB_PORT_ARMED, IB_PORT_ACTIVE = 0, 1, 2, 3, 4
@@ -488,6 +496,7 @@ class ib_qp_init_attr:
     qp_type: int = IB_QPT_RC
     create_flags: int = 0
     port_num: int = 0
+    source_qpn: int = 0
 
 
 class ib_qp:
@@ -652,7 +661,7 @@ def ib_check_mr_access(device: ib_device, flags: int) -> None:
             not flags & IB_ACCESS_LOCAL_WRITE:
         raise KernelError(EINVAL, "ib_check_mr_access: remote write/atomic without "
                           "local write")
-    if flags & IB_ACCESS_ON_DEMAND and not getattr(device.attrs, "odp_supported", False):
+    if flags & IB_ACCESS_ON_DEMAND and not device.attrs.kernel_cap_flags & IBK_ON_DEMAND_PAGING:
         raise KernelError(EOPNOTSUPP, "ib_check_mr_access: on-demand paging not supported")
 
 

@@ -43,6 +43,7 @@ from drivers.ib_core.ib_umem import (  # noqa: F401 - ib_umem.h, re-exported
 )
 from drivers.ib_core.peer_mem import ib_peer_umem_get, ib_peer_umem_release
 from drivers.ib_core.umem_dmabuf import ib_umem_dmabuf_release
+from drivers.ib_core.umem_odp import ib_umem_odp_release, to_ib_umem_odp
 from kernel_model.current import current
 from kernel_model.dma import (
     DMA_ATTR_WEAK_ORDERING,
@@ -136,8 +137,9 @@ def ib_umem_find_best_pgsz(umem: ib_umem, pgsz_bitmap: int, virt: int) -> int:
     if no size in pgsz_bitmap fits.  Sets umem.iova = virt.
     """
     umem.iova = va = virt
-    if umem.is_odp:  # EMU: no ODP umems exist here (ib_umem_get refuses them)
-        return 0
+    if umem.is_odp:  # ODP is always self-consistent: its own page size or nothing
+        page_size = 1 << to_ib_umem_odp(umem).page_shift
+        return page_size if pgsz_bitmap & page_size else 0
     # sizes that would already cover the whole range: nothing larger than the first
     span_bits = max(1, (((umem.length - 1 + virt) & U64_MAX) ^ virt).bit_length())  # bits_per()
     mask = pgsz_bitmap & U64_MAX & ~((1 << span_bits) - 1)
@@ -310,8 +312,9 @@ def ib_umem_release(umem: ib_umem | None) -> None:
     if umem.is_dmabuf:
         ib_umem_dmabuf_release(umem)
         return
-    if umem.is_odp:  # EMU: on-demand paging is not modelled
-        raise KernelError(EOPNOTSUPP, "ib_umem_release: ODP umems are not modelled")
+    if umem.is_odp:
+        ib_umem_odp_release(to_ib_umem_odp(umem))
+        return
     __ib_umem_release(umem.ibdev, umem, True)
     mm = umem.owning_mm
     _refund_pinned_vm(umem, mm)

@@ -27,6 +27,14 @@ from drivers.ib_core.ib_verbs import (
     IB_QP_ALT_PATH,
     IB_QP_ATTR_STANDARD_BITS,
     IB_QP_AV,
+    IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK,
+    IB_QP_CREATE_CROSS_CHANNEL,
+    IB_QP_CREATE_CVLAN_STRIPPING,
+    IB_QP_CREATE_MANAGED_RECV,
+    IB_QP_CREATE_MANAGED_SEND,
+    IB_QP_CREATE_PCI_WRITE_END_PADDING,
+    IB_QP_CREATE_SCATTER_FCS,
+    IB_QP_CREATE_SOURCE_QPN,
     IB_QP_CUR_STATE,
     IB_QP_DEST_QPN,
     IB_QP_EN_SQD_ASYNC_NOTIFY,
@@ -539,17 +547,58 @@ def ib_uverbs_destroy_cq(attrs_: uverbs_attr_bundle) -> None:
 
 
 # -- QP ----------------------------------------------------------------------------
+#: the create flags user space may ask for (create_qp's check; the rest are the kernel's)
+_UVERBS_QP_CREATE_FLAGS = (IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK | IB_QP_CREATE_CROSS_CHANNEL
+                           | IB_QP_CREATE_MANAGED_SEND | IB_QP_CREATE_MANAGED_RECV
+                           | IB_QP_CREATE_SCATTER_FCS | IB_QP_CREATE_CVLAN_STRIPPING
+                           | IB_QP_CREATE_SOURCE_QPN | IB_QP_CREATE_PCI_WRITE_END_PADDING)
+
+
 @traced
 def ib_uverbs_create_qp(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_create_qp() -> create_qp(): an XRC target QP names its XRC
-    domain in pd_handle (EINVAL for a bad handle) and nothing else; any other QP
-    its PD, the SRQ (is_srq: EINVAL for a bad handle or an XRC SRQ; an XRC
-    initiator has no receive side) and the CQs (read-locked for the duration);
-    ops.create_qp, report the real caps.  The domain's handle counts the target QP.
-    """
+    """Mirrors ib_uverbs_create_qp(): the legacy request as an extended one (no comp_mask,
+    no create flags), create_qp."""
     cmd = uverbs_request(attrs_, uv.ib_uverbs_create_qp)
+    create_qp(attrs_, uv.ib_uverbs_ex_create_qp(
+        user_handle=cmd.user_handle, pd_handle=cmd.pd_handle,
+        send_cq_handle=cmd.send_cq_handle, recv_cq_handle=cmd.recv_cq_handle,
+        srq_handle=cmd.srq_handle, max_send_wr=cmd.max_send_wr, max_recv_wr=cmd.max_recv_wr,
+        max_send_sge=cmd.max_send_sge, max_recv_sge=cmd.max_recv_sge,
+        max_inline_data=cmd.max_inline_data, sq_sig_all=cmd.sq_sig_all, qp_type=cmd.qp_type,
+        is_srq=cmd.is_srq))
+
+
+@traced
+def ib_uverbs_ex_create_qp(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_ex_create_qp(): EINVAL for a comp_mask bit beyond IND_TABLE or
+    the reserved byte set, then create_qp."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_ex_create_qp)
+    if cmd.comp_mask & ~uv.IB_UVERBS_CREATE_QP_SUP_COMP_MASK:
+        raise KernelError(EINVAL, f"ib_uverbs_ex_create_qp: comp_mask {cmd.comp_mask:#x}")
+    if cmd.reserved:
+        raise KernelError(EINVAL, "ib_uverbs_ex_create_qp: reserved field set")
+    create_qp(attrs_, cmd)
+
+
+@traced
+def create_qp(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_ex_create_qp) -> None:
+    """Mirrors create_qp() (uverbs_cmd.c): a RAW_PACKET QP needs CAP_NET_RAW (EPERM);
+    an XRC target QP names its XRC domain in pd_handle (EINVAL for a bad handle) and
+    nothing else; any other QP its PD, the SRQ (is_srq: EINVAL for a bad handle or an
+    XRC SRQ; an XRC initiator has no receive side) and the CQs (read-locked for the
+    duration); create flags beyond those user space may ask for are EINVAL, a source
+    QPN needs CAP_NET_RAW (EPERM); ops.create_qp, report the real caps.  The domain's
+    handle counts the target QP.
+    # EMU: receive work-queue indirection tables (IND_TABLE) are not modelled: EOPNOTSUPP.
+    """
     if cmd.qp_type == IB_QPT_RAW_PACKET and not capable(CAP_NET_RAW):
         raise KernelError(EPERM, "create_qp: RAW_PACKET QP needs CAP_NET_RAW")
+    if cmd.comp_mask & uv.IB_UVERBS_CREATE_QP_MASK_IND_TABLE:
+        raise KernelError(EOPNOTSUPP, "create_qp: RWQ indirection tables are not modelled")
+    if cmd.create_flags & ~_UVERBS_QP_CREATE_FLAGS:
+        raise KernelError(EINVAL, f"create_qp: create flags {cmd.create_flags:#x}")
+    if cmd.create_flags & IB_QP_CREATE_SOURCE_QPN and not capable(CAP_NET_RAW):
+        raise KernelError(EPERM, "create_qp: IB_QP_CREATE_SOURCE_QPN needs CAP_NET_RAW")
     uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_QP, attrs_)
     uobj_finalize_uobj_create(uobj, attrs_)
     uobj.user_handle = cmd.user_handle
@@ -558,14 +607,16 @@ def ib_uverbs_create_qp(attrs_: uverbs_attr_bundle) -> None:
         xrcd_uobj = uobj_get_obj_read(UVERBS_OBJECT_XRCD, attrs_, cmd.pd_handle, "create_qp")
         try:
             attr = ib_qp_init_attr(qp_type=cmd.qp_type, xrcd=xrcd_uobj.object,
-                                   sq_sig_type=0 if cmd.sq_sig_all else 1)
+                                   sq_sig_type=0 if cmd.sq_sig_all else 1,
+                                   create_flags=cmd.create_flags)
             qp = ib_create_qp_user(xrcd_uobj.object.device, None, attr, None, uobj)
             uobj.object = qp
             uobj.uxrcd = xrcd_uobj
             atomic_inc(xrcd_uobj.refcnt)
         finally:
             rdma_lookup_put_uobject(xrcd_uobj, UVERBS_LOOKUP_READ)
-        uverbs_response(attrs_, uv.ib_uverbs_create_qp_resp(qp_handle=uobj.id, qpn=qp.qp_num))
+        _create_qp_response(attrs_, uv.ib_uverbs_create_qp_resp(qp_handle=uobj.id,
+                                                                qpn=qp.qp_num))
         return
     if cmd.qp_type == IB_QPT_XRC_INI:
         cmd.max_recv_wr = cmd.max_recv_sge = 0
@@ -594,7 +645,8 @@ def ib_uverbs_create_qp(attrs_: uverbs_attr_bundle) -> None:
         attr = ib_qp_init_attr(
             send_cq=scq_uobj.object, recv_cq=rcq_uobj.object if rcq_uobj else None, srq=srq,
             qp_type=cmd.qp_type,
-            sq_sig_type=0 if cmd.sq_sig_all else 1,
+            sq_sig_type=0 if cmd.sq_sig_all else 1, create_flags=cmd.create_flags,
+            source_qpn=cmd.source_qpn if cmd.create_flags & IB_QP_CREATE_SOURCE_QPN else 0,
             cap=ib_qp_cap(cmd.max_send_wr, cmd.max_recv_wr, cmd.max_send_sge,
                           cmd.max_recv_sge, cmd.max_inline_data))
         qp = ib_create_qp_user(uobj.context.device, pd_uobj.object, attr,
@@ -604,10 +656,18 @@ def ib_uverbs_create_qp(attrs_: uverbs_attr_bundle) -> None:
         for held_uobj in held:
             rdma_lookup_put_uobject(held_uobj, UVERBS_LOOKUP_READ)
     cap = attr.cap
-    uverbs_response(attrs_, uv.ib_uverbs_create_qp_resp(
+    _create_qp_response(attrs_, uv.ib_uverbs_create_qp_resp(
         qp_handle=uobj.id, qpn=qp.qp_num, max_send_wr=cap.max_send_wr,
         max_recv_wr=cap.max_recv_wr, max_send_sge=cap.max_send_sge,
         max_recv_sge=cap.max_recv_sge, max_inline_data=cap.max_inline_data))
+
+
+def _create_qp_response(attrs_: uverbs_attr_bundle, base: uv.ib_uverbs_create_qp_resp) -> None:
+    """create_qp's response: the extended one, of which a legacy caller's buffer takes
+    the base (uverbs_response copies what fits); response_length says how much."""
+    resp = uv.ib_uverbs_ex_create_qp_resp(base=base)
+    resp.response_length = min(attrs_.ucore.outlen, resp.SIZE)  # uverbs_response_length()
+    uverbs_response(attrs_, resp)
 
 
 @traced

@@ -149,6 +149,9 @@ WRITE_EX_METHODS: dict[int, uverbs_api_write_method] = {
     uv.IB_USER_VERBS_EX_CMD_CREATE_CQ: uverbs_api_write_method(
         cmds.ib_uverbs_ex_create_cq, uv.ib_uverbs_ex_create_cq.offsetof("reserved") + 4,
         uv.ib_uverbs_ex_create_cq_resp.offsetof("response_length") + 4, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_CREATE_QP: uverbs_api_write_method(
+        cmds.ib_uverbs_ex_create_qp, uv.ib_uverbs_ex_create_qp.offsetof("comp_mask") + 4,
+        uv.ib_uverbs_ex_create_qp_resp.offsetof("response_length") + 4, True, True, True),
 }
 
 

@@ -33,6 +33,7 @@ from drivers.mlx5_core.ifc import (
     MLX5_EQ_DOORBEL_OFFSET,
     MLX5_GET,
     MLX5_SET,
+    MLX5_SET64,
     IfcStruct,
     cpu_to_be64,
 )
@@ -83,8 +84,9 @@ class mlx5_eq_table:
 
 
 @traced
-def create_map_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
-    """Mirrors create_map_eq(): buffer, CREATE_EQ, doorbell address."""
+def create_map_eq(dev: mlx5_core_dev, eq: mlx5_eq, mask: int = 0) -> None:
+    """Mirrors create_map_eq(): buffer, CREATE_EQ (the events of `mask` besides
+    completions), doorbell address."""
     machine = current().machine
     nbytes = eq.nent * MLX5_EQE_SIZE
     npages = -(-nbytes // machine.page_size)
@@ -98,6 +100,7 @@ def create_map_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
         for i in range(1 << eq.order):  # mlx5_fill_page_frag_array()
             pas[i] = cpu_to_be64(base + i * machine.page_size)
         MLX5_SET("create_eq_in", in_, "opcode", MLX5_CMD_OP_CREATE_EQ)
+        MLX5_SET64("create_eq_in", in_, "event_bitmask", mask)
         eqc = MLX5_ADDR_OF("create_eq_in", in_, "eq_context_entry")
         MLX5_SET("eqc", eqc, "log_eq_size", (eq.nent - 1).bit_length())
         MLX5_SET("eqc", eqc, "uar_page", dev.priv.uar.index)
@@ -201,6 +204,34 @@ def mlx5_eq_table_destroy(dev: mlx5_core_dev) -> None:
         if getattr(eq, "irq_requested", False):
             free_irq(dev.pdev, eq.vecidx, eq)
         destroy_unmap_eq(dev, eq)
+
+
+@traced
+def mlx5_eq_create_generic(dev: mlx5_core_dev, nent: int, vecidx: int, mask: int,
+                           handler: object, name: str) -> mlx5_eq:
+    """Mirrors mlx5_eq_create_generic(): an EQ for a driver's own events (mask), its
+    interrupt handler attached.  # EMU: the kernel shares the control vector (0)
+    among such EQs; the model's vector 0 is the completion EQ's, so the caller
+    names a vector of its own."""
+    eq = mlx5_eq(nent, vecidx)
+    eq.dev = dev
+    create_map_eq(dev, eq, mask)
+    try:
+        request_irq(dev.pdev, vecidx, handler, name, eq)
+    except BaseException:
+        destroy_unmap_eq(dev, eq)
+        raise
+    eq.irq_requested = True
+    return eq
+
+
+@traced
+def mlx5_eq_destroy_generic(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
+    """Mirrors mlx5_eq_destroy_generic(): detach the handler, DESTROY_EQ, free the buffer."""
+    if eq.irq_requested:
+        free_irq(dev.pdev, eq.vecidx, eq)
+        eq.irq_requested = False
+    destroy_unmap_eq(dev, eq)
 
 
 def mlx5_comp_vectors_max(dev: mlx5_core_dev) -> int:

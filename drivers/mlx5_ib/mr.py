@@ -68,6 +68,7 @@ from drivers.ib_core.umem_dmabuf import (
     ib_umem_dmabuf_map_pages,
     ib_umem_dmabuf_unmap_pages,
 )
+from drivers.ib_core.umem_odp import ib_umem_odp_get
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
     MLX5_ADDR_OF,
@@ -91,6 +92,13 @@ from drivers.mlx5_ib.mlx5_ib import (
     order_base_2,
     to_mdev,
     to_mpd,
+)
+from drivers.mlx5_ib.odp import (
+    mlx5_ib_init_odp_mr,
+    mlx5_mn_ops,
+    mlx5r_erase_odp_mkey,
+    mlx5r_odp_create_eq,
+    mlx5r_store_odp_mkey,
 )
 from drivers.mlx5_ib.umr import (
     mlx5_ib_post_send_wait_update,
@@ -216,18 +224,67 @@ def mlx5_invalidate_umem(umem: ib_umem, priv: mlx5_ib_mr) -> None:
 
 
 @traced
+def create_user_odp_mr(pd: mlx5_ib_pd, start: int, length: int, iova: int,
+                       access_flags: int) -> mlx5_ib_mr:
+    """Mirrors create_user_odp_mr() (explicit ODP): the page-fault EQ made if it is the
+    first, an ODP umem (nothing pinned), an mkey with pg_access whose MTT entries start
+    not present (created free, as alloc_cacheable_mr's mkey is), stored among the ODP
+    mkeys, then mlx5_ib_init_odp_mr (the pages already present loaded, the mkey on).
+
+    EINVAL for implicit ODP (start 0, length U64_MAX: not supported - no
+    IB_ODP_SUPPORT_IMPLICIT); ib_umem_odp_get's errors; firmware errors.  Every step
+    unwound on failure."""
+    dev = to_mdev(pd.device)
+    mlx5r_odp_create_eq(dev, dev.odp_pf_eq)
+    if start == 0 and length == (1 << 64) - 1:
+        # EMU: implicit ODP is not modelled; the device reports no IMPLICIT cap, and
+        # upstream refuses it then with EINVAL
+        raise KernelError(EINVAL, "create_user_odp_mr: implicit ODP not supported")
+    odp = ib_umem_odp_get(pd.device, start, length, access_flags, mlx5_mn_ops)
+    with ExitStack() as unwind:
+        unwind.callback(ib_umem_release, odp)
+        mr = kmalloc_obj(mlx5_ib_mr(pd.device))
+        unwind.callback(kfree, mr)
+        mr.page_shift = odp.page_shift
+        npages = odp.npages
+        in_ = IfcStruct("create_mkey_in", klm_pas_mtt=npages + (npages & 1))
+        MLX5_SET("create_mkey_in", in_, "pg_access", 1)
+        MLX5_SET("create_mkey_in", in_, "uid", pd.uid)
+        mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
+        set_mkc_access_pd_addr_fields(mkc, access_flags, iova, pd)
+        MLX5_SET("mkc", mkc, "free", 1)           # on once mlx5_ib_init_odp_mr loaded it
+        MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_MTT)
+        MLX5_SET64("mkc", mkc, "len", length)
+        octo = get_octo_len(iova, length, mr.page_shift)
+        MLX5_SET("mkc", mkc, "translations_octword_size", octo)
+        MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
+        MLX5_SET("create_mkey_in", in_, "translations_octword_actual_size", octo)
+        mlx5_ib_create_mkey(dev, mr.mmkey, in_)
+        unwind.callback(mlx5_core_destroy_mkey, dev.mdev, mr.mmkey.key)
+        mr.mmkey.type = MLX5_MKEY_MR
+        mr.mmkey.ndescs = octo
+        mr.umem = odp
+        set_mr_fields(mr, length, access_flags, iova)
+        odp.private = mr
+        mlx5r_store_odp_mkey(dev, mr)
+        unwind.callback(mlx5r_erase_odp_mkey, dev, mr)
+        mlx5_ib_init_odp_mr(mr)
+        unwind.pop_all()
+    return mr
+
+
+@traced
 def mlx5_ib_reg_user_mr(pd: mlx5_ib_pd, start: int, length: int, iova: int,
                         access_flags: int, udata: ib_udata) -> mlx5_ib_mr:
     """Mirrors mlx5_ib_reg_user_mr(): pin the range, then create the mkey.
 
-    EOPNOTSUPP for on-demand paging (not modelled); ib_umem_get's errors
+    On-demand paging goes to create_user_odp_mr; ib_umem_get's errors
     (EINVAL for length 0 or a wrapping range, EFAULT, ENOMEM/EPERM for the
     memlock limit); EINVAL from create_real_mr; firmware errors.  On any
     failure the umem is released.
     """
     if access_flags & IB_ACCESS_ON_DEMAND:
-        # EMU: ODP MRs (mlx5_ib_reg_user_mr's ODP branch) are not modelled
-        raise KernelError(EOPNOTSUPP, "mlx5_ib_reg_user_mr: on-demand paging")
+        return create_user_odp_mr(pd, start, length, iova, access_flags)
     # MLNX_OFED: a user MR may be backed by a peer-memory client that invalidates
     umem = ib_umem_get_peer(pd.device, start, length, access_flags, IB_PEER_MEM_INVAL_SUPP)
     if getattr(umem, "invalidation_ctx", None) is not None:
@@ -256,6 +313,10 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
         mutex_lock(umem.attach.dmabuf.resv)
         umem.private = None
         mutex_unlock(umem.attach.dmabuf.resv)
+    if mr.umem is not None and mr.umem.is_odp:
+        # no page fault finds the MR any more, none still uses it; then the mkey goes
+        # and ib_umem_release removes the notifier and unmaps what is mapped
+        mlx5r_erase_odp_mkey(dev, mr)
     if mr.umem is not None and mr.umem.is_peer:
         # mlx5r_handle_mkey_cleanup(): fence the DMA, then no more invalidations
         mlx5r_umr_revoke_mr(mr)
@@ -317,7 +378,13 @@ def mlx5_ib_rereg_user_mr(ib_mr: mlx5_ib_mr, flags: int, start: int, length: int
         if can_use_umr_rereg_access(dev, mr.access_flags, new_access_flags):
             mlx5r_umr_rereg_pd_access(mr, new_pd, new_access_flags)
             return None
-        # DM, ODP (not modelled) and dma-buf MRs have no plain umem to reuse
+        if (mr.umem is not None and mr.umem.is_odp) or \
+                (mr.access_flags ^ new_access_flags) & IB_ACCESS_ON_DEMAND:
+            # EMU: upstream recreates the MR (mlx5_ib_reg_user_mr over start/length);
+            # the model refuses an access-only rereg of or into an on-demand MR
+            raise KernelError(EOPNOTSUPP, "mlx5_ib_rereg_user_mr: on-demand paging needs "
+                              "a new registration")
+        # DM and dma-buf MRs have no plain umem to reuse
         if mr.umem is None or mr.umem.is_dmabuf:
             raise KernelError(EOPNOTSUPP, "mlx5_ib_rereg_user_mr: no umem to reuse for "
                               "the access change")

@@ -9,11 +9,12 @@ stage and at remove:
     caps          the ops table (ib_set_device_ops)
     roce          enable RoCE on the NIC vport          / disable it
     clock         the clock-info page user space maps  / freed
+    odp           ODP caps, the ODP mkey table          / the page-fault EQ, if made
     ib_reg        ib_register_device("mlx5_%d")        / ib_unregister_device
 
 then sets ib_active, which alloc_ucontext checks (EAGAIN before).
 # EMU: the real Ethernet profile has ~20 stages (flow steering, SRQ/XRC
-# resources, ODP, counters, UMR, delay drop, restrack, debugfs); only those
+# resources, counters, UMR, delay drop, restrack, debugfs); only those
 # the control path above uses are modelled.  The clock-info page is
 # mlx5_core's (mlx5_init_clock_info); here the RDMA driver allocates it,
 # since the model has no PTP clock for mlx5_core to own.
@@ -71,6 +72,7 @@ from drivers.mlx5_ib.mr import (
     mlx5_ib_reg_user_mr_dmabuf,
     mlx5_ib_rereg_user_mr,
 )
+from drivers.mlx5_ib.odp import mlx5_ib_odp_cleanup_one, mlx5_ib_odp_init_one
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
 from drivers.mlx5_ib.qp_modify import mlx5_ib_modify_qp, mlx5_ib_query_qp
 from drivers.mlx5_ib.query import (
@@ -213,6 +215,7 @@ pf_profile: tuple[mlx5_ib_stage, ...] = (
     mlx5_ib_stage("init", mlx5_ib_stage_init_init),
     mlx5_ib_stage("caps", mlx5_ib_stage_caps_init),
     mlx5_ib_stage("roce", mlx5_ib_roce_init, mlx5_ib_roce_cleanup),
+    mlx5_ib_stage("odp", mlx5_ib_odp_init_one, mlx5_ib_odp_cleanup_one),
     mlx5_ib_stage("clock", mlx5_ib_stage_clock_init, mlx5_ib_stage_clock_cleanup),
     mlx5_ib_stage("ib_reg", mlx5_ib_stage_ib_reg_init, mlx5_ib_stage_ib_reg_cleanup),
 )

@@ -39,7 +39,17 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from drivers.ib_core.ib_verbs import (
+    IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK,
+    IB_QP_CREATE_CROSS_CHANNEL,
+    IB_QP_CREATE_CVLAN_STRIPPING,
+    IB_QP_CREATE_IPOIB_UD_LSO,
+    IB_QP_CREATE_MANAGED_RECV,
+    IB_QP_CREATE_MANAGED_SEND,
+    IB_QP_CREATE_PCI_WRITE_END_PADDING,
+    IB_QP_CREATE_SCATTER_FCS,
+    IB_QP_CREATE_SOURCE_QPN,
     IB_QPS_RESET,
+    IB_QPT_RAW_PACKET,
     IB_QPT_RC,
     IB_QPT_UC,
     IB_QPT_UD,
@@ -53,10 +63,11 @@ from drivers.ib_core.ib_verbs import (
     ib_udata,
 )
 from drivers.ib_core.umem import ib_umem_get, ib_umem_num_dma_blocks, ib_umem_release
-from drivers.mlx5_core.driver import MLX5_CAP_GEN
+from drivers.mlx5_core.driver import MLX5_CAP_ETH, MLX5_CAP_GEN
 from drivers.mlx5_core.ifc import (
     MLX5_ADAPTER_PAGE_SHIFT,
     MLX5_ADDR_OF,
+    MLX5_CAP_PORT_TYPE_IB,
     MLX5_CMD_OP_2RST_QP,
     MLX5_NON_FP_BFREGS_PER_UAR,
     MLX5_NON_ZERO_RQ,
@@ -117,6 +128,7 @@ from kernel_model.uapi.mlx5_abi import (
 )
 
 MLX5_QP_PM_MIGRATED = 0x3
+MLX5_WQ_END_PAD_MODE_ALIGN = 1
 MLX5_WQE_CTRL_CQ_UPDATE = 2 << 2
 MLX5_WQE_DATA_SEG_SIZE = 16
 #: vendor flags the model implements; the rest of the known ones are EOPNOTSUPP
@@ -410,6 +422,17 @@ def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcS
     MLX5_SET64("qpc", qpc, "dbr_addr", qp.db.dma)
     if context.cqe_version == MLX5_CQE_VERSION_V1:
         MLX5_SET("qpc", qpc, "user_index", uidx)
+    if qp.flags & IB_QP_CREATE_CROSS_CHANNEL:
+        MLX5_SET("qpc", qpc, "cd_master", 1)
+    if qp.flags & IB_QP_CREATE_MANAGED_SEND:
+        MLX5_SET("qpc", qpc, "cd_slave_send", 1)
+    if qp.flags & IB_QP_CREATE_MANAGED_RECV:
+        MLX5_SET("qpc", qpc, "cd_slave_receive", 1)
+    if qp.flags & IB_QP_CREATE_PCI_WRITE_END_PADDING:
+        MLX5_SET("qpc", qpc, "end_padding_mode", MLX5_WQ_END_PAD_MODE_ALIGN)
+    # EMU: multicast is not modelled, so block_lb_mc changes nothing on the data path
+    if qp.flags & IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK:
+        MLX5_SET("qpc", qpc, "block_lb_mc", 1)
 
 
 @traced
@@ -462,6 +485,50 @@ def process_vendor_flags(dev: mlx5_ib_dev, qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_cre
         qp.wq_sig = True
     qp.flags_en = flags & (MLX5_QP_FLAG_SIGNATURE | MLX5_QP_FLAG_BFREG_INDEX
                            | MLX5_QP_FLAG_UAR_PAGE_INDEX | MLX5_QP_FLAG_SCATTER_CQE)
+
+
+def process_create_flag(dev: mlx5_ib_dev, flags: list[int], flag: int, cond: bool,
+                        qp: mlx5_ib_qp) -> None:
+    """Mirrors process_create_flag(): a flag asked for and supported (cond) moves from
+    the remaining flags to qp.flags; an unsupported one stays (and fails the create)."""
+    if not flags[0] & flag:
+        return
+    if cond:
+        qp.flags |= flag
+        flags[0] &= ~flag
+
+
+@traced
+def process_create_flags(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr) -> None:
+    """Mirrors process_create_flags(): each flag the QP type may carry, when the device
+    can (block_lb_mc, cd, end_pad; SCATTER_FCS and CVLAN_STRIPPING on a RAW_PACKET QP
+    with the Ethernet offload caps; SOURCE_QPN and IPoIB LSO on a UD QP of an IB
+    port); what is left is EOPNOTSUPP.
+    # EMU: NETIF_QP and INTEGRITY_EN (kernel-only flags) are never granted."""
+    mdev = dev.mdev
+    qp_type = attr.qp_type
+    flags = [attr.create_flags]
+    process_create_flag(dev, flags, IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK,
+                        bool(MLX5_CAP_GEN(mdev, "block_lb_mc")), qp)
+    for flag in (IB_QP_CREATE_CROSS_CHANNEL, IB_QP_CREATE_MANAGED_SEND,
+                 IB_QP_CREATE_MANAGED_RECV):
+        process_create_flag(dev, flags, flag, bool(MLX5_CAP_GEN(mdev, "cd")), qp)
+    if qp_type == IB_QPT_UD:
+        process_create_flag(dev, flags, IB_QP_CREATE_IPOIB_UD_LSO,
+                            bool(MLX5_CAP_GEN(mdev, "ipoib_basic_offloads")), qp)
+        process_create_flag(dev, flags, IB_QP_CREATE_SOURCE_QPN,
+                            MLX5_CAP_GEN(mdev, "port_type") == MLX5_CAP_PORT_TYPE_IB, qp)
+    if qp_type == IB_QPT_RAW_PACKET:
+        offloads = bool(MLX5_CAP_GEN(mdev, "eth_net_offloads"))
+        process_create_flag(dev, flags, IB_QP_CREATE_SCATTER_FCS,
+                            offloads and bool(MLX5_CAP_ETH(mdev, "scatter_fcs")), qp)
+        process_create_flag(dev, flags, IB_QP_CREATE_CVLAN_STRIPPING,
+                            offloads and bool(MLX5_CAP_ETH(mdev, "vlan_cap")), qp)
+    process_create_flag(dev, flags, IB_QP_CREATE_PCI_WRITE_END_PADDING,
+                        bool(MLX5_CAP_GEN(mdev, "end_pad")), qp)
+    if flags[0]:
+        raise KernelError(EOPNOTSUPP, "process_create_flags: Create QP has unsupported "
+                          f"flags {flags[0]:#x}")
 
 
 @traced
@@ -542,8 +609,7 @@ def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) 
     ucmd = _read_ucmd(udata)
     process_vendor_flags(dev, qp, ucmd)
     uidx = get_qp_uidx(qp, ucmd)
-    if attr.create_flags:
-        raise KernelError(EOPNOTSUPP, f"process_create_flags: {attr.create_flags:#x}")
+    process_create_flags(dev, qp, attr)
     if attr.sq_sig_type == IB_SIGNAL_ALL_WR:
         qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE
     resp = mlx5_ib_create_qp_resp()

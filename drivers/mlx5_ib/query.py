@@ -36,6 +36,7 @@ from drivers.ib_core.ib_verbs import (
     IB_WIDTH_1X,
     IB_WIDTH_2X,
     IB_WIDTH_4X,
+    IBK_ON_DEMAND_PAGING,
     ib_device_attr,
     ib_is_udata_cleared,
     ib_port_attr,
@@ -137,8 +138,8 @@ def mlx5_ib_query_device(ibdev: mlx5_ib_dev, props: ib_device_attr, uhw: ib_udat
     EINVAL when the caller's driver-private input has a non-zero byte.
     # EMU: the driver-private response (struct mlx5_ib_query_device_resp: TSO,
     # RSS hash, CQE compression, packet pacing caps) is not written - the model's
-    # libmlx5 asks for none (it has no query_device_ex of its own); ODP is not
-    # emulated (odp_caps 0), nor tag matching (not in the modelled capability
+    # libmlx5 asks for none (it has no query_device_ex of its own); no tag
+    # matching (not in the modelled capability
     # layout: tm_caps 0), nor flow steering namespaces (no
     # IB_DEVICE_MANAGED_FLOW_STEERING).
     """
@@ -198,6 +199,9 @@ def mlx5_ib_query_device(ibdev: mlx5_ib_dev, props: ib_device_attr, uhw: ib_udat
     props.max_total_mcast_qp_attach = props.max_mcast_qp_attach * props.max_mcast_grp
     props.max_ah = 0x7FFFFFFF  # INT_MAX: address handles are not a firmware resource
     props.max_pkeys = 1        # RoCE: the default P_Key only (pkey_table_size 0)
+    if MLX5_CAP_GEN(mdev, "pg"):   # and CONFIG_INFINIBAND_ON_DEMAND_PAGING
+        props.kernel_cap_flags |= IBK_ON_DEMAND_PAGING
+    props.odp_caps = getattr(dev, "odp_caps", props.odp_caps)   # (set by the ODP stage)
     if MLX5_CAP_GEN(mdev, "end_pad"):
         props.device_cap_flags |= IB_DEVICE_PCI_WRITE_END_PADDING
     # raw_support = !mlx5_core_mp_enabled(): always, one port and no multi-port

@@ -113,6 +113,7 @@ under its user index, naming the target QP.
 from __future__ import annotations
 
 import struct
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -219,6 +220,26 @@ class WqeError(Exception):
         self.syndrome = syndrome
 
 
+class OdpFault(WqeError):
+    """An access through a page-fault-enabled mkey (create_mkey pg_access) hit an MTT
+    entry without the present bit it needs: the device raises a page fault (the
+    syndrome is what the access becomes if the fault cannot be resolved)."""
+
+    def __init__(self, syndrome: int, key: int, addr: int, length: int, write: bool):
+        super().__init__(syndrome, f"page fault: key {key:#x} [{addr:#x}, +{length:#x}) "
+                                   f"{'write' if write else 'read'}")
+        self.key, self.addr, self.length, self.write = key, addr, length, write
+
+
+# on-demand paging: the PAGE_FAULT event, its EQE (struct mlx5_eqe_page_fault, RDMA
+# sub-type) and how often one WQE or one responder QP may fault before its access
+# completes in error instead (# EMU: the device's own limit is a timer; the model
+# counts, so a fault the driver never resolves cannot hang a QP)
+EQE_TYPE_PAGE_FAULT, EQE_PF_SUBTYPE_RDMA = 0x0C, 1
+PFAULT_REQUESTOR, PFAULT_WRITE, PFAULT_RDMA = 1 << 0, 1 << 1, 1 << 2
+ODP_FAULT_CAP = 8
+
+
 @attrs.define(eq=False, slots=True)
 class Frame:
     """A RoCE frame on the fabric: one request or one response (see the EMU note)."""
@@ -276,6 +297,12 @@ class QpHw:
     rq_psn: int | None = None           # the PSN the responder expects (next_rcv_psn)
     outstanding: deque = attrs.Factory(deque)
     stalled: bool = False               # a failed WQE waits for earlier answers
+    pf_token: int | None = None         # the send queue waits for this page fault
+    pf_wqe: int | None = None           # the WQE counter that faulted, and how often
+    pf_tries: int = 0
+    pf_error: bool = False              # its fault was resumed with an error
+    rq_pf_tries: int = 0                # responder faults in a row (not yet resolved)
+    rq_pf_error: bool = False           # the responder's last fault resumed with an error
     # SQ slot -> (WQE counter, BlueFlame copy): at most one copy per slot
     bf: dict[int, tuple[int, bytes]] = attrs.Factory(dict)
 
@@ -336,6 +363,8 @@ class Mlx5Engine:
         self.mkey_busy: dict[int, int] = {}
         self._held: list[int] = []
         self.draining: set[int] = set()          # mkeys a revoke waits on
+        self.pf_tokens: dict[int, tuple[int, bool]] = {}   # token -> (QPN, requester)
+        self.pf_next_token = 1
         self.drain_wq = init_waitqueue_head(f"mlx5 dma drain {hca.name}")
         hca.doorbell_hooks.append(self.hca_doorbell)
         self.machine.shutdown_hooks.append(lambda m: self.stop())
@@ -759,6 +788,8 @@ class Mlx5Engine:
         pg_bit = k["pg_bit"]
         off = (start & ((1 << pg_bit) - 1)) + (addr - start)
         n = len(mk.pas)
+        if mk.__dict__.get("pf_absent"):
+            self._mtt_present(mk, key, pg_bit, off, addr, length, access, synd)
         # (at most n pieces whatever the room; MAX_PIECES caps a huge MTT's)
         a, b = self._scratch(0, min(n, MAX_PIECES) or 1)
         k = self.ops.mtt_pieces(mk.pas, n, pg_bit, off, length, a, b)
@@ -768,6 +799,114 @@ class Mlx5Engine:
         self.mkey_busy[index] = self.mkey_busy.get(index, 0) + 1
         self._held.append(index)
         return [(a.view[i], b.view[i]) for i in range(k)]
+
+    @staticmethod
+    def _mtt_present(mk: object, key: int, pg_bit: int, off: int, addr: int, length: int,
+                     access: str, synd: int) -> None:
+        """A page-fault-enabled mkey with entries not present: every entry the range
+        uses must carry the present bit the access needs (MTT read bit 0, write bit 1),
+        else the device raises a page fault (OdpFault)."""
+        write = access in ("lw", "rw", "ra")
+        need = 2 if write else 1
+        first, last = off >> pg_bit, (off + length - 1) >> pg_bit
+        view = mk.pas.view
+        for i in range(first, min(last + 1, len(mk.pas))):
+            if not int(view[i]).to_bytes(8, sys.byteorder)[7] & need:
+                raise OdpFault(synd, key, addr, length, write)
+
+    # -- on-demand paging: page faults and their resume ---------------------------------
+    def hca_requester_fault(self, qp: Mlx5Qp, hw: QpHw, counter: int, e: OdpFault) -> bool:
+        """A send WQE's local access faulted: raise the page fault and hold the send
+        queue at this WQE until PAGE_FAULT_RESUME (True).  False - the WQE completes
+        in error - when its previous fault was resumed with an error, it faulted
+        ODP_FAULT_CAP times, or no EQ takes page-fault events."""
+        if hw.pf_wqe != counter:
+            hw.pf_wqe, hw.pf_tries, hw.pf_error = counter, 0, False
+        hw.pf_tries += 1
+        if hw.pf_error or hw.pf_tries > ODP_FAULT_CAP:
+            hw.pf_wqe = None
+            return False
+        token = self.hca_page_fault(qp.num, e, True)
+        if token is None:
+            return False
+        hw.pf_token, hw.sq_ci = token, counter
+        return True
+
+    def hca_responder_fault(self, qp: Mlx5Qp, hw: QpHw, e: OdpFault) -> bool:
+        """An incoming request's access faulted: raise the page fault and RNR-NAK the
+        request (True; the requester retries it, by then - normally - resolved).
+        False - a remote access error - as for the requester's limits above."""
+        hw.rq_pf_tries += 1
+        if hw.rq_pf_error or hw.rq_pf_tries > ODP_FAULT_CAP:
+            hw.rq_pf_error, hw.rq_pf_tries = False, 0
+            return False
+        return self.hca_page_fault(qp.num, e, False) is not None
+
+    @traced
+    def hca_page_fault(self, qpn: int, e: OdpFault, requester: bool) -> int | None:
+        """A PAGE_FAULT EQE (RDMA sub-type: the key, address, length, the fault type and
+        a token) into the EQ that takes page-fault events, then its MSI-X vector.  The
+        token names the fault in PAGE_FAULT_RESUME.  None if no such EQ exists.
+
+        # EMU: a requester's fault on its own data segments is reported as an RDMA
+        # fault on the lkey too (the device's WQE sub-type, which the driver resolves
+        # by reading the WQE from the send queue, is not modelled)."""
+        eq = next((q for q in self.hca.fw.eqs.values()
+                   if q.__dict__.get("event_bitmask", 0) >> EQE_TYPE_PAGE_FAULT & 1), None)
+        if eq is None:
+            return None
+        token = self.pf_next_token
+        self.pf_next_token = token % 0xFFFFFF + 1
+        self.pf_tokens[token] = (qpn, requester)
+        pftype = PFAULT_RDMA | (PFAULT_WRITE if e.write else 0) | \
+            (PFAULT_REQUESTOR if requester else 0)
+        eqe = bytearray(EQE_SIZE)
+        eqe[1], eqe[3] = EQE_TYPE_PAGE_FAULT, EQE_PF_SUBTYPE_RDMA
+        struct.pack_into(">IIHHIQI", eqe, 0x20, 0, e.key, 0, min(e.length, 0xFFFF), e.length,
+                         e.addr, pftype << 24 | token)
+        if not self._eqe_write(eq, eqe):
+            del self.pf_tokens[token]
+            return None
+        return token
+
+    def _eqe_write(self, eq: object, eqe: bytearray) -> bool:
+        """One EQE into the EQ at its producer index (owner bit = the pass), then the
+        EQ's MSI-X vector; False if the EQE could not be written."""
+        eqc = eq.ctx
+        log = eqc["log_eq_size"]
+        pi = self.eq_pi.get(eq.num, 0)
+        page = 1 << (12 + eqc["log_page_size"])
+        off = eqc["page_offset"] * (page // 64) + (pi & ((1 << log) - 1)) * EQE_SIZE
+        eqe[63] = pi >> log & 1
+        try:
+            base = int.from_bytes(int(eq.pas.view[off // page]).to_bytes(8, "little"), "big")
+            self.dma_write(base + off % page, bytes(eqe))
+        except WqeError as err:
+            self.hca.device_errors.append(f"EQ {eq.num:#x}: EQE write failed: {err}")
+            return False
+        self.eq_pi[eq.num] = pi + 1
+        msix_raise(self.hca.pdev, eqc["intr"])
+        return True
+
+    def page_fault_resume(self, token: int, error: bool) -> bool:
+        """PAGE_FAULT_RESUME: the fault named by token is resolved (or not: error); a
+        waiting send queue runs again (its WQE retried, or completed in error).  False
+        for a token no fault is waiting with."""
+        got = self.pf_tokens.pop(token, None)
+        if got is None:
+            return False
+        qpn, requester = got
+        hw = self.qps.get(qpn)
+        if hw is None:
+            return True
+        if requester:
+            if hw.pf_token == token:
+                hw.pf_token = None
+                hw.pf_error = error
+                self._queue(qpn)
+        elif error:
+            hw.rq_pf_error = True
+        return True
 
     def _memic_translate(self, k: dict, key: int, addr: int, length: int,
                          synd: int) -> list[tuple[int, int]]:
@@ -933,8 +1072,8 @@ class Mlx5Engine:
         if qp.state not in (QPS_RTS, QPS_SQD):
             return                        # RESET/INIT/RTR: the send queue does not run
         hw = self._qphw(qpn)
-        if hw.stalled:
-            return
+        if hw.stalled or hw.pf_token is not None:
+            return                        # (a page fault: until its resume)
         try:
             _rcv, snd = self._dbrec(qp)
         except WqeError as e:
@@ -954,6 +1093,15 @@ class Mlx5Engine:
                 hw.sq_ci += min(_wqe_bbs(wqe), pending)
                 _wqe_check(wqe, pending, nbb)
                 self.hca_execute(qp, hw, wqe)
+            except OdpFault as e:
+                if self.hca_requester_fault(qp, hw, counter, e):
+                    return                # the WQE runs again after the resume
+                hw.sq_ci += hw.sq_ci == counter
+                hw.outstanding.append(Sent(counter, wqe[3], True, 0, None, [],
+                                           error=e.syndrome, why=str(e)))
+                hw.stalled = True
+                self._retire_errors(qp, hw)
+                return
             except WqeError as e:
                 # completions stay in order: the error waits for the answers
                 # to the WQEs before it, then the QP goes to ERR
@@ -1244,12 +1392,23 @@ class Mlx5Engine:
                 self.hca_remote_invalidate(qp, frame.imm)
             if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM, OP_SEND_INV):
                 self.hca_recv_complete(qp, hw, frame, xsrq)
+        except OdpFault as e:
+            if rel and self.hca_responder_fault(qp, hw, e):
+                hw.rq_psn = frame.psn                   # not taken: RNR NAK, retried
+                self._answer(frame, "rnr", why=f"QP {qp.num:#x}: {e}")
+                return
+            hw.rq_psn = (frame.psn + 1) & 0xFFFFFF
+            if rel:
+                self._answer(frame, "nak", syndrome=SYND_REMOTE_ACCESS, why=str(e))
+                self.hca_qp_error(qp, f"responder: {e}")
+            return
         except WqeError as e:
             hw.rq_psn = (frame.psn + 1) & 0xFFFFFF      # taken, and answered with an error
             if rel:
                 self._answer(frame, "nak", syndrome=e.syndrome, why=str(e))
                 self.hca_qp_error(qp, f"responder: {e}")
             return
+        hw.rq_pf_tries = 0
         if rel:
             self._answer(frame, "ack")
 
@@ -1403,6 +1562,13 @@ class Mlx5Engine:
                         break
                     pieces.append((p[0], min(p[1], left)))
                     left -= pieces[-1][1]
+            except OdpFault:
+                if srq is None:       # the receive WQE is not consumed: taken on the retry
+                    hw.rq_ci -= 1
+                    raise
+                # EMU: an SRQ's WQE is not given back (no SRQ ODP: no srq_receive cap)
+                cqe(qp, "resp_err", wqe_index=idx, syndrome=SYND_LOCAL_PROT)
+                raise WqeError(SYND_REMOTE_OP, "page fault on an SRQ receive") from None
             except WqeError as e:
                 cqe(qp, "resp_err", wqe_index=idx, syndrome=e.syndrome)
                 peer = SYND_REMOTE_INVAL_REQ if e.syndrome == SYND_LOCAL_LENGTH \

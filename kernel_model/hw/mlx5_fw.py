@@ -46,6 +46,7 @@ from kernel_model.hw import (  # noqa: F401 - mlx5_fw_srq: the SRQ commands
     mlx5_caps,
     mlx5_fw_ctx,
     mlx5_fw_memic,
+    mlx5_fw_odp,
     mlx5_fw_port,
     mlx5_fw_qp,
     mlx5_fw_srq,

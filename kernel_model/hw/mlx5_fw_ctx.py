@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from c_ext import U64Array
-from kernel_model.hw import mlx5_fw_memic
+from kernel_model.hw import mlx5_fw_memic, mlx5_fw_odp
 from kernel_model.hw.mlx5_fw_cmd import ADAPTER_PAGE, FwError, FwObject, fw_command
 from kernel_model.hw.mlx5_ifc import (
     MLX5_ADDR_OF,
@@ -192,6 +192,7 @@ def create_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
                "create_eq_pas")
     eqn = fw.new_id("eq", fw.eqs)
     fw.eqs[eqn] = Mlx5Eq(eqn, 0, eqc.copy(), _copy_pas(pas), [uar])
+    fw.eqs[eqn].event_bitmask = MLX5_GET("create_eq_in", in_, "event_bitmask")
     MLX5_SET("create_eq_out", out, "eq_number", eqn)
 
 
@@ -377,6 +378,11 @@ def create_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     index = fw.new_id("mkey", fw.mkeys)
     pas = MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt")
     fw.mkeys[index] = Mlx5Mkey(index, uid, mkc.copy(), _copy_pas(pas), refs)
+    if mode == MLX5_MKC_ACCESS_MODE_MTT and MLX5_GET("create_mkey_in", in_, "pg_access"):
+        # a page fault, not an error, for an entry not present (mlx5_fw_odp)
+        fw.mkeys[index].pg_access = True
+        fw.mkeys[index].pf_absent = mlx5_fw_odp.mtt_absent(fw.mkeys[index].pas,
+                                                            mlx5_fw_odp.mtt_entries(mkc))
     MLX5_SET("create_mkey_out", out, "mkey_index", index)
 
 

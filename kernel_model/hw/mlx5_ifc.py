@@ -51,6 +51,7 @@ MLX5_CMD_OP_CREATE_MKEY = 0x200
 MLX5_CMD_OP_QUERY_MKEY = 0x201
 MLX5_CMD_OP_DESTROY_MKEY = 0x202
 MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS = 0x203
+MLX5_CMD_OP_PAGE_FAULT_RESUME = 0x204
 MLX5_CMD_OP_ALLOC_MEMIC = 0x205
 MLX5_CMD_OP_DEALLOC_MEMIC = 0x206
 # EMU: not a PRM command.  The kernel revokes an mkey with a UMR work request on
@@ -66,6 +67,10 @@ MLX5_CMD_OP_EMU_UMR_UPDATE_MKEY = 0x7F02
 # PD or access only): the mkey's PD and access bits replaced in place, nothing else;
 # MLX5_UMR_CHECK_FREE - it fails on a free (revoked) mkey
 MLX5_CMD_OP_EMU_UMR_REREG_PD_ACCESS = 0x7F03
+# EMU: not a PRM command either: the UMR of mlx5r_umr_update_xlt (ODP): xlt_nentries MTT
+# entries of the mkey from xlt_offset replaced (MLX5_IB_UPD_XLT_ZAP: made not present,
+# the DMA through the mkey drained first), with `enable` the mkey turned on
+MLX5_CMD_OP_EMU_UMR_UPDATE_XLT = 0x7F04
 MLX5_CMD_OP_CREATE_EQ = 0x301
 MLX5_CMD_OP_DESTROY_EQ = 0x302
 MLX5_CMD_OP_CREATE_CQ = 0x400
@@ -377,6 +382,11 @@ _TEXT: dict[str, str] = {
     "emu_umr_update_mkey_in": """
         mkey_index 24, enable 1, memory_key_mkey_entry @mkc, klm_pas_mtt []""",
     "emu_umr_update_mkey_out": "",
+    "emu_umr_update_xlt_in": """
+        mkey_index 24, zap 1, enable 1, xlt_offset 32, xlt_nentries 32, klm_pas_mtt []""",
+    "emu_umr_update_xlt_out": "",
+    "page_fault_resume_in": "error 1, page_fault_type 3, token 24, wq_number 24",
+    "page_fault_resume_out": "",
     "emu_umr_rereg_pd_access_in": "mkey_index 24, memory_key_mkey_entry @mkc",
     "emu_umr_rereg_pd_access_out": "",
     "query_mkey_in": "mkey_index 24",

@@ -51,6 +51,7 @@ IB_USER_VERBS_CMD_FLAG_EXTENDED = 0x80000000
 # IB_USER_VERBS_CMD_FLAG_EXTENDED, the header is followed by ib_uverbs_ex_cmd_hdr)
 IB_USER_VERBS_EX_CMD_QUERY_DEVICE = IB_USER_VERBS_CMD_QUERY_DEVICE
 IB_USER_VERBS_EX_CMD_CREATE_CQ = IB_USER_VERBS_CMD_CREATE_CQ
+IB_USER_VERBS_EX_CMD_CREATE_QP = IB_USER_VERBS_CMD_CREATE_QP
 
 # enum ib_uverbs_ex_create_cq_flags
 IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION = 1 << 0
@@ -269,6 +270,29 @@ class ib_uverbs_create_qp_resp(UStruct):
     FIELDS = (("qp_handle", "I"), ("qpn", "I"), ("max_send_wr", "I"), ("max_recv_wr", "I"),
               ("max_send_sge", "I"), ("max_recv_sge", "I"), ("max_inline_data", "I"),
               ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_qp(UStruct):
+    """The extended CREATE_QP request (no response pointer: ib_uverbs_ex_cmd_hdr has it)."""
+
+    FIELDS = (("user_handle", "Q"), ("pd_handle", "I"), ("send_cq_handle", "I"),
+              ("recv_cq_handle", "I"), ("srq_handle", "I"), ("max_send_wr", "I"),
+              ("max_recv_wr", "I"), ("max_send_sge", "I"), ("max_recv_sge", "I"),
+              ("max_inline_data", "I"), ("sq_sig_all", "B"), ("qp_type", "B"),
+              ("is_srq", "B"), ("reserved", "B"), ("comp_mask", "I"), ("create_flags", "I"),
+              ("rwq_ind_tbl_handle", "I"), ("source_qpn", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_qp_resp(UStruct):
+    FIELDS = (("base", ib_uverbs_create_qp_resp), ("comp_mask", "I"),
+              ("response_length", "I"))
+
+
+#: enum ib_uverbs_create_qp_mask
+IB_UVERBS_CREATE_QP_MASK_IND_TABLE = 1 << 0
+IB_UVERBS_CREATE_QP_SUP_COMP_MASK = IB_UVERBS_CREATE_QP_MASK_IND_TABLE
 
 
 @uapi_struct

@@ -247,6 +247,50 @@ def ibv_cmd_create_qp_ex(ctx: Any, req: uv.ib_uverbs_create_qp, drv_req: UStruct
                          drv_req, drv_resp_cls, "ibv_cmd_create_qp_ex")
 
 
+#: the create flags the extended command carries (CREATE_QP_EX2_SUP_CREATE_FLAGS)
+CREATE_QP_EX2_SUP_CREATE_FLAGS = (v.IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+                                  | v.IBV_QP_CREATE_SCATTER_FCS
+                                  | v.IBV_QP_CREATE_CVLAN_STRIPPING
+                                  | v.IBV_QP_CREATE_SOURCE_QPN
+                                  | v.IBV_QP_CREATE_PCI_WRITE_END_PADDING)
+
+
+@traced
+def ibv_cmd_create_qp_ex2(ctx: Any, attr_ex: Any, req: uv.ib_uverbs_create_qp,
+                          drv_req: UStruct, drv_resp_cls: type[UStruct]):
+    """Mirrors ibv_cmd_create_qp_ex2() (libibverbs/cmd_qp.c), what libmlx5 calls when
+    the QP asks for create flags, a TSO header or RSS: EINVAL for a create flag the
+    command cannot carry; the extended CREATE_QP (the legacy fields, then comp_mask,
+    create_flags and the source QPN).  Returns (core base response, provider response).
+
+    # EMU: rdma-core tries the ioctl method first; the emulated uverbs takes the
+    # extended write() command it falls back to.
+    """
+    create_flags = 0
+    source_qpn = 0
+    if attr_ex.comp_mask & v.IBV_QP_INIT_ATTR_CREATE_FLAGS:
+        if attr_ex.create_flags & ~CREATE_QP_EX2_SUP_CREATE_FLAGS:
+            raise VerbsError(errno.EINVAL, f"ibv_cmd_create_qp_ex2: create_flags "
+                             f"{attr_ex.create_flags:#x}")
+        create_flags = attr_ex.create_flags
+        if create_flags & v.IBV_QP_CREATE_SOURCE_QPN:
+            source_qpn = attr_ex.source_qpn
+    comp_mask = uv.IB_UVERBS_CREATE_QP_MASK_IND_TABLE \
+        if attr_ex.comp_mask & v.IBV_QP_INIT_ATTR_IND_TABLE else 0
+    ex = uv.ib_uverbs_ex_create_qp(
+        user_handle=req.user_handle, pd_handle=req.pd_handle,
+        send_cq_handle=req.send_cq_handle, recv_cq_handle=req.recv_cq_handle,
+        srq_handle=req.srq_handle, max_send_wr=req.max_send_wr, max_recv_wr=req.max_recv_wr,
+        max_send_sge=req.max_send_sge, max_recv_sge=req.max_recv_sge,
+        max_inline_data=req.max_inline_data, sq_sig_all=req.sq_sig_all, qp_type=req.qp_type,
+        is_srq=req.is_srq, comp_mask=comp_mask, create_flags=create_flags,
+        source_qpn=source_qpn)
+    R = uv.ib_uverbs_ex_create_qp_resp
+    raw = execute_write_ex(ctx, uv.IB_USER_VERBS_EX_CMD_CREATE_QP, ex, R.SIZE,
+                           "ibv_cmd_create_qp_ex2", drv_req, drv_resp_cls.SIZE)
+    return R.unpack(raw[:R.SIZE]).base, drv_resp_cls.unpack(raw[R.SIZE:])
+
+
 @traced
 def ibv_cmd_create_srq(pd: Any, attr: Any, drv_req: UStruct, drv_resp_cls: type[UStruct]):
     """Mirrors ibv_cmd_create_srq() (legacy CREATE_SRQ write): attr.attr gets the sizes

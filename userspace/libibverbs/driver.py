@@ -30,6 +30,7 @@ class verbs_context_ops:
     query_device_ex: Any = None
     alloc_pd: Any = None
     dealloc_pd: Any = None
+    alloc_parent_domain: Any = None
     reg_mr: Any = None
     rereg_mr: Any = None
     alloc_mw: Any = None

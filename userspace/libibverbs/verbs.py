@@ -51,6 +51,7 @@ from userspace.libibverbs.verbs_types import (  # noqa: F401 - re-exported: verb
     IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE,
     IBV_ACCESS_ZERO_BASED,
+    IBV_ALLOCATOR_USE_DEFAULT,
     IBV_MIG_ARMED,
     IBV_MIG_MIGRATED,
     IBV_MIG_REARM,
@@ -63,6 +64,8 @@ from userspace.libibverbs.verbs_types import (  # noqa: F401 - re-exported: verb
     IBV_MTU_4096,
     IBV_MW_TYPE_1,
     IBV_MW_TYPE_2,
+    IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS,
+    IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
     IBV_QP_ACCESS_FLAGS,
     IBV_QP_ALT_PATH,
     IBV_QP_AV,
@@ -138,6 +141,7 @@ from userspace.libibverbs.verbs_types import (  # noqa: F401 - re-exported: verb
     ibv_global_route,
     ibv_mr,
     ibv_mw,
+    ibv_parent_domain_init_attr,
     ibv_pd,
     ibv_qp,
     ibv_qp_attr,
@@ -240,6 +244,31 @@ def ibv_alloc_pd(ctx: ibv_context) -> ibv_pd:
 @traced
 def ibv_dealloc_pd(pd: ibv_pd) -> int:
     return _errno_of(pd.context.ops.dealloc_pd, pd)
+
+
+@traced
+def ibv_alloc_parent_domain(ctx: ibv_context, attr: ibv_parent_domain_init_attr) -> ibv_pd:
+    """Mirrors ibv_alloc_parent_domain() (verbs.h): the provider's alloc_parent_domain,
+    EOPNOTSUPP for a provider without one.  The parent domain is a PD to every verb
+    that takes one, and ibv_dealloc_pd() frees it."""
+    op = ctx.ops.alloc_parent_domain
+    if op is None:
+        raise VerbsError(errno.EOPNOTSUPP, "ibv_alloc_parent_domain: the provider has none")
+    return op(ctx, attr)
+
+
+def ibv_check_alloc_parent_domain(attr: ibv_parent_domain_init_attr) -> None:
+    """Mirrors ibv_check_alloc_parent_domain() (driver.h): EINVAL without a PD."""
+    if attr.pd is None:
+        raise VerbsError(errno.EINVAL, "ibv_alloc_parent_domain: no protection domain")
+
+
+def ibv_initialize_parent_domain(parent_domain: ibv_pd, protection_domain: ibv_pd) -> None:
+    """Mirrors ibv_initialize_parent_domain() (driver.h): the parent domain takes the
+    protection domain's context and kernel handle, so the commands that name a PD
+    name the protection domain."""
+    parent_domain.context = protection_domain.context
+    parent_domain.handle = protection_domain.handle
 
 
 @traced

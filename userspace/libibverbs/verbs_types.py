@@ -33,6 +33,10 @@ IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER = 9, 10, 0xFF
 IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_XRCD, IBV_QP_INIT_ATTR_CREATE_FLAGS = 1 << 0, 1 << 1, 1 << 2
 IBV_QP_INIT_ATTR_MAX_TSO_HEADER, IBV_QP_INIT_ATTR_IND_TABLE = 1 << 3, 1 << 4
 IBV_QP_INIT_ATTR_RX_HASH, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = 1 << 5, 1 << 6
+# enum ibv_qp_create_flags
+IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, IBV_QP_CREATE_SCATTER_FCS = 1 << 1, 1 << 8
+IBV_QP_CREATE_CVLAN_STRIPPING, IBV_QP_CREATE_SOURCE_QPN = 1 << 9, 1 << 10
+IBV_QP_CREATE_PCI_WRITE_END_PADDING = 1 << 11
 # enum ibv_qp_state
 IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS = 0, 1, 2, 3
 IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR = 4, 5, 6
@@ -81,6 +85,26 @@ class ibv_context:
 class ibv_pd:
     context: ibv_context
     handle: int
+
+
+# enum ibv_parent_domain_init_attr_mask; IBV_ALLOCATOR_USE_DEFAULT is ((void *)-1)
+IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS, IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT = 1, 2
+IBV_ALLOCATOR_USE_DEFAULT = (1 << 64) - 1
+
+
+@attrs.define(eq=False)
+class ibv_parent_domain_init_attr:
+    """Mirrors struct ibv_parent_domain_init_attr: the PD (and thread domain) a parent
+    domain wraps; alloc(pd, pd_context, size, alignment, resource_type) -> address
+    (0: failure, IBV_ALLOCATOR_USE_DEFAULT: the library's own allocation) and
+    free(pd, pd_context, ptr, resource_type), valid when comp_mask has ALLOCATORS."""
+
+    pd: ibv_pd | None = None
+    td: Any = None
+    comp_mask: int = 0
+    alloc: Any = None
+    free: Any = None
+    pd_context: Any = None
 
 
 # enum ibv_mr_type (driver.h: struct verbs_mr's mr_type)

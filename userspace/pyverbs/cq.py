@@ -162,7 +162,7 @@ class CqInitAttrEx(PyverbsObject):
             cqe=int(self.cqe), cq_context=self.cq_context, channel=ch.cc if ch else None,
             comp_vector=int(self.comp_vector), wc_flags=int(self.wc_flags),
             comp_mask=int(self.comp_mask), flags=int(self.flags),
-            parent_domain=self.parent_domain)
+            parent_domain=self.parent_domain.pd if self.parent_domain is not None else None)
 
 
 class PollCqAttr(PyverbsObject):
@@ -186,6 +186,8 @@ class CQEX(PyverbsCM):
                        init_attr.to_c())
         self._created()
         context.add_ref(self)
+        if init_attr.parent_domain is not None:   # closed before its parent domain
+            init_attr.parent_domain.add_ref(self)
         ch = init_attr.comp_channel
         if ch is not None:
             ch.add_ref(self)

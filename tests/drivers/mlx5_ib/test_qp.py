@@ -501,7 +501,7 @@ def test_create_flags_are_eopnotsupp_before_anything_is_allocated(m, rig):
     qp.uobject = type("uobj", (), {"context": uctx})()
     before = state(p, ctx)
     with p.kernel(), pytest.raises(KernelError) as e:
-        mlx5_ib_create_qp(qp, ib_qp_init_attr(create_flags=1 << 1),
+        mlx5_ib_create_qp(qp, ib_qp_init_attr(create_flags=1 << 8),  # RC: no SCATTER_FCS
                           ib_udata(addr, 0, abi.mlx5_ib_create_qp.SIZE, 0))
     assert e.value.errno == errno.EOPNOTSUPP and state(p, ctx) == before
 

@@ -11,6 +11,7 @@ import pytest
 
 import userspace.pyverbs.device as d
 import userspace.pyverbs.enums as e
+from kernel_model.hw.mlx5_ifc import MLX5_GET
 from userspace.pyverbs import host
 from userspace.pyverbs.cq import CQ
 from userspace.pyverbs.pd import PD
@@ -86,8 +87,8 @@ def test_a_pd_creator_with_an_extended_attr_names_the_pd(res):
     (e.IBV_QP_INIT_ATTR_CREATE_FLAGS, 0, errno.EINVAL),          # no PD
     (e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_RX_HASH, 0, errno.EOPNOTSUPP),  # RSS
     (e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_CREATE_FLAGS,
-     e.IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, errno.EOPNOTSUPP),    # the extended command
-    (e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_MAX_TSO_HEADER, 0, errno.EOPNOTSUPP),
+     e.IBV_QP_CREATE_SCATTER_FCS, errno.EOPNOTSUPP),    # mlx5_ib: a RAW_PACKET flag
+    (e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_MAX_TSO_HEADER, 0, errno.EINVAL),  # not RAW
 ])
 def test_create_qp_ex_refuses_what_libmlx5_or_the_model_cannot_do(res, comp_mask, flags, err):
     ctx, pd, cq = res
@@ -97,6 +98,19 @@ def test_create_qp_ex_refuses_what_libmlx5_or_the_model_cannot_do(res, comp_mask
     with pytest.raises(PyverbsRDMAError, match="Failed to create QP") as ei:
         QP(ctx, qia)
     assert ei.value.error_code == err
+    assert fw_qps() == 0
+
+
+def test_create_flags_travel_in_the_extended_command(res):
+    """BLOCK_SELF_MCAST_LB on a UD QP: ibv_cmd_create_qp_ex2, the QPC's block_lb_mc."""
+    ctx, pd, cq = res
+    qia = QPInitAttrEx(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, pd=pd,
+                       comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_CREATE_FLAGS,
+                       create_flags=e.IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)
+    qp = QP(ctx, qia)
+    fw_qp = host.host().machine.hcas[0].fw.qps[qp.qp_num]
+    assert MLX5_GET("qpc", fw_qp.qpc, "block_lb_mc") == 1
+    qp.close()
     assert fw_qps() == 0
 
 

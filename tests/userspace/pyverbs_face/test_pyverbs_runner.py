@@ -40,7 +40,8 @@ TESTS = '''
 import errno, unittest
 import pyverbs.device as d
 from pyverbs.pyverbs_error import PyverbsRDMAError
-from pyverbs.pd import PD, ParentDomain, ParentDomainInitAttr
+from pyverbs.pd import PD
+from pyverbs.wq import WQ, WQInitAttr
 from args_parser import parser
 
 class Mini(unittest.TestCase):
@@ -49,13 +50,13 @@ class Mini(unittest.TestCase):
         with d.Context(name=d.get_device_list()[0].name.decode()) as ctx:
             self.assertEqual(ctx.query_device().vendor_id, 0x02c9)
 
-    def test_parent_domain(self):
+    def test_wq(self):
         with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
             try:
-                ParentDomain(ctx, ParentDomainInitAttr(pd=pd))
+                WQ(ctx, WQInitAttr(wq_pd=pd))
             except PyverbsRDMAError as ex:
                 if ex.error_code == errno.EOPNOTSUPP:
-                    raise unittest.SkipTest("Parent Domain is not supported")
+                    raise unittest.SkipTest("WQ is not supported")
                 raise
 
     def test_wrong(self):
@@ -81,7 +82,7 @@ def test_the_runner_reports_each_outcome_and_the_skip_reasons(suite):
     assert r.returncode == 1, r.stderr  # test_wrong failed
     assert "FAIL  tests.test_mini.Mini.test_wrong" in r.stdout
     assert "3 collected: 1 passed, 1 failed, 0 errored, 1 skipped" in r.stdout
-    assert "1  Parent Domain is not supported" in r.stdout
+    assert "1  WQ is not supported" in r.stdout
     assert "Traceback" not in r.stderr
 
 

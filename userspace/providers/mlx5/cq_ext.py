@@ -31,7 +31,6 @@ from typing import Any
 
 from kernel_model.trace import traced
 from kernel_model.uapi.mlx5_abi import mlx5_ib_resize_cq
-from userspace.libc import free, posix_memalign
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs.cmd import VerbsError
 from userspace.libibverbs.verbs_types import (
@@ -47,6 +46,11 @@ from userspace.libibverbs.verbs_types import (
     IBV_WC_EX_WITH_SLID,
     IBV_WC_EX_WITH_SRC_QP,
     IBV_WC_EX_WITH_TM_INFO,
+)
+from userspace.providers.mlx5.buf import (
+    MLX5DV_RES_TYPE_CQ,
+    mlx5_alloc_prefered_buf,
+    mlx5_free_actual_buf,
 )
 from userspace.providers.mlx5.cq import (
     CQE_OP_OWN,
@@ -304,13 +308,15 @@ def mlx5_resize_cq(cq: Any, cqe: int, alloc_buf: Any) -> None:
     if ncqe == cq.cqe + 1:
         return
     size = ncqe * cq.cqe_sz
-    buf = posix_memalign(mctx.proc, mctx.page_size, size)
+    # mlx5_alloc_cq_buf(): a CQ made on a parent domain asks its allocators again
+    buf, buf_type = mlx5_alloc_prefered_buf(mctx, cq.parent_domain, size, MLX5DV_RES_TYPE_CQ)
     try:
         alloc_buf(mctx.proc, buf, ncqe, cq.cqe_sz)
         c.ibv_cmd_resize_cq(cq, ncqe - 1, mlx5_ib_resize_cq(buf_addr=buf, cqe_size=cq.cqe_sz))
     except BaseException:
-        free(mctx.proc, buf, size)
+        mlx5_free_actual_buf(mctx, cq.parent_domain, buf, size, buf_type, MLX5DV_RES_TYPE_CQ)
         raise
     mlx5_cq_resize_copy_cqes(cq, buf, ncqe)
-    free(mctx.proc, cq.buf, cq.buf_size)
-    cq.buf, cq.buf_size, cq.cqe = buf, size, ncqe - 1
+    mlx5_free_actual_buf(mctx, cq.parent_domain, cq.buf, cq.buf_size, cq.buf_type,
+                         MLX5DV_RES_TYPE_CQ)
+    cq.buf, cq.buf_size, cq.buf_type, cq.cqe = buf, size, buf_type, ncqe - 1

@@ -22,7 +22,8 @@ Lock: rdma-core serialises all of this under ctx->dbr_map_mutex; the
 provider runs in one emulated thread per context, so there is no lock here.
 
 EMU: DMA-buf backed pages (kept apart from ordinary ones on the available
-list) and parent-domain custom allocators are not modelled.
+list) are not modelled.  A parent domain's custom allocator for records is
+buf.py's (mlx5_alloc_dbrec_pd), which falls back to this one.
 """
 
 from __future__ import annotations

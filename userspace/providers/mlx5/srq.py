@@ -20,8 +20,9 @@ default), PREFER_HUGE / PREFER_CONTIG / ALL (anonymous after the preferred kind
 failed), HUGE and CONTIG (no fallback: creating the SRQ fails).
 # EMU: the emulated machine has no huge pages (the SHM_HUGETLB segment fails:
 # ENOMEM) and the kernel has no contiguous-pages mmap (ENOSYS), so only the
-# anonymous allocation succeeds; custom (parent-domain) allocators are not
-# modelled.  Tag-matching SRQs are not modelled (create_srq_ex: EOPNOTSUPP).
+# anonymous allocation succeeds.  Tag-matching SRQs are not modelled
+# (create_srq_ex: EOPNOTSUPP).
+An SRQ on a parent domain with allocators takes its ring from them (buf.py).
 
 An XRC SRQ (mlx5_create_xrc_srq) has the same ring; it is a resource of its own
 for the CQEs (MLX5_RSC_TYPE_XSRQ): with CQE version 1 it takes a user index
@@ -39,7 +40,6 @@ import attrs
 
 from kernel_model.trace import traced
 from kernel_model.uapi.mlx5_abi import mlx5_ib_create_srq, mlx5_ib_create_srq_resp
-from userspace.libc import free, posix_memalign
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs.cint import u32, u64
 from userspace.libibverbs.cmd import VerbsError
@@ -55,7 +55,16 @@ from userspace.libibverbs.verbs_types import (
     ibv_xrcd_init_attr,
 )
 from userspace.providers.mlx5 import env as mlx5_env
-from userspace.providers.mlx5.dbrec import mlx5_alloc_dbrec, mlx5_free_db
+from userspace.providers.mlx5.buf import (
+    MLX5_ALLOC_TYPE_ANON,
+    MLX5_ALLOC_TYPE_CUSTOM,
+    MLX5DV_RES_TYPE_SRQ,
+    mlx5_alloc_dbrec_pd,
+    mlx5_alloc_prefered_buf,
+    mlx5_free_actual_buf,
+    mlx5_free_db_pd,
+    mlx5_is_custom_alloc,
+)
 from userspace.providers.mlx5.wqsize import roundup_pow_of_two
 
 MLX5_INVALID_LKEY = 0x100
@@ -81,6 +90,8 @@ class mlx5_srq(ibv_srq):
     wq_sig: bool = False
     wrid: list[int] = attrs.Factory(list)
     uidx: int = 0xFFFFFF  # an XRC SRQ's user index (cqe_version 1)
+    custom_db: bool = False   # the doorbell record came from a parent domain's allocator
+    buf_type: int = MLX5_ALLOC_TYPE_ANON
 
 
 def get_wqe(srq: mlx5_srq, n: int) -> int:
@@ -109,7 +120,8 @@ def mlx5_alloc_srq_buf(context: Any, srq: mlx5_srq, max_wr: int) -> None:
     """Mirrors mlx5_alloc_srq_buf(): max = the power of two above max_wr; a WQE of
     the next segment plus max_gs data segments, at least 32 bytes, a power of two
     (EINVAL beyond max_rq_desc_sz); max_gs becomes what the WQE holds; the ring
-    zeroed, every WQE linked to the next."""
+    zeroed, every WQE linked to the next.  On a parent domain with allocators the
+    ring is theirs (MLX5DV_RES_TYPE_SRQ, page-aligned) and is not zeroed."""
     srq.max = roundup_pow_of_two(max_wr + 1)
     size = max(32, NEXT_SEG_SIZE + srq.max_gs * DATA_SEG_SIZE)
     size = roundup_pow_of_two(size)
@@ -119,13 +131,18 @@ def mlx5_alloc_srq_buf(context: Any, srq: mlx5_srq, max_wr: int) -> None:
     srq.max_gs = (size - NEXT_SEG_SIZE) // DATA_SEG_SIZE
     srq.wqe_shift = size.bit_length() - 1
     srq.buf_size = -(-(srq.max * size) // context.page_size) * context.page_size
-    kind = _srq_alloc_type(context.proc.environ)
+    kind = "CUSTOM" if mlx5_is_custom_alloc(srq.pd) else \
+        _srq_alloc_type(context.proc.environ)
     if kind == "HUGE":          # mlx5_alloc_prefered_buf: no fallback
         raise VerbsError(errno.ENOMEM, "mlx5_alloc_srq_buf: no huge pages")
     if kind == "CONTIG":
         raise VerbsError(errno.ENOSYS, "mlx5_alloc_srq_buf: no contiguous pages")
-    srq.buf = posix_memalign(context.proc, context.page_size, srq.buf_size)
-    context.proc.store(srq.buf, bytes(srq.max * size))
+    if kind == "CUSTOM":        # buf_size = max * size, as the allocator is asked
+        srq.buf_size = srq.max * size
+    srq.buf, srq.buf_type = mlx5_alloc_prefered_buf(context, srq.pd, srq.buf_size,
+                                                    MLX5DV_RES_TYPE_SRQ)
+    if srq.buf_type != MLX5_ALLOC_TYPE_CUSTOM:
+        context.proc.store(srq.buf, bytes(srq.max * size))
     srq.head, srq.tail = 0, srq.max - 1
     srq.wrid = [0] * srq.max
     for i in range(srq.max):
@@ -148,9 +165,10 @@ def mlx5_create_srq(pd: Any, attr: ibv_srq_init_attr) -> mlx5_srq:
     srq = mlx5_srq(ctx, pd, max_gs=u32(a.max_sge))
     mlx5_alloc_srq_buf(ctx, srq, u32(a.max_wr))
     try:
-        srq.db = mlx5_alloc_dbrec(ctx)
+        srq.db, srq.custom_db = mlx5_alloc_dbrec_pd(ctx, pd)
         try:
-            ctx.proc.store(srq.db, bytes(4))
+            if not srq.custom_db:
+                ctx.proc.store(srq.db, bytes(4))
             srq.wq_sig = mlx5_env.srq_sig_enabled(ctx.proc.environ)
             drv = mlx5_ib_create_srq(buf_addr=srq.buf, db_addr=srq.db,
                                      flags=MLX5_SRQ_FLAG_SIGNATURE if srq.wq_sig else 0)
@@ -158,10 +176,11 @@ def mlx5_create_srq(pd: Any, attr: ibv_srq_init_attr) -> mlx5_srq:
             a.max_wr = srq.max - 1
             resp, dresp = c.ibv_cmd_create_srq(pd, attr, drv, mlx5_ib_create_srq_resp)
         except BaseException:
-            mlx5_free_db(ctx, srq.db)
+            mlx5_free_db_pd(ctx, srq.db, pd, srq.custom_db)
             raise
     except BaseException:
-        free(ctx.proc, srq.buf, srq.buf_size)
+        mlx5_free_actual_buf(ctx, pd, srq.buf, srq.buf_size, srq.buf_type,
+                             MLX5DV_RES_TYPE_SRQ)
         raise
     a.max_wr -= 1           # the kernel's answer counts the wrap-around WQE
     srq.handle = resp.srq_handle
@@ -195,11 +214,13 @@ def mlx5_create_xrc_srq(ctx: Any, attr: ibv_srq_init_attr_ex) -> mlx5_srq:
         raise VerbsError(errno.EINVAL, f"mlx5_create_xrc_srq: max_sge {u32(a.max_sge)}")
     srq = mlx5_srq(ctx, attr.pd, max_gs=u32(a.max_sge))
     mlx5_alloc_srq_buf(ctx, srq, u32(a.max_wr))
-    undo = [lambda: free(ctx.proc, srq.buf, srq.buf_size)]
+    undo = [lambda: mlx5_free_actual_buf(ctx, srq.pd, srq.buf, srq.buf_size, srq.buf_type,
+                                         MLX5DV_RES_TYPE_SRQ)]
     try:
-        srq.db = mlx5_alloc_dbrec(ctx)
-        undo.append(lambda: mlx5_free_db(ctx, srq.db))
-        ctx.proc.store(srq.db, bytes(4))
+        srq.db, srq.custom_db = mlx5_alloc_dbrec_pd(ctx, srq.pd)
+        undo.append(lambda: mlx5_free_db_pd(ctx, srq.db, srq.pd, srq.custom_db))
+        if not srq.custom_db:
+            ctx.proc.store(srq.db, bytes(4))
         srq.wq_sig = mlx5_env.srq_sig_enabled(ctx.proc.environ)
         drv = mlx5_ib_create_srq(buf_addr=srq.buf, db_addr=srq.db,
                                  flags=MLX5_SRQ_FLAG_SIGNATURE if srq.wq_sig else 0)
@@ -301,5 +322,6 @@ def mlx5_destroy_srq(srq: mlx5_srq) -> None:
     ctx = srq.context
     if srq.srq_type == IBV_SRQT_XRC and ctx.uidx_table.get(srq.uidx) is srq:
         del ctx.uidx_table[srq.uidx]               # mlx5_clear_uidx
-    mlx5_free_db(ctx, srq.db)
-    free(ctx.proc, srq.buf, srq.buf_size)
+    mlx5_free_db_pd(ctx, srq.db, srq.pd, srq.custom_db)
+    mlx5_free_actual_buf(ctx, srq.pd, srq.buf, srq.buf_size, srq.buf_type,
+                         MLX5DV_RES_TYPE_SRQ)

@@ -68,9 +68,18 @@ from userspace.libibverbs.verbs_types import (
 from userspace.providers.mlx5 import cq_ext
 from userspace.providers.mlx5 import env as mlx5_env
 from userspace.providers.mlx5.ah import mlx5_create_ah, mlx5_destroy_ah
+from userspace.providers.mlx5.buf import (
+    MLX5_ALLOC_TYPE_ANON,
+    MLX5DV_RES_TYPE_CQ,
+    MLX5DV_RES_TYPE_QP,
+    mlx5_alloc_dbrec_pd,
+    mlx5_alloc_prefered_buf,
+    mlx5_free_actual_buf,
+    mlx5_free_db_pd,
+    to_mparent_domain,
+)
 from userspace.providers.mlx5.cq import mlx5_cq_clean, mlx5_poll_cq
 from userspace.providers.mlx5.cq_ext import mlx5_arm_cq, mlx5_cq_event, mlx5_cq_fill_pfns
-from userspace.providers.mlx5.dbrec import mlx5_alloc_dbrec, mlx5_free_db
 from userspace.providers.mlx5.dm import (
     mlx5_alloc_dm,
     mlx5_free_dm,
@@ -120,7 +129,23 @@ _CAP_FIELDS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "ma
 
 @attrs.define(eq=False)
 class mlx5_pd(ibv_pd):
+    """Mirrors struct mlx5_pd: refcount counts the parent domains (and, of a parent
+    domain, the QPs and CQs) that use it; mprotection_domain is set on a parent domain."""
+
     pdn: int = 0
+    refcount: int = 1
+    mprotection_domain: Any = None
+
+
+@attrs.define(eq=False)
+class mlx5_parent_domain(mlx5_pd):
+    """Mirrors struct mlx5_parent_domain: a PD wrapping a protection domain, with the
+    application's allocators and their pd_context (buf.py uses them)."""
+
+    mtd: Any = None
+    alloc: Any = None
+    free: Any = None
+    pd_context: Any = None
 
 
 @attrs.define(eq=False)
@@ -135,6 +160,9 @@ class mlx5_cq(ibv_cq_ex):
     flags: int = 0        # MLX5_CQ_FLAGS_EXTENDED for ibv_create_cq_ex's CQs
     cur_cqe: bytes | None = None   # the extended poll's current CQE
     cur_vendor_err: int = 0
+    parent_domain: Any = None      # IBV_CQ_INIT_ATTR_MASK_PD: its allocators made the CQ
+    custom_db: bool = False        # the doorbell record came from those allocators
+    buf_type: int = MLX5_ALLOC_TYPE_ANON
 
 
 @attrs.define(eq=False)
@@ -145,6 +173,8 @@ class mlx5_qp(ibv_qp):
     rq: mlx5_wq = attrs.Factory(mlx5_wq)
     buf: int = 0
     buf_size: int = 0
+    sq_buf: int = 0           # RAW_PACKET: the SQ's own buffer (sq_start)
+    sq_buf_size: int = 0
     db: int = 0
     bf: mlx5_bf | None = None
     uidx: int = MLX5_UIDX_DEFAULT
@@ -156,6 +186,8 @@ class mlx5_qp(ibv_qp):
     sq_signal_bits: int = 0   # MLX5_WQE_CTRL_CQ_UPDATE when created with sq_sig_all
     fm_cache: int = 0         # the fence carried to the next WQE
     atomics_enabled: bool = False   # the device has atomics (ctx->atomic_cap)
+    custom_db: bool = False   # the doorbell record came from a parent domain's allocator
+    buf_type: int = MLX5_ALLOC_TYPE_ANON
 
 
 @attrs.define(eq=False)
@@ -178,6 +210,8 @@ class _InitAttrEx:
     recv_cq: Any = None
     sq_sig_all: int = 0
     xrcd: Any = None
+    create_flags: int = 0
+    source_qpn: int = 0
 
 
 def _to_mctx(ctx) -> mlx5_context:
@@ -210,8 +244,58 @@ def mlx5_alloc_pd(ctx) -> mlx5_pd:
 
 @traced
 def mlx5_free_pd(pd: mlx5_pd) -> None:
-    """Mirrors mlx5_free_pd()."""
+    """Mirrors mlx5_free_pd(): a parent domain is mlx5_dealloc_parent_domain; a PD
+    that a parent domain still wraps is EBUSY; else DEALLOC_PD."""
+    mparent_domain = to_mparent_domain(pd)
+    if mparent_domain is not None:
+        mlx5_dealloc_parent_domain(mparent_domain)
+        return
+    if getattr(pd, "refcount", 1) > 1:   # (a bare ibv_pd has no parent domains)
+        raise VerbsError(errno.EBUSY, "mlx5_free_pd: a parent domain uses the PD")
     c.ibv_cmd_dealloc_pd(pd.context, pd.handle)
+
+
+#: the comp_mask bits mlx5_alloc_parent_domain takes
+MLX5_PARENT_DOMAIN_SUP_COMP_MASK = (v.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+                                    | v.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
+
+
+@traced
+def mlx5_alloc_parent_domain(ctx, attr: v.ibv_parent_domain_init_attr) -> mlx5_parent_domain:
+    """Mirrors mlx5_alloc_parent_domain(): EINVAL without a PD or for an unknown
+    comp_mask bit; a library object only (no command): it holds a reference on the
+    protection domain (and the thread domain), takes its context and handle, and
+    keeps the allocators and pd_context the comp_mask names."""
+    v.ibv_check_alloc_parent_domain(attr)
+    if attr.comp_mask & ~MLX5_PARENT_DOMAIN_SUP_COMP_MASK:
+        raise VerbsError(errno.EINVAL, f"mlx5_alloc_parent_domain: comp_mask "
+                         f"{attr.comp_mask:#x}")
+    protection_domain = attr.pd
+    while protection_domain.mprotection_domain is not None:   # to_mpd()
+        protection_domain = protection_domain.mprotection_domain
+    mparent_domain = mlx5_parent_domain(ctx, 0, pdn=protection_domain.pdn,
+                                        mprotection_domain=protection_domain)
+    if attr.td is not None:
+        mparent_domain.mtd = attr.td
+        attr.td.refcount += 1
+    protection_domain.refcount += 1
+    v.ibv_initialize_parent_domain(mparent_domain, protection_domain)
+    if attr.comp_mask & v.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS:
+        mparent_domain.alloc, mparent_domain.free = attr.alloc, attr.free
+    if attr.comp_mask & v.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT:
+        mparent_domain.pd_context = attr.pd_context
+    return mparent_domain
+
+
+@traced
+def mlx5_dealloc_parent_domain(mparent_domain: mlx5_parent_domain) -> None:
+    """Mirrors mlx5_dealloc_parent_domain(): EBUSY while a QP or CQ uses it; else
+    the references on the protection (and thread) domain are dropped."""
+    if mparent_domain.refcount > 1:
+        raise VerbsError(errno.EBUSY, "mlx5_dealloc_parent_domain: a QP or CQ uses it")
+    mparent_domain.mprotection_domain.refcount -= 1
+    if mparent_domain.mtd is not None:
+        mparent_domain.mtd.refcount -= 1
 
 
 @traced
@@ -308,10 +392,12 @@ def create_cq(ctx, attr: ibv_cq_init_attr_ex, cq_alloc_flags: int,
         raise VerbsError(errno.EINVAL, f"{what}: flags {attr.flags:#x}")
     if attr.wc_flags & ~CREATE_CQ_SUPPORTED_WC_FLAGS:
         raise VerbsError(errno.EOPNOTSUPP, f"{what}: wc_flags {attr.wc_flags:#x}")
+    parent_domain = None
     if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD:
-        # EMU: parent domains are not modelled, so no PD is one (to_mparent_domain NULL)
-        raise VerbsError(errno.EINVAL, f"{what}: not a parent domain")
-    cq = mlx5_cq(ctx, 0, 0, flags=cq_alloc_flags)
+        if to_mparent_domain(attr.parent_domain) is None:
+            raise VerbsError(errno.EINVAL, f"{what}: not a parent domain")
+        parent_domain = attr.parent_domain
+    cq = mlx5_cq(ctx, 0, 0, flags=cq_alloc_flags, parent_domain=parent_domain)
     if cq_alloc_flags & MLX5_CQ_FLAGS_EXTENDED:
         rc = mlx5_cq_fill_pfns(cq, attr, mctx)
         if rc:
@@ -326,10 +412,11 @@ def create_cq(ctx, attr: ibv_cq_init_attr_ex, cq_alloc_flags: int,
     if cqe_sz < 0:
         raise VerbsError(-cqe_sz, f"{what}: MLX5_CQE_SIZE")
     size = ncqe * cqe_sz
-    buf = posix_memalign(proc, mctx.page_size, size)
+    # mlx5_alloc_cq_buf(): the parent domain's allocator, if it has one
+    buf, buf_type = mlx5_alloc_prefered_buf(mctx, parent_domain, size, MLX5DV_RES_TYPE_CQ)
     try:
         _init_cq_buf(proc, buf, ncqe, cqe_sz)
-        db = mlx5_alloc_dbrec(mctx)
+        db, custom_db = mlx5_alloc_dbrec_pd(mctx, parent_domain)
         try:
             proc.store(db, bytes(8))  # cq->dbrec[MLX5_CQ_SET_CI] = [MLX5_CQ_ARM_DB] = 0
             drv = mlx5_ib_create_cq(buf_addr=buf, db_addr=db, cqe_size=cqe_sz)
@@ -340,13 +427,16 @@ def create_cq(ctx, attr: ibv_cq_init_attr_ex, cq_alloc_flags: int,
             handle, resp_cqe, dresp = c.ibv_cmd_create_cq_ex(
                 ctx, attr_ex, drv, mlx5_ib_create_cq_resp, verbs_cq_handle(cq))
         except BaseException:
-            mlx5_free_db(mctx, db)
+            mlx5_free_db_pd(mctx, db, parent_domain, custom_db)
             raise
     except BaseException:
-        free(proc, buf, size)
+        mlx5_free_actual_buf(mctx, parent_domain, buf, size, buf_type, MLX5DV_RES_TYPE_CQ)
         raise
+    if parent_domain is not None:
+        parent_domain.refcount += 1
     cq.handle, cq.cqe, cq.cqn = handle, resp_cqe, dresp.cqn
     cq.buf, cq.buf_size, cq.cqe_sz, cq.dbrec = buf, size, cqe_sz, db
+    cq.buf_type, cq.custom_db = buf_type, custom_db
     return cq
 
 
@@ -380,8 +470,11 @@ def mlx5_destroy_cq(cq: mlx5_cq) -> None:
     """Mirrors mlx5_destroy_cq(): DESTROY_CQ (ibv_cmd_destroy_cq waits for the events
     it reported to be acknowledged), then free the record and buffer."""
     resp = c.ibv_cmd_destroy_cq(cq.context, cq.handle)
-    mlx5_free_db(cq.context, cq.dbrec)
-    free(cq.context.proc, cq.buf, cq.buf_size)
+    mlx5_free_db_pd(cq.context, cq.dbrec, cq.parent_domain, cq.custom_db)
+    mlx5_free_actual_buf(cq.context, cq.parent_domain, cq.buf, cq.buf_size, cq.buf_type,
+                         MLX5DV_RES_TYPE_CQ)
+    if cq.parent_domain is not None:
+        cq.parent_domain.refcount -= 1
     ibv_destroy_cq_wait(cq, resp)
 
 
@@ -418,6 +511,13 @@ MLX5_CREATE_QP_SUP_COMP_MASK = (IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD
                                 | IBV_QP_INIT_ATTR_CREATE_FLAGS
                                 | IBV_QP_INIT_ATTR_MAX_TSO_HEADER | IBV_QP_INIT_ATTR_IND_TABLE
                                 | IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+#: what create_qp needs the extended command for (MLX5_CREATE_QP_EX2_COMP_MASK)
+MLX5_CREATE_QP_EX2_COMP_MASK = (IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+                                | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH)
+#: the comp_mask bits mlx5_create_qp_ex hands on to create_qp in the model's attrx
+MLX5_CREATE_QP_PASSED_COMP_MASK = (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+                                   | IBV_QP_INIT_ATTR_CREATE_FLAGS
+                                   | IBV_QP_INIT_ATTR_MAX_TSO_HEADER)
 
 
 @traced
@@ -429,10 +529,8 @@ def mlx5_create_qp_ex(context: mlx5_context, attr: ibv_qp_init_attr_ex) -> mlx5_
     An XRC receive QP is made in attr.xrcd (IBV_QP_INIT_ATTR_XRCD) and has no
     queues; an XRC send QP on a PD has no receive queue.
     # EMU: RSS (IND_TABLE / RX_HASH) is not modelled: EOPNOTSUPP.
-    # The new post-send API (SEND_OPS_FLAGS) is qp_ex.py's.  Create flags and a TSO header
-    # travel in the extended CREATE_QP command, which the emulated uverbs lacks:
-    # asking for none of them (create_flags 0, no TSO header) is the legacy
-    # command, anything else EOPNOTSUPP.
+    # The new post-send API (SEND_OPS_FLAGS) is qp_ex.py's.  Create flags and a TSO
+    header travel in the extended CREATE_QP command (ibv_cmd_create_qp_ex2).
     """
     if attr.comp_mask & ~MLX5_CREATE_QP_SUP_COMP_MASK:
         raise VerbsError(errno.EINVAL, f"mlx5_create_qp_ex: comp_mask {attr.comp_mask:#x}")
@@ -441,22 +539,23 @@ def mlx5_create_qp_ex(context: mlx5_context, attr: ibv_qp_init_attr_ex) -> mlx5_
     xrcd = attr.xrcd if attr.comp_mask & IBV_QP_INIT_ATTR_XRCD else None
     if (not attr.comp_mask & IBV_QP_INIT_ATTR_PD or attr.pd is None) and xrcd is None:
         raise VerbsError(errno.EINVAL, "mlx5_create_qp_ex: no PD")
-    if (attr.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS and attr.create_flags) or \
-            attr.comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER:
-        raise VerbsError(errno.EOPNOTSUPP, "mlx5_create_qp_ex: create flags and TSO need "
-                         "the extended CREATE_QP command")
     attrx = _InitAttrEx(attr.qp_type, attr.cap, attr.srq, pd=attr.pd, send_cq=attr.send_cq,
                         recv_cq=attr.recv_cq, sq_sig_all=attr.sq_sig_all,
-                        comp_mask=attr.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-                        send_ops_flags=attr.send_ops_flags, xrcd=xrcd)
+                        comp_mask=attr.comp_mask & MLX5_CREATE_QP_PASSED_COMP_MASK,
+                        send_ops_flags=attr.send_ops_flags, xrcd=xrcd,
+                        create_flags=attr.create_flags, source_qpn=attr.source_qpn,
+                        max_tso_header=attr.max_tso_header)
     return create_qp(context, attrx)
 
 
 @traced
 def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None) -> mlx5_qp:
     """Mirrors create_qp() (static in verbs.c): size the queues, allocate the
-    buffer (RQ first, then SQ) and the doorbell record, choose the UAR,
-    CREATE_QP (ibv_cmd_create_qp_ex), then map_uuar."""
+    buffer (RQ first, then SQ; a RAW_PACKET QP's SQ in a buffer of its own, whose
+    address travels in sq_buf_addr) and the doorbell record, choose the UAR,
+    CREATE_QP (ibv_cmd_create_qp_ex; the extended command, ibv_cmd_create_qp_ex2,
+    for create flags or a TSO header), then map_uuar.  A TSO header on a QP other
+    than RAW_PACKET is EINVAL."""
     mctx = _to_mctx(context)
     proc = mctx.proc
     pd = attr.pd
@@ -472,22 +571,31 @@ def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None
         if ret:
             raise VerbsError(ret, "create_qp: send_ops_flags "
                              f"{attr.send_ops_flags:#x} not supported on this QP type")
+    if attr.comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER and \
+            attr.qp_type != v.IBV_QPT_RAW_PACKET:
+        raise VerbsError(errno.EINVAL, "create_qp: a TSO header needs a RAW_PACKET QP")
     wq_size = mlx5_calc_wq_size(mctx, attr, qp, mlx5_qp_attr)
-    buf_size, _sq_buf_size = create_qp_buf_sizes(qp, attr.qp_type, wq_size)
+    buf_size, sq_buf_size = create_qp_buf_sizes(qp, attr.qp_type, wq_size)
     undo = []
     bf = None
     try:
         if buf_size:                # an XRC receive QP has no queues
             mlx5_alloc_qp_buf(mctx, attr, qp, buf_size)
-            undo.append(lambda: free(proc, qp.buf, qp.buf_size))
-        qp.db = mlx5_alloc_dbrec(mctx)
-        undo.append(lambda: mlx5_free_db(mctx, qp.db))
-        proc.store(qp.db, bytes(8))  # db[MLX5_RCV_DBR] = db[MLX5_SND_DBR] = 0
+            undo.append(lambda: mlx5_free_actual_buf(mctx, pd, qp.buf, qp.buf_size,
+                                                     qp.buf_type, MLX5DV_RES_TYPE_QP))
+        if sq_buf_size:             # RAW_PACKET: the SQ apart (mlx5_alloc_qp_buf's sq_buf)
+            qp.sq_buf_size = -(-sq_buf_size // mctx.page_size) * mctx.page_size
+            qp.sq_buf = posix_memalign(proc, mctx.page_size, qp.sq_buf_size)
+            undo.append(lambda: free(proc, qp.sq_buf, qp.sq_buf_size))
+        qp.db, qp.custom_db = mlx5_alloc_dbrec_pd(mctx, pd)
+        undo.append(lambda: mlx5_free_db_pd(mctx, qp.db, pd, qp.custom_db))
+        if not qp.custom_db:  # db[MLX5_RCV_DBR] = db[MLX5_SND_DBR] = 0
+            proc.store(qp.db, bytes(8))
         qp.uidx = _alloc_uidx(mctx, qp)
         undo.append(lambda: mctx.uidx_table.pop(qp.uidx, None))
         drv = mlx5_ib_create_qp(buf_addr=qp.buf, db_addr=qp.db, sq_wqe_count=qp.sq.wqe_cnt,
                                 rq_wqe_count=qp.rq.wqe_cnt, rq_wqe_shift=qp.rq.wqe_shift,
-                                uidx=qp.uidx, ece_options=0)
+                                uidx=qp.uidx, ece_options=0, sq_buf_addr=qp.sq_buf)
         if qp.wq_sig:  # create_qp(): the kernel sizes the RQ and sets the QPC by this flag
             drv.flags |= MLX5_QP_FLAG_SIGNATURE
         if not mctx.bfs:  # dynamic UARs: the library picks the register
@@ -505,12 +613,19 @@ def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None
             max_inline_data=cap.max_inline_data, sq_sig_all=attr.sq_sig_all,
             qp_type=attr.qp_type, is_srq=int(attr.srq is not None),
             srq_handle=attr.srq.handle if attr.srq is not None else 0)
-        resp, dresp = c.ibv_cmd_create_qp_ex(context, req, drv, mlx5_ib_create_qp_resp)
+        if attr.comp_mask & MLX5_CREATE_QP_EX2_COMP_MASK:
+            resp, dresp = c.ibv_cmd_create_qp_ex2(context, attr, req, drv,
+                                                  mlx5_ib_create_qp_resp)
+        else:
+            resp, dresp = c.ibv_cmd_create_qp_ex(context, req, drv, mlx5_ib_create_qp_resp)
     except BaseException:
         for fn in reversed(undo):
             fn()
         raise
     qp.handle, qp.qp_num = resp.qp_handle, resp.qpn
+    mparent_domain = to_mparent_domain(pd)
+    if mparent_domain is not None:
+        mparent_domain.refcount += 1
     if attr.qp_type != IBV_QPT_XRC_RECV:
         map_uuar(mctx, qp, dresp.bfreg_index, bf)
     # EMU: the kernel answers an XRC receive QP without the driver's response (it has
@@ -526,13 +641,34 @@ def mlx5_alloc_qp_buf(context: mlx5_context, attr: _InitAttrEx, qp: mlx5_qp, siz
     queue, then the WQE buffer - `size` bytes rounded up to whole pages,
     page-aligned, in the process's own memory (zeroed, as anonymous pages are).
 
-    # EMU: only the anonymous allocation: no huge pages (MLX5_QP_HUGE), custom
-    # allocators or dma-buf; a RAW packet QP's separate SQ buffer is not allocated.
+    A QP on a parent domain with allocators asks them first (buf.py), for the size
+    rounded up to the alignment mlx5_set_custom_qp_alignment() asks for; a buffer
+    the application gave is not zeroed.
+
+    # EMU: only the anonymous allocation besides those: no huge pages (MLX5_QP_HUGE)
+    # or dma-buf; a RAW packet QP's separate SQ buffer is create_qp's (anonymous).
     """
-    qp.buf_size = -(-size // context.page_size) * context.page_size
     for wq in (qp.sq, qp.rq):
         wq.wrid, wq.wqe_head, wq.wr_data = [0] * wq.wqe_cnt, [0] * wq.wqe_cnt, [0] * wq.wqe_cnt
-    qp.buf = posix_memalign(context.proc, context.page_size, qp.buf_size)
+    req_align = context.page_size
+    if to_mparent_domain(attr.pd) is not None and attr.qp_type != v.IBV_QPT_RAW_PACKET:
+        req_align = mlx5_set_custom_qp_alignment(context, qp, size)
+    qp.buf_size = -(-size // req_align) * req_align
+    qp.buf, qp.buf_type = mlx5_alloc_prefered_buf(context, attr.pd, qp.buf_size,
+                                                  MLX5DV_RES_TYPE_QP, req_align)
+
+
+#: mlx5_ifc's QPC page_offset is in quanta of 1/64 of the QP's page
+MLX5_QPC_PAGE_OFFSET_QUANTA = 64
+
+
+def mlx5_set_custom_qp_alignment(context: mlx5_context, qp: mlx5_qp, buf_size: int) -> int:
+    """Mirrors mlx5_set_custom_qp_alignment(): the alignment a custom QP buffer needs -
+    the larger WQE stride, or 1/64 of the buffer's size rounded up to pages and to a
+    power of two (the QPC's page offset counts in those quanta)."""
+    buf_page = roundup_pow_of_two(-(-buf_size // context.page_size) * context.page_size)
+    max_stride = max(1 << qp.sq.wqe_shift, 1 << qp.rq.wqe_shift)
+    return max(max_stride, buf_page // MLX5_QPC_PAGE_OFFSET_QUANTA)
 
 
 @traced
@@ -562,9 +698,15 @@ def mlx5_destroy_qp(qp: mlx5_qp) -> None:
     if not mctx.bfs:
         mlx5_put_qp_uar(mctx, qp.bf)
     mctx.uidx_table.pop(qp.uidx, None)
-    mlx5_free_db(mctx, qp.db)
+    mlx5_free_db_pd(mctx, qp.db, qp.pd, qp.custom_db)
+    if qp.sq_buf:
+        free(mctx.proc, qp.sq_buf, qp.sq_buf_size)
     if qp.buf:
-        free(mctx.proc, qp.buf, qp.buf_size)
+        mlx5_free_actual_buf(mctx, qp.pd, qp.buf, qp.buf_size, qp.buf_type,
+                             MLX5DV_RES_TYPE_QP)
+    mparent_domain = to_mparent_domain(qp.pd)
+    if mparent_domain is not None:
+        mparent_domain.refcount -= 1
 
 
 #: the states in which each queue may post (rdma-core sets qp_state_max_gs by them)
@@ -617,6 +759,7 @@ mlx5_ctx_ops = verbs_context_ops(
     alloc_context=mlx5_alloc_context, free_context=mlx5_free_context,
     query_port=mlx5_query_port, query_device_ex=mlx5_query_device_ex,
     alloc_pd=mlx5_alloc_pd, dealloc_pd=mlx5_free_pd,
+    alloc_parent_domain=mlx5_alloc_parent_domain,
     reg_mr=mlx5_reg_mr, rereg_mr=mlx5_rereg_mr, dereg_mr=mlx5_dereg_mr,
     alloc_mw=mlx5_alloc_mw, dealloc_mw=mlx5_dealloc_mw, bind_mw=mlx5_bind_mw,
     create_cq=mlx5_create_cq,

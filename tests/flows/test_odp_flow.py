@@ -1,0 +1,123 @@
+"""On-demand paging end to end: RC traffic into and out of ODP MRs whose pages the
+HCA faults in on first touch (PAGE_FAULT EQE -> mlx5_ib's page-fault work ->
+ib_umem_odp_map_dma_and_lock -> the MTT by UMR -> PAGE_FAULT_RESUME), and munmap
+under an ODP MR: the notifier zaps the MTT, the next access faults and - with
+nothing mapped there any more - completes in error.  Nothing is ever pinned."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.flows.test_data_path import (
+    ALL_ACCESS,
+    BUF,
+    LINKS,
+    PAGE,
+    SIG,
+    Link,
+    make_link,
+    pattern,
+    settle,
+    status,
+    wc_fields,
+)
+from userspace.libibverbs import verbs as v
+from userspace.libibverbs.pyverbs import SendWR
+
+ODP = ALL_ACCESS | v.IBV_ACCESS_ON_DEMAND
+
+
+@pytest.fixture(params=LINKS)
+def link(request) -> Link:
+    return make_link(request.param, a_kw={"mr_access": ODP}, b_kw={"mr_access": ODP})
+
+
+def resumes(side) -> int:
+    """PAGE_FAULT_RESUME commands the side's HCA has executed."""
+    return sum(1 for e in side.hca.fw.cmd_log if e[0] == "PAGE_FAULT_RESUME")
+
+
+def present(side, off: int) -> bool:
+    return bool(side.p.mm.pgtable.get(side.mr.buf + off) & 1)
+
+
+def test_odp_mrs_pin_nothing_and_start_unmapped(link):
+    a, b = link.a, link.b
+    for s in (a, b):
+        assert s.p.mm.pinned_vm == 0
+        odp = s.hca.fw.mkeys[s.mr.lkey >> 8]
+        assert odp.pg_access and odp.pf_absent
+
+
+def test_rdma_write_faults_the_responders_pages_in(link):
+    a, b = link.a, link.b
+    a.mr.write(pattern(BUF))                   # the CPU touches a's pages: no fault there
+    assert not present(b, 0)
+    before = resumes(b)
+    a.qp.post_send(link.write(1, 0, 100, 3 * PAGE))
+    assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
+    assert resumes(b) > before                 # the responder faulted, was resumed
+    assert b.mr.read(3 * PAGE, 100) == pattern(BUF)[:3 * PAGE]
+    assert b.p.mm.pinned_vm == 0 and present(b, 0) and not present(b, 3 * PAGE + PAGE)
+    assert settle(b) == []
+
+
+def test_rdma_read_faults_the_requesters_destination_in(link):
+    a, b = link.a, link.b
+    b.mr.write(pattern(BUF, 5))
+    before = resumes(a)
+    a.qp.post_send(SendWR(wr_id=8, sg_list=[a.sge(10, 3000)], opcode=v.IBV_WR_RDMA_READ,
+                          send_flags=SIG, remote_addr=b.mr.buf + 5000, rkey=b.mr.rkey))
+    (wc,) = a.cq.poll_until(1)
+    assert wc_fields(wc) == (8, "SUCCESS", v.IBV_WC_RDMA_READ, 3000, a.qp.qp_num)
+    assert resumes(a) > before                 # the requester's sge faulted first
+    assert a.mr.read(3000, 10) == pattern(BUF, 5)[5000:8000]
+
+
+def test_send_into_an_unfaulted_receive_buffer(link):
+    a, b = link.a, link.b
+    b.recv(7, 2 * PAGE, 600)
+    a.mr.write(pattern(600, 3))
+    a.qp.post_send(SendWR(wr_id=2, sg_list=[a.sge(0, 600)], opcode=v.IBV_WR_SEND,
+                          send_flags=SIG))
+    assert status(a.cq.poll_until(1)) == [(2, "SUCCESS")]
+    (wc,) = b.cq.poll_until(1)
+    assert (wc.wr_id, v.ibv_wc_status_str(wc.status), wc.byte_len) == (7, "SUCCESS", 600)
+    assert b.mr.read(600, 2 * PAGE) == pattern(600, 3)
+
+
+def test_gather_from_unfaulted_pages_sends_zeros(link):
+    """A's pages were never touched: the HCA's read faults them in, as zero pages."""
+    a, b = link.a, link.b
+    b.mr.write(b"\xee" * 64)
+    a.qp.post_send(link.write(3, PAGE, 0, 64))
+    assert status(a.cq.poll_until(1)) == [(3, "SUCCESS")]
+    assert b.mr.read(64) == bytes(64) and present(a, PAGE)
+
+
+def test_munmap_under_the_responders_mr_then_a_write_fails(link):
+    a, b = link.a, link.b
+    a.mr.write(pattern(64))
+    a.qp.post_send(link.write(1, 0, PAGE, 64))
+    assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
+    mkey = b.hca.fw.mkeys[b.mr.rkey >> 8]
+    assert b.p.munmap(b.mr.buf + PAGE, PAGE) == 0          # the notifier zaps the MTT
+    assert mkey.pf_absent and not present(b, PAGE)
+    a.qp.post_send(link.write(2, 0, PAGE, 64))
+    assert status(a.cq.poll_until(1)) == [(2, "REM_ACCESS_ERR")]
+    assert b.p.mm.pinned_vm == 0
+
+
+def test_munmap_under_the_requesters_mr_then_its_send_fails(link):
+    a, b = link.a, link.b
+    assert a.p.munmap(a.mr.buf, PAGE) == 0
+    a.qp.post_send(link.write(4, 0, 0, 64))
+    assert status(a.cq.poll_until(1)) == [(4, "LOC_PROT_ERR")]
+
+
+def test_dereg_after_faults_leaves_nothing_mapped(link):
+    a, b = link.a, link.b
+    a.qp.post_send(link.write(1, 0, 0, 2 * PAGE))
+    assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
+    dev = b.hca.pdev.dev
+    assert dev.nr_dma_mappings > 0
