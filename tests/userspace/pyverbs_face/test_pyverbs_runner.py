@@ -126,3 +126,15 @@ def test_the_alias_refuses_to_mix_with_another_pyverbs(monkeypatch):
     with pytest.raises(RuntimeError, match="another pyverbs"):
         alias.install()
     assert not alias.installed()
+
+
+def test_without_apt_the_fetch_fails_with_one_line(tmp_path):
+    """No path and no Debian tools: one line naming what is missing, exit 1."""
+    import os
+    env = dict(os.environ, PATH=str(tmp_path), PEERMEM_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "peermem", "rdma-core-tests"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, env=env)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip() == ("peermem rdma-core-tests: cannot fetch rdma-core's tests: "
+                                "fetching rdma-core's tests needs apt-get (Debian's package "
+                                "python3-pyverbs); or pass the path of rdma-core's tests/")
