@@ -16,6 +16,7 @@ from functools import wraps
 from kernel_model.current import current
 from kernel_model.errno import EBADF, EINVAL, ENOENT, ENOTTY, KernelError
 from kernel_model.fs import do_filp_open, fput
+from kernel_model.madvise import do_madvise
 from kernel_model.mm import MAP_ANONYMOUS, do_mmap, do_munmap
 from kernel_model.sched import SCHED
 from kernel_model.sysfs import list_dir
@@ -117,6 +118,14 @@ def sys_mmap(addr: int, length: int, prot: int, flags: int, fd: int, offset: int
 def sys_munmap(addr: int, length: int) -> int:
     """munmap(2)."""
     do_munmap(current().mm, addr, length)
+    return 0
+
+
+@traced
+@syscall
+def sys_madvise(addr: int, length: int, behavior: int) -> int:
+    """madvise(2) (MADV_DONTNEED: kernel_model/madvise.py)."""
+    do_madvise(current().mm, addr, length, behavior)
     return 0
 
 

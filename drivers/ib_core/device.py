@@ -85,6 +85,7 @@ class ib_device_ops:
     dealloc_pd: Callable | None = None
     reg_user_mr: Callable | None = None
     reg_user_mr_dmabuf: Callable | None = None
+    advise_mr: Callable | None = None
     rereg_user_mr: Callable | None = None
     dereg_mr: Callable | None = None
     alloc_mw: Callable | None = None

@@ -17,11 +17,14 @@ The MR's mmu interval notifier (mlx5_ib_invalidate_range) zaps the MTT entries
 of an invalidated range by UMR - the UMR completes only once the HCA's DMA
 through the mkey drained - then DMA-unmaps the pages; the next access faults.
 
-# EMU: implicit ODP (the whole address space), prefetch (ibv_advise_mr), the
-# WQE sub-type fault (the driver reading the faulting WQE's data segments) and
-# ODP for UD/XRC/SRQ receives are not modelled; the device's ODP capability page
-# (MLX5_CAP_ODP) is not in the model's capability layout, so the caps reported
-# are those a ConnectX-6 Dx reports for RC, gated by the general pg capability.
+Prefetch (ibv_advise_mr -> mlx5_ib_advise_mr) faults an SGE list's ranges in
+ahead of the HCA, at once (IB_UVERBS_ADVISE_MR_FLAG_FLUSH) or from a workqueue.
+
+# EMU: implicit ODP (the whole address space), the WQE sub-type fault (the driver
+# reading the faulting WQE's data segments) and ODP for UD are not modelled; the
+# device's ODP capability page (MLX5_CAP_ODP) is not in the model's capability
+# layout, so the caps reported are those a ConnectX-6 Dx reports for RC and XRC,
+# gated by the general pg capability.
 """
 
 from __future__ import annotations
@@ -59,9 +62,9 @@ from drivers.mlx5_core.ifc import (
 )
 from drivers.mlx5_core.mr import mlx5_mkey_to_idx
 from drivers.mlx5_ib.mlx5_ib import mlx5_ib_dev, mlx5_ib_mr, mlx5_ib_warn, to_mdev
-from kernel_model.errno import EFAULT, KernelError
+from kernel_model.errno import EFAULT, EINVAL, ENOENT, EOPNOTSUPP, KernelError
 from kernel_model.interrupt import IRQ_HANDLED
-from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock, schedule_timeout
+from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
 from kernel_model.mmu_notifier import (
     mmu_interval_notifier,
     mmu_interval_notifier_ops,
@@ -83,6 +86,7 @@ from kernel_model.workqueue import (
     alloc_workqueue,
     destroy_workqueue,
     queue_work,
+    system_wq,
     work_struct,
 )
 
@@ -135,12 +139,15 @@ class mlx5_pagefault(work_struct):
 # -- capabilities and device setup ---------------------------------------------------------
 def mlx5_ib_internal_fill_odp_caps(dev: mlx5_ib_dev) -> None:
     """Mirrors mlx5_ib_internal_fill_odp_caps(): nothing without the pg capability;
-    else ODP with the RC operations (see the module's EMU note) - no implicit ODP."""
+    else ODP for RC and XRC (see the module's EMU note) - no implicit ODP, no UD."""
     caps = ib_odp_caps()
     if MLX5_CAP_GEN(dev.mdev, "pg"):
         caps.general_caps = IB_ODP_SUPPORT
         caps.rc_odp_caps = (IB_ODP_SUPPORT_SEND | IB_ODP_SUPPORT_RECV | IB_ODP_SUPPORT_WRITE
-                            | IB_ODP_SUPPORT_READ | IB_ODP_SUPPORT_ATOMIC)
+                            | IB_ODP_SUPPORT_READ | IB_ODP_SUPPORT_ATOMIC
+                            | IB_ODP_SUPPORT_SRQ_RECV)
+        caps.xrc_odp_caps = (IB_ODP_SUPPORT_SEND | IB_ODP_SUPPORT_WRITE | IB_ODP_SUPPORT_READ
+                             | IB_ODP_SUPPORT_ATOMIC | IB_ODP_SUPPORT_SRQ_RECV)
     dev.odp_caps = caps
 
 
@@ -222,8 +229,10 @@ def mlx5r_umr_update_xlt(mr: mlx5_ib_mr, idx: int, npages: int, flags: int) -> N
     if not zap:
         mlx5_odp_populate_xlt(odp, idx, npages, MLX5_ADDR_OF("emu_umr_update_xlt_in", in_,
                                                              "klm_pas_mtt"))
+    # EMU: the command's completion stands for the UMR's CQE; no one-jiffy sleep as in
+    # umr.py - the page-fault worker must not wait on a timer the busy-polling
+    # process it serves keeps from advancing
     mlx5_cmd_exec(dev.mdev, in_, IfcStruct("emu_umr_update_xlt_out"))
-    schedule_timeout(1)     # the poster waits for the UMR's CQE (see umr.py's EMU note)
 
 
 def mlx5_odp_populate_xlt(odp: ib_umem_odp, idx: int, nentries: int, out: U64Array) -> None:
@@ -399,3 +408,92 @@ def mlx5_ib_init_odp_mr(mr: mlx5_ib_mr) -> None:
     fault) and turn the mkey on."""
     pagefault_real_mr(mr, mr.umem, mr.umem.address, mr.umem.length,
                       MLX5_PF_FLAGS_SNAPSHOT | MLX5_PF_FLAGS_ENABLE)
+
+
+# -- prefetch (ibv_advise_mr) --------------------------------------------------------------
+IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH = 0
+IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE = 1
+IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT = 2
+IB_UVERBS_ADVISE_MR_FLAG_FLUSH = 1 << 0
+
+
+def get_prefetchable_mr(pd: object, advice: int, lkey: int) -> mlx5_ib_mr | None:
+    """Mirrors get_prefetchable_mr() (odp srcu held): the ODP MR of lkey if it is in
+    pd and - for PREFETCH_WRITE - writable; None otherwise."""
+    dev = to_mdev(pd.device)
+    mr = dev.odp_mkeys.get(mlx5_mkey_to_idx(lkey))
+    if mr is None or mr.mmkey.key != lkey or mr.pd is not pd:
+        return None
+    if advice == IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE and not mr.umem.writable:
+        return None
+    return mr
+
+
+@traced
+def mlx5_ib_prefetch_sg_list(pd: object, advice: int, pf_flags: int,
+                             sg_list: list[tuple[int, int, int]]) -> None:
+    """Mirrors mlx5_ib_prefetch_sg_list(): fault each SGE's range in now.  ENOENT for
+    an lkey that is not a prefetchable ODP MR of the PD; pagefault_mr's errors."""
+    dev = to_mdev(pd.device)
+    for addr, length, lkey in sg_list:
+        idx = srcu_read_lock(dev.odp_srcu)
+        try:
+            mr = get_prefetchable_mr(pd, advice, lkey)
+            if mr is None:
+                raise KernelError(ENOENT, f"mlx5_ib_prefetch_sg_list: lkey {lkey:#x}")
+            pagefault_mr(mr, addr, length, pf_flags)
+        finally:
+            srcu_read_unlock(dev.odp_srcu, idx)
+
+
+class prefetch_mr_work(work_struct):
+    """Mirrors struct prefetch_mr_work: an asynchronous prefetch of an SGE list."""
+
+    def __init__(self, pd: object, advice: int, pf_flags: int,
+                 sg_list: list[tuple[int, int, int]]):
+        super().__init__(mlx5_ib_prefetch_mr_work)
+        self.pd, self.advice, self.pf_flags, self.frags = pd, advice, pf_flags, sg_list
+
+
+@traced
+def mlx5_ib_prefetch_mr_work(work: work_struct) -> None:
+    """Mirrors mlx5_ib_prefetch_mr_work(): the queued prefetch; a failure is only warned
+    about (the caller returned long ago).  # EMU: the MRs are looked up again here
+    under the odp srcu instead of being referenced (num_deferred_work) at queue time;
+    one deregistered meanwhile is skipped."""
+    w: prefetch_mr_work = work
+    dev = to_mdev(w.pd.device)
+    try:
+        mlx5_ib_prefetch_sg_list(w.pd, w.advice, w.pf_flags, w.frags)
+    except KernelError as e:
+        mlx5_ib_warn(dev, f"mlx5_ib_prefetch_mr_work: {e}")
+
+
+@traced
+def mlx5_ib_advise_mr(pd: object, advice: int, flags: int, sg_list: list[tuple[int, int, int]],
+                      num_sge: int, attrs: object) -> None:
+    """Mirrors mlx5_ib_advise_mr() -> mlx5_ib_advise_mr_prefetch(): PREFETCH (read
+    only: DOWNGRADE), PREFETCH_WRITE, PREFETCH_NO_FAULT (only pages already present:
+    SNAPSHOT); with IB_UVERBS_ADVISE_MR_FLAG_FLUSH at once, else on a workqueue.
+
+    EOPNOTSUPP for another advice; EINVAL (asynchronous) when an lkey is not a
+    prefetchable ODP MR of the PD; ENOENT and pagefault_mr's errors (synchronous)."""
+    if advice not in (IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH,
+                      IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                      IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT):
+        raise KernelError(EOPNOTSUPP, f"mlx5_ib_advise_mr: advice {advice}")
+    pf_flags = {IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH: MLX5_PF_FLAGS_DOWNGRADE,
+                IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: MLX5_PF_FLAGS_SNAPSHOT}.get(
+                    advice, 0)
+    if flags & IB_UVERBS_ADVISE_MR_FLAG_FLUSH:
+        mlx5_ib_prefetch_sg_list(pd, advice, pf_flags, sg_list)
+        return
+    dev = to_mdev(pd.device)
+    idx = srcu_read_lock(dev.odp_srcu)
+    try:                                    # init_prefetch_work(): every lkey checked first
+        if any(get_prefetchable_mr(pd, advice, lkey) is None for _a, _n, lkey in sg_list):
+            raise KernelError(EINVAL, "mlx5_ib_advise_mr_prefetch: an lkey is not a "
+                              "prefetchable ODP MR")
+    finally:
+        srcu_read_unlock(dev.odp_srcu, idx)
+    queue_work(system_wq(), prefetch_mr_work(pd, advice, pf_flags, list(sg_list)))

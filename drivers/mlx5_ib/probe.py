@@ -72,7 +72,7 @@ from drivers.mlx5_ib.mr import (
     mlx5_ib_reg_user_mr_dmabuf,
     mlx5_ib_rereg_user_mr,
 )
-from drivers.mlx5_ib.odp import mlx5_ib_odp_cleanup_one, mlx5_ib_odp_init_one
+from drivers.mlx5_ib.odp import mlx5_ib_advise_mr, mlx5_ib_odp_cleanup_one, mlx5_ib_odp_init_one
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
 from drivers.mlx5_ib.qp_modify import mlx5_ib_modify_qp, mlx5_ib_query_qp
 from drivers.mlx5_ib.query import (
@@ -117,6 +117,7 @@ mlx5_ib_dev_ops = ib_device_ops(
     alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
     reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
     reg_user_mr_dmabuf=mlx5_ib_reg_user_mr_dmabuf,
+    advise_mr=mlx5_ib_advise_mr,
     rereg_user_mr=mlx5_ib_rereg_user_mr,
     alloc_mw=mlx5_ib_alloc_mw, dealloc_mw=mlx5_ib_dealloc_mw,
     create_cq=mlx5_ib_create_cq, destroy_cq=mlx5_ib_destroy_cq, resize_cq=mlx5_ib_resize_cq,

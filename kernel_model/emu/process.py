@@ -171,6 +171,9 @@ class Process:
             hook(addr, length)
         return self._sys(syscalls.sys_munmap, addr, length)
 
+    def madvise(self, addr: int, length: int, behavior: int) -> int:
+        return self._sys(syscalls.sys_madvise, addr, length, behavior)
+
     def userfaultfd(self, flags: int) -> int:
         return self._sys(syscalls.sys_userfaultfd, flags)
 

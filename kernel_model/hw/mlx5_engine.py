@@ -1536,6 +1536,7 @@ class Mlx5Engine:
             hw.rq_ci += 1
             first, pd = 0, qpc["pd"]
         else:                         # after the WQE's next segment; the SRQ's PD
+            srq_was = list(self.srq_hw.get(srq.num, [0, 0]))
             idx, raw = self.hca_srq_take(srq)
             stride, first, pd = len(raw), 16, self._c(srq)["pd"]
         op = frame.opcode
@@ -1563,12 +1564,12 @@ class Mlx5Engine:
                     pieces.append((p[0], min(p[1], left)))
                     left -= pieces[-1][1]
             except OdpFault:
-                if srq is None:       # the receive WQE is not consumed: taken on the retry
+                # the receive WQE is not consumed: the retry takes it again
+                if srq is None:
                     hw.rq_ci -= 1
-                    raise
-                # EMU: an SRQ's WQE is not given back (no SRQ ODP: no srq_receive cap)
-                cqe(qp, "resp_err", wqe_index=idx, syndrome=SYND_LOCAL_PROT)
-                raise WqeError(SYND_REMOTE_OP, "page fault on an SRQ receive") from None
+                else:
+                    self.srq_hw[srq.num] = srq_was
+                raise
             except WqeError as e:
                 cqe(qp, "resp_err", wqe_index=idx, syndrome=e.syndrome)
                 peer = SYND_REMOTE_INVAL_REQ if e.syndrome == SYND_LOCAL_LENGTH \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_model.page_alloc import page
 from tests.flows.test_data_path import (
     ALL_ACCESS,
     BUF,
@@ -41,10 +42,21 @@ def present(side, off: int) -> bool:
     return bool(side.p.mm.pgtable.get(side.mr.buf + off) & 1)
 
 
+def mr_pins(side) -> int:
+    """Pins on the MR's pages that are present (an ODP MR takes none)."""
+    m = side.m
+    n = 0
+    for off in range(0, BUF, PAGE):
+        pte = side.p.mm.pgtable.get(side.mr.buf + off)
+        if pte & 1:
+            n += page(m.zone, (pte & 0x000F_FFFF_FFFF_F000) >> m.page_shift)._pincount
+    return n
+
+
 def test_odp_mrs_pin_nothing_and_start_unmapped(link):
     a, b = link.a, link.b
     for s in (a, b):
-        assert s.p.mm.pinned_vm == 0
+        assert mr_pins(s) == 0 and not present(s, 0)
         odp = s.hca.fw.mkeys[s.mr.lkey >> 8]
         assert odp.pg_access and odp.pf_absent
 
@@ -54,11 +66,12 @@ def test_rdma_write_faults_the_responders_pages_in(link):
     a.mr.write(pattern(BUF))                   # the CPU touches a's pages: no fault there
     assert not present(b, 0)
     before = resumes(b)
-    a.qp.post_send(link.write(1, 0, 100, 3 * PAGE))
+    a.qp.post_send(link.write(1, 0, 100, 2 * PAGE))
     assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
     assert resumes(b) > before                 # the responder faulted, was resumed
-    assert b.mr.read(3 * PAGE, 100) == pattern(BUF)[:3 * PAGE]
-    assert b.p.mm.pinned_vm == 0 and present(b, 0) and not present(b, 3 * PAGE + PAGE)
+    assert present(b, 0) and present(b, 2 * PAGE) and not present(b, 3 * PAGE)
+    assert mr_pins(b) == 0
+    assert b.mr.read(2 * PAGE, 100) == pattern(BUF)[:2 * PAGE]
     assert settle(b) == []
 
 
@@ -105,19 +118,71 @@ def test_munmap_under_the_responders_mr_then_a_write_fails(link):
     assert mkey.pf_absent and not present(b, PAGE)
     a.qp.post_send(link.write(2, 0, PAGE, 64))
     assert status(a.cq.poll_until(1)) == [(2, "REM_ACCESS_ERR")]
-    assert b.p.mm.pinned_vm == 0
+    assert mr_pins(b) == 0
 
 
 def test_munmap_under_the_requesters_mr_then_its_send_fails(link):
-    a, b = link.a, link.b
+    a = link.a
     assert a.p.munmap(a.mr.buf, PAGE) == 0
     a.qp.post_send(link.write(4, 0, 0, 64))
     assert status(a.cq.poll_until(1)) == [(4, "LOC_PROT_ERR")]
 
 
-def test_dereg_after_faults_leaves_nothing_mapped(link):
+def test_munmap_of_the_whole_mr_drops_every_dma_mapping(link):
     a, b = link.a, link.b
+    dev = b.hca.pdev.dev
+    n0 = dev.nr_dma_mappings
     a.qp.post_send(link.write(1, 0, 0, 2 * PAGE))
     assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
-    dev = b.hca.pdev.dev
-    assert dev.nr_dma_mappings > 0
+    same = a.hca is b.hca                          # loopback: a's gathered pages too
+    assert dev.nr_dma_mappings == n0 + (4 if same else 2)   # the pages faulted in
+    assert b.p.munmap(b.mr.buf, BUF) == 0
+    assert dev.nr_dma_mappings == n0 + (2 if same else 0)
+
+
+@pytest.mark.parametrize("kind", LINKS)
+def test_atomics_fault_the_target_in(kind):
+    from tests.flows.test_atomic_qpex_flow import ATOMIC_ACCESS, atomic_wr, make_pair
+    acc = ATOMIC_ACCESS | v.IBV_ACCESS_ON_DEMAND
+    a, b = make_pair(kind, a_mr=acc, b_mr=acc)
+    a.qp.post_send(atomic_wr(a, b, 7, v.IBV_WR_ATOMIC_FETCH_AND_ADD, compare_add=0x10,
+                             roffset=PAGE))
+    (wc,) = a.cq.poll_until(1)
+    assert v.ibv_wc_status_str(wc.status) == "SUCCESS"
+    assert a.word() == 0 and b.word(PAGE) == 0x10        # an untouched page: zero, then +0x10
+
+
+def test_a_fault_that_never_resolves_ends_in_an_error_not_a_hang(link, monkeypatch):
+    """The driver resumes without mapping anything: the engine retries each fault at
+    most ODP_FAULT_CAP times, then completes the access in error."""
+    import drivers.mlx5_ib.odp as odp
+    monkeypatch.setattr(odp, "pagefault_single_data_segment",
+                        lambda dev, key, va, n: (n + PAGE - 1) // PAGE)   # claims, maps none
+    a = link.a
+    a.qp.post_send(link.write(1, 0, 0, 64))               # a's gather faults first
+    assert status(a.cq.poll_until(1)) == [(1, "LOC_PROT_ERR")]
+
+
+def test_a_responder_fault_that_never_resolves_is_a_remote_access_error(link, monkeypatch):
+    import drivers.mlx5_ib.odp as odp
+    a = link.a
+    assert v.ibv_advise_mr(a.ep.pd.pd, 1, 1, [a.sge(0, 64)]) == 0   # a's page: prefetched
+    monkeypatch.setattr(odp, "pagefault_single_data_segment",
+                        lambda dev, key, va, n: (n + PAGE - 1) // PAGE)
+    a.qp.post_send(link.write(1, 0, 0, 64))
+    assert status(a.cq.poll_until(1)) == [(1, "REM_ACCESS_ERR")]
+
+
+def test_madvise_dontneed_under_the_responder_then_the_next_write_faults_again(link):
+    from kernel_model.madvise import MADV_DONTNEED
+    a, b = link.a, link.b
+    a.mr.write(pattern(64))
+    a.qp.post_send(link.write(1, 0, PAGE, 64))
+    assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
+    assert b.p.madvise(b.mr.buf + PAGE, PAGE, MADV_DONTNEED) == 0
+    assert not present(b, PAGE) and b.hca.fw.mkeys[b.mr.rkey >> 8].pf_absent
+    before = resumes(b)
+    a.qp.post_send(link.write(2, 0, PAGE + 8, 64))
+    assert status(a.cq.poll_until(1)) == [(2, "SUCCESS")]
+    assert resumes(b) > before                          # faulted in again, a new page
+    assert b.mr.read(72, PAGE) == bytes(8) + pattern(64)

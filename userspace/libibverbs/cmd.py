@@ -589,7 +589,7 @@ def execute_ioctl(ctx: Any, object_id: int, method_id: int,
     out_at: dict[int, tuple[int, int]] = {}
     packed, next_out = [], buf + IOCTL_OUT_OFFSET
     for attr_id, value, kind in attrs:
-        if kind == "ptr_out":
+        if kind in ("ptr_out", "ptr_in"):     # (address, length) in the caller's memory
             (value, size) = value
         else:
             size = {"in": 4, "in8": 8, "idr": 8, "out4": 4, "out8": 8}[kind]

@@ -67,6 +67,7 @@ class verbs_context_ops:
     memcpy_to_dm: Any = None
     memcpy_from_dm: Any = None
     reg_dm_mr: Any = None
+    advise_mr: Any = None
 
 
 # vendor id -> the registered provider's ops (init.c's driver_list)

@@ -300,6 +300,46 @@ def ibv_reg_dmabuf_mr(pd: ibv_pd, offset: int, length: int, iova: int, fd: int,
                   IBV_MR_TYPE_DMABUF_MR)
 
 
+# include/uapi/rdma/ib_user_ioctl_cmds.h: UVERBS_METHOD_ADVISE_MR and its attributes
+_UVERBS_METHOD_ADVISE_MR = 2
+(_UVERBS_ATTR_ADVISE_MR_PD_HANDLE, _UVERBS_ATTR_ADVISE_MR_ADVICE, _UVERBS_ATTR_ADVISE_MR_FLAGS,
+ _UVERBS_ATTR_ADVISE_MR_SGE_LIST) = range(4)
+
+
+@traced
+def ibv_cmd_advise_mr(pd: ibv_pd, advice: int, flags: int, sg_list: list) -> int:
+    """Mirrors ibv_cmd_advise_mr() (cmd_mr.c): UVERBS_METHOD_ADVISE_MR with the PD, the
+    advice, the flags and the SGE array (struct ibv_sge: addr, length, lkey) in the
+    process's memory; 0 or the errno."""
+    ctx = pd.context
+    raw = b"".join(int(s.addr).to_bytes(8, "little") + int(s.length).to_bytes(4, "little")
+                   + int(s.lkey).to_bytes(4, "little") for s in sg_list)
+    buf = posix_memalign(ctx.proc, 8, max(len(raw), 8))
+    try:
+        ctx.proc.store(buf, raw)
+        execute_ioctl(ctx, _UVERBS_OBJECT_MR, _UVERBS_METHOD_ADVISE_MR,
+                      [(_UVERBS_ATTR_ADVISE_MR_PD_HANDLE, pd.handle, "in"),
+                       (_UVERBS_ATTR_ADVISE_MR_ADVICE, advice, "in"),
+                       (_UVERBS_ATTR_ADVISE_MR_FLAGS, flags, "in"),
+                       (_UVERBS_ATTR_ADVISE_MR_SGE_LIST, (buf, len(raw)), "ptr_in")],
+                      "ibv_cmd_advise_mr")
+    except VerbsError as e:
+        return e.errno
+    finally:
+        free(ctx.proc, buf, max(len(raw), 8))
+    return 0
+
+
+@traced
+def ibv_advise_mr(pd: ibv_pd, advice: int, flags: int, sg_list: list) -> int:
+    """Mirrors ibv_advise_mr() (verbs.h): the provider's advise_mr; EOPNOTSUPP without
+    one.  0 or the errno."""
+    fn = getattr(pd.context.ops, "advise_mr", None)
+    if fn is None:
+        return errno.EOPNOTSUPP
+    return fn(pd, advice, flags, sg_list)
+
+
 # -- device memory (verbs.h inlines: the provider's ops, EOPNOTSUPP without them) -----------
 def _dm_op(ctx: ibv_context, name: str):
     fn = getattr(ctx.ops, name, None)

@@ -31,8 +31,6 @@ class MR(PyverbsCM):
         if implicit or kwargs.get("handle") is not None:
             raise unsupported("Failed to register an implicit MR" if implicit
                               else "Failed to import MR")
-        if access & e.IBV_ACCESS_ON_DEMAND:
-            raise unsupported("Failed to register an ODP MR")
         self.pd = creator
         self.proc = creator.ctx.proc
         self._owned = address is None

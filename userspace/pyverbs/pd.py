@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from userspace.libibverbs import verbs as v
-from userspace.pyverbs.base import PyverbsCM, PyverbsObject, call, destroy, unsupported
+from userspace.pyverbs.base import (
+    PyverbsCM,
+    PyverbsObject,
+    call,
+    destroy,
+    set_errno,
+    unsupported,
+)
 from userspace.pyverbs.device import Context
+from userspace.pyverbs.pyverbs_error import PyverbsRDMAError
 
 
 class PD(PyverbsCM):
@@ -26,8 +34,14 @@ class PD(PyverbsCM):
     def handle(self) -> int:
         return self.pd.handle
 
-    def advise_mr(self, advise: int, flags: int, sg_list: list) -> None:
-        raise unsupported("Failed to advise MR")
+    def advise_mr(self, advise: int, flags: int, sg_list: list) -> int:
+        """Mirrors pyverbs' PD.advise_mr(): ibv_advise_mr over the SGEs (addr, length,
+        lkey); PyverbsRDMAError('Failed to advise MR', errno) on failure."""
+        rc = v.ibv_advise_mr(self.pd, advise, flags, list(sg_list))
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError("Failed to advise MR", rc)
+        return rc
 
     def unimport(self) -> None:
         raise unsupported("Failed to unimport PD")

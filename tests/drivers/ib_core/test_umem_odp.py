@@ -20,7 +20,7 @@ from drivers.ib_core.umem_odp import (
     ib_umem_odp_unmap_dma_pages,
 )
 from kernel_model.dma import device
-from kernel_model.errno import EFAULT, EINVAL, EOPNOTSUPP, EOVERFLOW, KernelError
+from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOPNOTSUPP, EOVERFLOW, KernelError
 from kernel_model.locking import mutex_lock, mutex_unlock
 from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, PROT_READ
 from kernel_model.mmu_notifier import (
@@ -216,3 +216,30 @@ def test_notifier_sees_only_overlapping_invalidations(machine):
     with pytest.raises(KernelError) as e:
         mmu_interval_notifier_insert(sub, p.mm, VA, 0, sub.ops)
     assert e.value.errno == EINVAL
+
+
+def test_madvise_dontneed_invalidates_and_the_next_access_faults_a_new_page(machine):
+    from kernel_model.madvise import MADV_DONTNEED
+    p = machine.spawn("app")
+    dev = IbDev(machine)
+    p.mmap(VA, 2 * K4, flags=ANON)
+    p.store(VA, b"old")
+    u, mirror = odp_get(p, dev, VA, 2 * K4)
+    assert fault(p, u, VA, 2 * K4) == 2
+    old_pfn = u.pfn_list[0]
+    assert p.madvise(VA, K4, MADV_DONTNEED) == 0
+    assert mirror.calls == [(VA, VA + K4)] and u.dma_list.view[0] == 0 and u.dma_list.view[1]
+    assert not present(p, VA)
+    assert fault(p, u, VA, K4) == 1 and p.load(VA, 3) == bytes(3)   # a fresh zero page
+    assert u.pfn_list[0] and old_pfn
+    release(p, u)
+
+
+def test_madvise_errnos(machine):
+    from kernel_model.madvise import MADV_DONTNEED
+    p = machine.spawn("app")
+    p.mmap(VA, 2 * K4, flags=ANON)
+    assert p.madvise(VA + 1, K4, MADV_DONTNEED) == -EINVAL            # unaligned
+    assert p.madvise(VA, K4, 99) == -EINVAL                          # not modelled
+    assert p.madvise(VA, 4 * K4, MADV_DONTNEED) == -ENOMEM           # runs past the VMA
+    assert p.madvise(VA, 0, MADV_DONTNEED) == 0

@@ -81,9 +81,10 @@ def test_ex_query_device_answers_the_base_and_the_extended_caps(ctx):
     assert resp.comp_mask == 0
     assert resp.hca_core_clock == 156250            # device_frequency_khz
     assert resp.timestamp_mask == 0x7FFFFFFFFFFFFFFF
-    # ODP for RC (IB_ODP_SUPPORT; SEND, RECV, WRITE, READ, ATOMIC), no implicit, no UD/XRC
-    assert resp.odp_caps == uv.ib_uverbs_odp_caps(general_caps=1, rc_odp_caps=0x1F)
-    assert resp.xrc_odp_caps == 0
+    # ODP (IB_ODP_SUPPORT, not implicit) for RC (SEND, RECV, WRITE, READ, ATOMIC,
+    # SRQ_RECV) and XRC (all but RECV), none for UD
+    assert resp.odp_caps == uv.ib_uverbs_odp_caps(general_caps=1, rc_odp_caps=0x3F)
+    assert resp.xrc_odp_caps == 0x3D
     assert resp.max_dm_size == 256 << 10            # max_memic_size
     assert resp.raw_packet_caps == (IB_RAW_PACKET_CAP_CVLAN_STRIPPING
                                     | IB_RAW_PACKET_CAP_SCATTER_FCS | IB_RAW_PACKET_CAP_IP_CSUM)

@@ -357,6 +357,12 @@ def mlx5_dereg_mr(mr: ibv_mr) -> None:
     c.ibv_cmd_dereg_mr(mr.context, mr.handle)
 
 
+@traced
+def mlx5_advise_mr(pd, advice: int, flags: int, sg_list: list) -> int:
+    """Mirrors mlx5_advise_mr(): ibv_cmd_advise_mr; 0 or the errno."""
+    return v.ibv_cmd_advise_mr(pd, advice, flags, sg_list)
+
+
 # -- CQ -----------------------------------------------------------------------------
 def _init_cq_buf(proc, buf: int, ncqe: int, cqe_sz: int) -> None:
     """Mirrors mlx5_alloc_cq_buf's init: every CQE invalid, owned by hardware."""
@@ -774,7 +780,7 @@ mlx5_ctx_ops = verbs_context_ops(
     post_srq_recv=mlx5_post_srq_recv, open_xrcd=mlx5_open_xrcd, close_xrcd=mlx5_close_xrcd,
     post_send=mlx5_post_send, post_recv=mlx5_post_recv, poll_cq=mlx5_poll_cq,
     alloc_dm=mlx5_alloc_dm, free_dm=mlx5_free_dm, memcpy_to_dm=mlx5_memcpy_to_dm,
-    memcpy_from_dm=mlx5_memcpy_from_dm, reg_dm_mr=mlx5_reg_dm_mr)
+    memcpy_from_dm=mlx5_memcpy_from_dm, reg_dm_mr=mlx5_reg_dm_mr, advise_mr=mlx5_advise_mr)
 
 # PROVIDER_DRIVER(mlx5, mlx5_dev_ops): loading the provider offers it for the vendor's
 # devices (its hca_table); libibverbs finds it through that table, never by name
