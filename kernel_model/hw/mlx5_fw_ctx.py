@@ -81,14 +81,31 @@ class Mlx5Ctx(FwObject):
     def __init__(self, num: int, uid: int, ctx: IfcStruct, pas: U64Array,
                  refs: list[FwObject]):
         super().__init__(num, uid)
-        self.ctx, self.pas, self.refs = ctx, pas, refs
-        for r in refs:
-            r.users += 1
+        self.ctx, self.pas, self.refs = ctx, pas, []
+        self.set_refs(refs)
 
     def drop_refs(self) -> None:
         for r in self.refs:
             r.users -= 1
         self.refs = []
+
+    def set_refs(self, refs: list[FwObject]) -> None:
+        """Hold `refs` (counted in their users) instead of what the object held: at
+        creation, and when a UMR moves an mkey to another PD."""
+        self.drop_refs()
+        self.refs = list(refs)
+        for r in self.refs:
+            r.users += 1
+
+
+def destroy_ctx(fw: Firmware, table: dict, obj: Mlx5Ctx, what: str) -> None:
+    """The common end of a DESTROY command: RES_BUSY while something still uses the
+    object, else it lets go of what it referenced, leaves its table, and the data path
+    forgets what it kept of it."""
+    fw.release(obj, what)
+    obj.drop_refs()
+    del table[obj.num]
+    fw.hca.object_destroyed(what, obj.num)
 
 
 class Mlx5Eq(Mlx5Ctx):
@@ -199,10 +216,7 @@ def create_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
 @fw_command(MLX5_CMD_OP_DESTROY_EQ, "destroy_eq")
 def destroy_eq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     eq = fw.lookup(fw.eqs, MLX5_GET("destroy_eq_in", in_, "eq_number"), _uid(in_), "eq")
-    fw.release(eq, "eq")
-    eq.drop_refs()
-    del fw.eqs[eq.num]
-    fw.hca.object_destroyed("eq", eq.num)
+    destroy_ctx(fw, fw.eqs, eq, "eq")
 
 
 # -- CQ -----------------------------------------------------------------------------------
@@ -229,10 +243,7 @@ def create_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
 @fw_command(MLX5_CMD_OP_DESTROY_CQ, "destroy_cq")
 def destroy_cq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     cq = fw.lookup(fw.cqs, MLX5_GET("destroy_cq_in", in_, "cqn"), _uid(in_), "cq")
-    fw.release(cq, "cq")
-    cq.drop_refs()
-    del fw.cqs[cq.num]
-    fw.hca.object_destroyed("cq", cq.num)
+    destroy_ctx(fw, fw.cqs, cq, "cq")
 
 
 @fw_command(MLX5_CMD_OP_QUERY_CQ, "query_cq")
@@ -431,9 +442,7 @@ def emu_umr_update_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
         MLX5_SET("mkc", m, field, new[field])
     MLX5_SET64("mkc", m, "start_addr", new["start_addr"])
     MLX5_SET64("mkc", m, "len", new["len"])
-    mkey.drop_refs()
-    mkey.refs = [pd]
-    pd.users += 1
+    mkey.set_refs([pd])
     mkey.pas = _copy_pas(pas)
     if MLX5_GET("emu_umr_update_mkey_in", in_, "enable"):
         MLX5_SET("mkc", m, "free", 0)
@@ -455,9 +464,7 @@ def emu_umr_rereg_pd_access(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> Non
     pd = fw.ref(fw.pds, new["pd"], mkey.uid, "umr_rereg_pd_access_pd")
     for field in ("pd", "a", "rw", "rr", "lw", "lr"):
         MLX5_SET("mkc", mkey.mkc, field, new[field])
-    mkey.drop_refs()
-    mkey.refs = [pd]
-    pd.users += 1
+    mkey.set_refs([pd])
     mkey.hw_cache = None
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kernel_model.hw.mlx5_fw_cmd import FwError, FwObject, fw_command
-from kernel_model.hw.mlx5_fw_ctx import Mlx5Ctx, _check_pas, _copy_pas
+from kernel_model.hw.mlx5_fw_ctx import Mlx5Ctx, _check_pas, _copy_pas, destroy_ctx
 from kernel_model.hw.mlx5_ifc import (
     MLX5_ADDR_OF,
     MLX5_ARM_RQ_IN_OP_MOD_SRQ,
@@ -118,10 +118,7 @@ def create_srq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
 def destroy_srq(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     """RES_BUSY while a QP takes its receives from it."""
     srq = fw.lookup(fw.srqs, MLX5_GET("destroy_srq_in", in_, "srqn"), _uid(in_), "srq")
-    fw.release(srq, "srq")
-    srq.drop_refs()
-    del fw.srqs[srq.num]
-    fw.hca.object_destroyed("srq", srq.num)
+    destroy_ctx(fw, fw.srqs, srq, "srq")
 
 
 @fw_command(MLX5_CMD_OP_QUERY_SRQ, "query_srq")
