@@ -34,7 +34,7 @@ from kernel_model.dma import DMA_BIDIRECTIONAL, dma_map_sgtable, dma_unmap_sgtab
 from kernel_model.errno import EFAULT, EINVAL, EOPNOTSUPP, EOVERFLOW, KernelError
 from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
 from kernel_model.memory import FAULT_FLAG_WRITE, VM_FAULT_ERROR, handle_mm_fault
-from kernel_model.mm import VM_READ, VM_WRITE, mmdrop, mmgrab
+from kernel_model.mm import VM_IO, VM_PFNMAP, VM_READ, VM_WRITE, mmdrop, mmgrab
 from kernel_model.mmu_notifier import (
     mmu_interval_notifier,
     mmu_interval_notifier_insert,
@@ -141,18 +141,28 @@ def _hmm_range_fault(umem_odp: ib_umem_odp, start: int, end: int, write: bool,
                      fault: bool) -> list[int]:
     """What hmm_range_fault() does for ODP: each page's PFN, faulting absent pages in
     (fault) or reporting them as 0 (snapshot).  EFAULT for an address no VMA covers or
-    one the VMA does not allow (write to a read-only mapping), or a fault that fails."""
+    one the VMA does not allow (write to a read-only mapping), or a fault that fails.
+
+    A VM_IO|VM_PFNMAP mapping (a device's registers, mapped with io_remap_pfn_range) has
+    no struct page behind its PTEs: as hmm_vma_walk_test, it is EFAULT when the pages
+    are needed and 0 in a snapshot, whether its PTEs are present or not."""
     mm = umem_odp.owning_mm
     ps = mm.machine.page_size
     need = _PAGE_PRESENT | (_PAGE_RW if write else 0)
     pfns = []
     for va in range(start, end, ps):
+        vma = mm.vma_lookup(va)
+        if vma is not None and vma.vm_flags & (VM_IO | VM_PFNMAP):
+            if fault:
+                raise KernelError(EFAULT, f"hmm_range_fault: {va:#x} is in a "
+                                  "VM_IO|VM_PFNMAP mapping")
+            pfns.append(0)
+            continue
         pte = mm.pgtable.get(va)
         if pte & need != need:
             if not fault:
                 pfns.append(0)
                 continue
-            vma = mm.vma_lookup(va)
             if vma is None or not vma.vm_flags & (VM_WRITE if write else VM_READ):
                 raise KernelError(EFAULT, f"hmm_range_fault: {va:#x} not mapped "
                                   f"{'writable' if write else 'readable'}")

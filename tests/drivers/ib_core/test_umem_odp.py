@@ -22,7 +22,7 @@ from drivers.ib_core.umem_odp import (
 from kernel_model.dma import device
 from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOPNOTSUPP, EOVERFLOW, KernelError
 from kernel_model.locking import mutex_lock, mutex_unlock
-from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, PROT_READ
+from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, PROT_READ, VM_IO, VM_PFNMAP
 from kernel_model.mmu_notifier import (
     mmu_interval_notifier,
     mmu_interval_notifier_insert,
@@ -243,3 +243,25 @@ def test_madvise_errnos(machine):
     assert p.madvise(VA, K4, 99) == -EINVAL                          # not modelled
     assert p.madvise(VA, 4 * K4, MADV_DONTNEED) == -ENOMEM           # runs past the VMA
     assert p.madvise(VA, 0, MADV_DONTNEED) == 0
+
+
+def test_a_device_mapping_is_efault_to_fault_and_absent_to_a_snapshot(machine):
+    """hmm_vma_walk_test: a VM_IO|VM_PFNMAP mapping has no struct page behind its PTEs,
+    present or not, so an ODP umem never maps one (found by peermem fuzz: an ODP MR over
+    a mapped UAR page faulted the device page in, and unmapping it at exit indexed a
+    struct page beyond RAM)."""
+    p = machine.spawn("app")
+    dev = IbDev(machine)
+    p.mmap(VA, 2 * K4, flags=ANON)
+    p.store(VA, b"x")                                           # the PTE is present
+    vma = p.mm.vma_lookup(VA)
+    vma.vm_flags |= VM_IO | VM_PFNMAP                           # as io_remap_pfn_range marks it
+    u, _ = odp_get(p, dev, VA, 2 * K4)
+    with pytest.raises(KernelError) as ei:
+        fault(p, u, VA, K4)
+    assert ei.value.errno == EFAULT and "VM_IO|VM_PFNMAP" in str(ei.value)
+    assert fault(p, u, VA, 2 * K4, do_fault=False) == 2         # a snapshot: both absent
+    assert u.dma_list.view[0] == u.dma_list.view[1] == 0 and u.npages_mapped == 0
+    assert dev.dma_device.nr_dma_mappings == 0
+    vma.vm_flags &= ~(VM_IO | VM_PFNMAP)
+    release(p, u)
