@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -390,8 +389,8 @@ def _rdma_core_tests(args: argparse.Namespace) -> int:
     if args.core:
         files += list(rc.CORE_FILES)
     try:
-        path = args.path or str(rc.fetch_suite())
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        path = args.path or str(rc.fetch_suite(version=args.release))
+    except (ValueError, OSError) as e:  # urllib's errors are OSErrors
         print(f"peermem rdma-core-tests: cannot fetch rdma-core's tests: {e}", file=sys.stderr)
         return 1
     if files:
@@ -643,8 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "pyverbs suite) against the emulated stack, with `pyverbs` mapped to "
                        "the emulated face, and print each test that did not pass, each "
                        "skip's reason and the counts. Without PATH the suite is fetched once "
-                       "from Debian's python3-pyverbs package (apt-get download, dpkg -x; no "
-                       "root) into ~/.cache/peermem. Exit 1 if a test failed or errored.")
+                       "from Debian's python3-pyverbs package (downloaded from Debian's pool, "
+                       "sha256-checked, unpacked; no root) into ~/.cache/peermem. Exit 1 if a "
+                       "test failed or errored.")
     r.add_argument("path", nargs="?", metavar="PATH",
                    help="rdma-core's tests/ folder (default: fetch it)")
     r.add_argument("-k", action="append", metavar="EXPR",
@@ -655,6 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the core files: " + ", ".join(
                        ("test_device", "test_pd", "test_mr", "test_cq", "test_qp", "test_addr",
                         "test_mlx5_uar")))
+    r.add_argument("--release", default="56.1-1", choices=("56.1-1", "44.0-2"),
+                   help="the Debian release of python3-pyverbs to fetch the suite from: "
+                   "56.1-1 (Debian 13, the default) or 44.0-2 (Debian 12)")
     r.add_argument("-v", "--verbose", action="store_true", help="print every test's outcome")
     r.set_defaults(func=_rdma_core_tests)
     return ap

@@ -59,7 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "schedule instead of exploring")
     group.addoption("--emulated-pyverbs", action="store_true", default=False,
                     help="make `import pyverbs` load the emulated face (userspace.pyverbs) "
-                         "for this run, so pyverbs tests run against the emulated host")
+                         "and run the emulated host's programs (rdma, ip, ls/cat of its "
+                         "sysfs) for this run, so pyverbs tests run against the emulated "
+                         "host")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,8 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "shard=(0, 1), replay=None): run the test body under the peermem race explorer, "
         "once per schedule; it fails with the first failing schedule's report")
     if config.getoption("--emulated-pyverbs", default=False):
-        from userspace.pyverbs.alias import install
-        install()
+        from userspace.pyverbs import alias, programs
+        alias.install()
+        programs.install()  # `rdma link show`, `cat /sys/class/infiniband/...`: the host's
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

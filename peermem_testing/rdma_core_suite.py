@@ -9,8 +9,10 @@ outcome, each skip with its reason.
 
 Nothing of rdma-core is kept in this repository.  fetch_suite() obtains the suite
 when needed from Debian's python3-pyverbs package, which ships it under
-/usr/share/doc/rdma-core/tests/ (some files gzipped): `apt-get download` and
-`dpkg -x` need no root.  Or point at a git checkout of rdma-core (its tests/ folder).
+/usr/share/doc/rdma-core/tests/ (some files gzipped): the package is downloaded from
+Debian's pool, checked against its sha256 and unpacked with the standard library (no
+apt, dpkg or root).  By default that is rdma-core 56.1 (Debian 13); `--release 44.0-2`
+takes Debian 12's.  Or point at a git checkout of rdma-core (its tests/ folder).
 
     peermem rdma-core-tests                       # fetch (once) and run everything
     peermem rdma-core-tests --files test_device,test_pd -k query
@@ -21,17 +23,19 @@ from __future__ import annotations
 
 import collections
 import gzip
+import hashlib
 import importlib
+import io
 import os
 import pathlib
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
+import tarfile
 import threading
 import time
 import unittest
+import urllib.request
 from collections.abc import Iterable
 from importlib.machinery import SourceFileLoader
 from typing import Any, TextIO
@@ -39,9 +43,18 @@ from typing import Any, TextIO
 from kernel_model.emu.leakcheck import LeakError
 from userspace.pyverbs import host
 
-#: the Debian package and version the suite is fetched from (bookworm's rdma-core)
+#: the Debian package the suite is fetched from, and the release fetched by default:
+#: rdma-core 56.1, Debian 13 (trixie)'s
 DEBIAN_PACKAGE = "python3-pyverbs"
-DEBIAN_VERSION = "44.0-2"
+DEBIAN_VERSION = "56.1-1"
+#: the releases the fetch knows: the sha256 of Debian's amd64 package of each (the suite
+#: in it is the same on every architecture)
+KNOWN_RELEASES = {
+    "56.1-1": "46fcf3364052cc84a7b97813ade8cb6acb84cc9dd33b2b7c2e3993bec9ef8bcf",
+    "44.0-2": "92cc7388a134837a89ebe3f231203ff4d4d863be1db7ba112b06e0a0af3fd263",
+}
+#: where Debian's pool is; $PEERMEM_DEBIAN_MIRROR names another (http://, file://)
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
 SUITE_DOC_DIR = "usr/share/doc/rdma-core/tests"
 #: the files the issue calls the core of the suite
 CORE_FILES = ("test_device", "test_pd", "test_mr", "test_cq", "test_qp", "test_addr",
@@ -55,31 +68,69 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base)
 
 
+def package_url(version: str) -> str:
+    """The address of python3-pyverbs `version` (amd64) in Debian's pool."""
+    mirror = os.environ.get("PEERMEM_DEBIAN_MIRROR") or DEBIAN_MIRROR
+    return (f"{mirror.rstrip('/')}/pool/main/r/rdma-core/"
+            f"{DEBIAN_PACKAGE}_{version}_amd64.deb")
+
+
+def _deb_members(deb: bytes) -> dict[str, bytes]:
+    """The members of a .deb (an `ar` archive: debian-binary, control.tar.*,
+    data.tar.*) by name."""
+    if not deb.startswith(b"!<arch>\n"):
+        raise ValueError("not a Debian package (no ar header)")
+    members, at = {}, 8
+    while at + 60 <= len(deb):
+        name = deb[at:at + 16].decode().strip().rstrip("/")
+        size = int(deb[at + 48:at + 58])
+        members[name] = deb[at + 60:at + 60 + size]
+        at += 60 + size + (size & 1)
+    return members
+
+
+def extract_suite(deb: bytes, dest: pathlib.Path) -> None:
+    """Unpack the suite's folder from the package into dest, the gzipped files
+    decompressed (what `dpkg -x` and gunzip do, in the standard library)."""
+    members = _deb_members(deb)
+    data = next((members[n] for n in members if n.startswith("data.tar")), None)
+    if data is None:
+        raise ValueError("the package has no data.tar member")
+    prefix = "./" + SUITE_DOC_DIR + "/"
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar.getmembers():
+            name = m.name if m.name.startswith("./") else "./" + m.name
+            rel = name[len(prefix):]
+            if not name.startswith(prefix) or not m.isfile() or "/" in rel:
+                continue
+            raw = tar.extractfile(m).read()
+            if rel.endswith(".gz"):
+                rel, raw = rel[:-3], gzip.decompress(raw)
+            (dest / rel).write_bytes(raw)
+    if not (dest / "base.py").exists():
+        raise ValueError(f"the package has no {SUITE_DOC_DIR}/base.py")
+
+
 def fetch_suite(dest: pathlib.Path | None = None, version: str = DEBIAN_VERSION) -> pathlib.Path:
-    """The suite's folder, fetched from Debian's python3-pyverbs once and kept in the
-    cache: apt-get download + dpkg -x, then the gzipped files unpacked."""
+    """The suite's folder, fetched once from Debian's pool and kept in the cache: the
+    package python3-pyverbs `version` is downloaded, checked against its known sha256
+    and its /usr/share/doc/rdma-core/tests/ unpacked (no apt, dpkg or root needed)."""
+    if version not in KNOWN_RELEASES:
+        raise ValueError(f"unknown release {version}; known: {', '.join(KNOWN_RELEASES)}")
     dest = dest or cache_dir() / f"rdma-core-tests-{version}"
     if (dest / "base.py").exists():
         return dest
-    for tool in ("apt-get", "dpkg"):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"fetching rdma-core's tests needs {tool} (Debian's package "
-                               f"{DEBIAN_PACKAGE}); or pass the path of rdma-core's tests/")
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["apt-get", "download", f"{DEBIAN_PACKAGE}={version}"], cwd=tmp,
-                       check=True, capture_output=True)
-        deb = next(pathlib.Path(tmp).glob("*.deb"))
-        subprocess.run(["dpkg", "-x", str(deb), f"{tmp}/x"], check=True, capture_output=True)
-        src = pathlib.Path(tmp) / "x" / SUITE_DOC_DIR
-        staging = dest.with_name(dest.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for f in src.iterdir():
-            if f.name.endswith(".gz"):
-                (staging / f.name[:-3]).write_bytes(gzip.decompress(f.read_bytes()))
-            elif f.is_file():
-                shutil.copy(f, staging / f.name)
-        staging.rename(dest)
+    url = package_url(version)
+    with urllib.request.urlopen(url, timeout=120) as r:
+        deb = r.read()
+    digest = hashlib.sha256(deb).hexdigest()
+    if digest != KNOWN_RELEASES[version]:
+        raise ValueError(f"{url}: sha256 {digest[:16]}... is not {DEBIAN_PACKAGE} {version}'s")
+    staging = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    extract_suite(deb, staging)
+    staging.rename(dest)
     return dest
 
 
@@ -174,8 +225,9 @@ def run_suite(path: pathlib.Path, files: Iterable[str] = (), patterns: Iterable[
               out: TextIO = sys.stdout, verbose: bool = False) -> _Recorder:
     """Run the suite in `path` (only `files`, e.g. "test_device", if given; only tests
     matching a `-k` pattern, if given) against the emulated pyverbs."""
-    from userspace.pyverbs.alias import install
-    install()
+    from userspace.pyverbs import alias, programs
+    alias.install()
+    programs.install()  # the suite's `rdma link show -j` and `cat` see the emulated host
     saved_argv = sys.argv[:]
     sys.argv = ["run_tests.py"]
     try:

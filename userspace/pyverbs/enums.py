@@ -1,8 +1,9 @@
 """Libibverbs' enums (infiniband/verbs.h), with the names and values pyverbs exposes.
 
-Generated once from the enum names and values of rdma-core v44's pyverbs (numbers are
-facts of the ABI); every member is also a module-level name, as in pyverbs, so both
-`e.IBV_QPT_RC` and `e.ibv_qp_type.IBV_QPT_RC` work.
+Generated from the enum names and values of rdma-core v44's pyverbs, with the members
+and enums v56 added taken from v56.1's verbs.h (numbers are facts of the ABI); every
+member is also a module-level name, as in pyverbs, so both `e.IBV_QPT_RC` and
+`e.ibv_qp_type.IBV_QPT_RC` work.
 """
 
 from enum import IntEnum
@@ -18,6 +19,8 @@ class ibv_access_flags(IntEnum):
     IBV_ACCESS_ON_DEMAND = 64
     IBV_ACCESS_HUGETLB = 128
     IBV_ACCESS_RELAXED_ORDERING = 1048576
+    IBV_ACCESS_FLUSH_GLOBAL = 256
+    IBV_ACCESS_FLUSH_PERSISTENT = 512
 
 
 class ibv_atomic_cap(IntEnum):
@@ -248,6 +251,7 @@ class ibv_port_cap_flags2(IntEnum):
     IBV_PORT_LINK_WIDTH_2X_SUP = 16
     IBV_PORT_LINK_SPEED_HDR_SUP = 32
     IBV_PORT_LINK_SPEED_NDR_SUP = 1024
+    IBV_PORT_LINK_SPEED_XDR_SUP = 4096
 
 
 class ibv_port_state(IntEnum):
@@ -305,6 +309,7 @@ class ibv_qp_create_send_ops_flags(IntEnum):
     IBV_QP_EX_WITH_SEND_WITH_INV = 512
     IBV_QP_EX_WITH_TSO = 1024
     IBV_QP_EX_WITH_ATOMIC_WRITE = 4096
+    IBV_QP_EX_WITH_FLUSH = 2048
 
 
 class ibv_qp_init_attr_mask(IntEnum):
@@ -361,6 +366,7 @@ class ibv_rereg_mr_flags(IntEnum):
     IBV_REREG_MR_CHANGE_TRANSLATION = 1
     IBV_REREG_MR_CHANGE_PD = 2
     IBV_REREG_MR_CHANGE_ACCESS = 4
+    IBV_REREG_MR_FLAGS_SUPPORTED = 7
 
 
 class ibv_rx_hash_fields(IntEnum):
@@ -372,6 +378,8 @@ class ibv_rx_hash_fields(IntEnum):
     IBV_RX_HASH_DST_PORT_TCP = 32
     IBV_RX_HASH_SRC_PORT_UDP = 64
     IBV_RX_HASH_DST_PORT_UDP = 128
+    IBV_RX_HASH_IPSEC_SPI = 256
+    IBV_RX_HASH_INNER = 2147483648
 
 
 class ibv_rx_hash_function_flags(IntEnum):
@@ -397,6 +405,7 @@ class ibv_srq_init_attr_mask(IntEnum):
     IBV_SRQ_INIT_ATTR_XRCD = 4
     IBV_SRQ_INIT_ATTR_CQ = 8
     IBV_SRQ_INIT_ATTR_TM = 16
+    IBV_SRQ_INIT_ATTR_RESERVED = 32
 
 
 class ibv_srq_type(IntEnum):
@@ -422,10 +431,12 @@ class ibv_transport_type(IntEnum):
     IBV_TRANSPORT_IWARP = 1
     IBV_TRANSPORT_USNIC = 2
     IBV_TRANSPORT_USNIC_UDP = 3
+    IBV_TRANSPORT_UNSPECIFIED = 4
 
 
 class ibv_values_mask(IntEnum):
     IBV_VALUES_MASK_RAW_CLOCK = 1
+    IBV_VALUES_MASK_RESERVED = 2
 
 
 class ibv_wc_flags(IntEnum):
@@ -457,6 +468,8 @@ class ibv_wc_opcode(IntEnum):
     IBV_WC_TM_NO_TAG = 134
     IBV_WC_DRIVER2 = 136
     IBV_WC_DRIVER3 = 137
+    IBV_WC_FLUSH = 8
+    IBV_WC_DRIVER1 = 135
 
 
 class ibv_wc_status(IntEnum):
@@ -490,6 +503,7 @@ class ibv_wq_attr_mask(IntEnum):
     IBV_WQ_ATTR_STATE = 1
     IBV_WQ_ATTR_CURR_STATE = 2
     IBV_WQ_ATTR_FLAGS = 4
+    IBV_WQ_ATTR_RESERVED = 8
 
 
 class ibv_wq_flags(IntEnum):
@@ -497,10 +511,12 @@ class ibv_wq_flags(IntEnum):
     IBV_WQ_FLAGS_SCATTER_FCS = 2
     IBV_WQ_FLAGS_DELAY_DROP = 4
     IBV_WQ_FLAGS_PCI_WRITE_END_PADDING = 8
+    IBV_WQ_FLAGS_RESERVED = 16
 
 
 class ibv_wq_init_attr_mask(IntEnum):
     IBV_WQ_INIT_ATTR_FLAGS = 1
+    IBV_WQ_INIT_ATTR_RESERVED = 2
 
 
 class ibv_wq_state(IntEnum):
@@ -527,12 +543,33 @@ class ibv_wr_opcode(IntEnum):
     IBV_WR_SEND_WITH_INV = 9
     IBV_WR_TSO = 10
     IBV_WR_ATOMIC_WRITE = 15
+    IBV_WR_DRIVER1 = 11
+    IBV_WR_FLUSH = 14
 
 
 class ibv_xrcd_init_attr_mask(IntEnum):
     IBV_XRCD_INIT_ATTR_FD = 1
     IBV_XRCD_INIT_ATTR_OFLAGS = 2
     IBV_XRCD_INIT_ATTR_RESERVED = 4
+
+
+class ibv_placement_type(IntEnum):
+    IBV_FLUSH_GLOBAL = 1
+    IBV_FLUSH_PERSISTENT = 2
+
+
+class ibv_selectivity_level(IntEnum):
+    IBV_FLUSH_RANGE = 0
+    IBV_FLUSH_MR = 1
+
+
+class ibv_query_qp_data_in_order_flags(IntEnum):
+    IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS = 1
+
+
+class ibv_query_qp_data_in_order_caps(IntEnum):
+    IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG = 1
+    IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES = 2
 
 
 globals().update({name: m for enum in list(globals().values())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from userspace import libc
 from userspace.pyverbs.host import current_process
-from userspace.pyverbs.pyverbs_error import PyverbsUserError
+from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 MAP_SHARED_, MAP_PRIVATE_, MAP_FIXED_, MAP_ANONYMOUS_ = 1, 2, 16, 32
 MAP_GROWSDOWN_, MAP_LOCKED_, MAP_NORESERVE_, MAP_POPULATE_ = 256, 8192, 16384, 32768
@@ -51,6 +51,17 @@ def mmap(addr: int = 0, length: int = 0, prot: int = PROT_READ_ | PROT_WRITE_,
 
 def munmap(addr: int, length: int) -> int:
     return current_process().munmap(addr, length)
+
+
+MADV_DONTNEED_ = 4
+
+
+def madvise(addr: int, length: int, flags: int = MADV_DONTNEED_) -> None:
+    """madvise(2) in the process (rdma-core 50+ pyverbs; its ODP tests drop a buffer's
+    pages so the next access faults); PyverbsRDMAError with the errno on failure."""
+    ret = current_process().madvise(addr, length, flags)
+    if ret < 0:
+        raise PyverbsRDMAError("Failed to madvise memory", -ret)
 
 
 def read(addr: int, length: int, offset: int = 0) -> bytes:

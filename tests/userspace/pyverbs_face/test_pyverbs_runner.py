@@ -41,7 +41,7 @@ import errno, unittest
 import pyverbs.device as d
 from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.pd import PD
-from pyverbs.wq import WQ, WQInitAttr
+from pyverbs.flow import Flow, FlowAttr
 from args_parser import parser
 
 class Mini(unittest.TestCase):
@@ -50,13 +50,13 @@ class Mini(unittest.TestCase):
         with d.Context(name=d.get_device_list()[0].name.decode()) as ctx:
             self.assertEqual(ctx.query_device().vendor_id, 0x02c9)
 
-    def test_wq(self):
+    def test_flow(self):
         with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
             try:
-                WQ(ctx, WQInitAttr(wq_pd=pd))
+                Flow(pd, FlowAttr(port=1))
             except PyverbsRDMAError as ex:
                 if ex.error_code == errno.EOPNOTSUPP:
-                    raise unittest.SkipTest("WQ is not supported")
+                    raise unittest.SkipTest("Flow is not supported")
                 raise
 
     def test_wrong(self):
@@ -82,7 +82,7 @@ def test_the_runner_reports_each_outcome_and_the_skip_reasons(suite):
     assert r.returncode == 1, r.stderr  # test_wrong failed
     assert "FAIL  tests.test_mini.Mini.test_wrong" in r.stdout
     assert "3 collected: 1 passed, 1 failed, 0 errored, 1 skipped" in r.stdout
-    assert "1  WQ is not supported" in r.stdout
+    assert "1  Flow is not supported" in r.stdout
     assert "Traceback" not in r.stderr
 
 
@@ -128,13 +128,74 @@ def test_the_alias_refuses_to_mix_with_another_pyverbs(monkeypatch):
     assert not alias.installed()
 
 
-def test_without_apt_the_fetch_fails_with_one_line(tmp_path):
-    """No path and no Debian tools: one line naming what is missing, exit 1."""
+def _fetch(tmp_path: pathlib.Path, mirror: str, *args: str) -> subprocess.CompletedProcess:
     import os
-    env = dict(os.environ, PATH=str(tmp_path), PEERMEM_CACHE=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-m", "peermem", "rdma-core-tests"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=300, env=env)
+    env = dict(os.environ, PEERMEM_DEBIAN_MIRROR=mirror, PEERMEM_CACHE=str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, "-m", "peermem", "rdma-core-tests", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+
+
+def test_an_unreachable_pool_fails_the_fetch_with_one_line(tmp_path):
+    """No path and no way to Debian's pool: one line naming the failure, exit 1."""
+    r = _fetch(tmp_path, "http://127.0.0.1:9/debian")
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip() == ("peermem rdma-core-tests: cannot fetch rdma-core's tests: "
-                                "fetching rdma-core's tests needs apt-get (Debian's package "
-                                "python3-pyverbs); or pass the path of rdma-core's tests/")
+    assert r.stderr.startswith("peermem rdma-core-tests: cannot fetch rdma-core's tests: ")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "cache" / "rdma-core-tests-56.1-1").exists()
+
+
+def test_a_package_whose_sha256_is_wrong_is_refused(tmp_path):
+    from peermem_testing.rdma_core_suite import DEBIAN_PACKAGE
+    pool = tmp_path / "mirror" / "pool" / "main" / "r" / "rdma-core"
+    pool.mkdir(parents=True)
+    (pool / f"{DEBIAN_PACKAGE}_44.0-2_amd64.deb").write_bytes(b"!<arch>\nnot the package")
+    r = _fetch(tmp_path, (tmp_path / "mirror").as_uri(), "--release", "44.0-2")
+    assert r.returncode == 1 and "is not python3-pyverbs 44.0-2's" in r.stderr
+    assert not any((tmp_path / "cache").glob("rdma-core-tests-*"))
+
+
+def _deb(files: dict[str, bytes]) -> bytes:
+    """A Debian package (ar: debian-binary, control.tar.xz, data.tar.xz) holding files."""
+    import io
+    import tarfile
+
+    def tar(entries: dict[str, bytes]) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w:xz") as t:
+            for name, data in entries.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+    def member(name: str, data: bytes) -> bytes:
+        head = f"{name:<16}{0:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n".encode()
+        return head + data + (b"\n" if len(data) & 1 else b"")
+
+    return b"!<arch>\n" + member("debian-binary", b"2.0\n") + \
+        member("control.tar.xz", tar({"./control": b"Package: x\n"})) + \
+        member("data.tar.xz", tar(files))
+
+
+def test_extract_suite_unpacks_the_tests_folder_and_gunzips(tmp_path):
+    import gzip
+
+    from peermem_testing.rdma_core_suite import extract_suite
+    doc = "./usr/share/doc/rdma-core/tests/"
+    deb = _deb({doc + "base.py": b"# base", doc + "utils.py.gz": gzip.compress(b"# utils"),
+                doc + "sub/x.py": b"# not taken", "./usr/lib/other.py": b"# not taken"})
+    extract_suite(deb, tmp_path / "suite")
+    assert sorted(p.name for p in (tmp_path / "suite").iterdir()) == ["base.py", "utils.py"]
+    assert (tmp_path / "suite" / "utils.py").read_bytes() == b"# utils"
+    with pytest.raises(ValueError, match="no ar header"):
+        extract_suite(b"PK\x03\x04", tmp_path / "zip")
+    with pytest.raises(ValueError, match="base.py"):
+        extract_suite(_deb({doc + "x.py": b""}), tmp_path / "nobase")
+
+
+def test_the_cli_offers_the_known_releases():
+    from peermem.cli import build_parser
+    from peermem_testing.rdma_core_suite import DEBIAN_VERSION, KNOWN_RELEASES
+    action = next(a for a in build_parser()._subparsers._group_actions[0].choices[
+        "rdma-core-tests"]._actions if a.dest == "release")
+    assert set(action.choices) == set(KNOWN_RELEASES) and action.default == DEBIAN_VERSION

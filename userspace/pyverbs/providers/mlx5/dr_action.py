@@ -60,6 +60,12 @@ class DrActionFlowCounter(NotEmulated):
     _VERB = "create DrActionFlowCounter"
 
 
+class DrActionFlowMeter(NotEmulated):
+    """Mirrors pyverbs' DrActionFlowMeter: not emulated."""
+
+    _VERB = "create DrActionFlowMeter"
+
+
 class DrActionFlowSample(NotEmulated):
     """Mirrors pyverbs' DrActionFlowSample: not emulated."""
 
@@ -112,6 +118,12 @@ class DrActionVPort(NotEmulated):
     """Mirrors pyverbs' DrActionVPort: not emulated."""
 
     _VERB = "create DrActionVPort"
+
+
+class DrFlowMeterAttr(AttrStruct):
+    """Mirrors pyverbs' DrFlowMeterAttr."""
+
+    _FIELDS = ('next_table', 'active', 'reg_c_index', 'flow_meter_parameter')
 
 
 class DrFlowSamplerAttr(AttrStruct):
