@@ -110,13 +110,17 @@ DMA_BUF_FOPS = file_operations(release=_release)
 
 
 @traced
-def dma_buf_export(exp_name: str, ops: dma_buf_ops, size: int, priv: Any) -> dma_buf:
+def dma_buf_export(exp_name: str, ops: dma_buf_ops, size: int, priv: Any,
+                   resv: Any = None) -> dma_buf:
     """Mirrors dma_buf_export(): EINVAL without map/unmap/release, with only one of
-    pin/unpin, or for size 0."""
+    pin/unpin, or for size 0.  `resv` (exp_info.resv): the exporter's reservation
+    object, shared with the buffer (a GEM object's); without it the buffer has its own."""
     if ops.map_dma_buf is None or ops.unmap_dma_buf is None or ops.release is None or \
             (ops.pin is None) != (ops.unpin is None) or size <= 0:
         raise KernelError(EINVAL, f"dma_buf_export: {exp_name}: bad ops or size {size}")
     dmabuf = kmalloc_obj(dma_buf(size, ops, priv, exp_name))
+    if resv is not None:
+        dmabuf.resv = resv
     dmabuf.file = file(DMA_BUF_FOPS, "anon_inode:dmabuf", inode(cdev(DMA_BUF_FOPS)), O_RDWR,
                        3, dmabuf)
     return dmabuf

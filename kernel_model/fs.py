@@ -26,6 +26,7 @@ from kernel_model.current import current
 from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelBug, KernelError
 from kernel_model.module import module_put, try_module_get
 from kernel_model.trace import traced
+from kernel_model.uapi.stat import S_IFCHR, S_IFREG
 
 FMODE_READ = 0x1
 FMODE_WRITE = 0x2
@@ -34,6 +35,20 @@ O_RDONLY, O_WRONLY, O_RDWR = 0, 1, 2
 O_CREAT, O_EXCL = 0o100, 0o200
 O_NONBLOCK = 0o4000
 O_CLOEXEC = 0o2000000
+MINORBITS = 20
+
+
+def MKDEV(major: int, minor: int) -> int:
+    """Mirrors MKDEV(): the kernel's dev_t of (major, minor)."""
+    return (major << MINORBITS) | minor
+
+
+def MAJOR(dev: int) -> int:
+    return dev >> MINORBITS
+
+
+def MINOR(dev: int) -> int:
+    return dev & ((1 << MINORBITS) - 1)
 
 
 @attrs.define(eq=False)
@@ -58,14 +73,19 @@ class cdev:
     owner: Any = None
     path: str | None = None
     private: Any = None
+    dev: int = 0        # the dev_t (MKDEV); 0 when the driver gave the node none
 
 
 @attrs.define(eq=False)
 class inode:
-    """Mirrors struct inode for a device node: the cdev it opens."""
+    """Mirrors struct inode for a device node: the cdev it opens, its type and
+    permission bits (i_mode) and, for a character device, its dev_t (i_rdev).  An
+    anonymous inode (eventfd-like files) has no file type bits."""
 
     i_cdev: cdev
     i_private: Any = None
+    i_mode: int = 0
+    i_rdev: int = 0
 
 
 @attrs.define(eq=False, repr=False)
@@ -174,8 +194,13 @@ def do_filp_open(path: str, flags: int) -> file:
     mode = (FMODE_READ if acc in (O_RDONLY, O_RDWR) else 0) | (
         FMODE_WRITE if acc in (O_WRONLY, O_RDWR) else 0)
     if cd is None:
-        return file(ramfs_file_operations, path, _open_regular(path, flags), flags, mode)
-    ino = inode(cd)
+        ino = _open_regular(path, flags)
+        ino.i_mode = S_IFREG | 0o644
+        return file(ramfs_file_operations, path, ino, flags, mode)
+    # EMU: sysfs attributes live in the device table too (kernel_model/sysfs.py); they
+    # are regular files, every other node is a character device
+    ino = inode(cd, i_mode=S_IFREG | 0o444 if path.startswith("/sys/") else S_IFCHR | 0o600,
+                i_rdev=cd.dev)
     f = file(cd.ops, path, ino, flags, mode)
     try_module_get(cd.ops.owner)  # fops_get(): the driver stays loaded while open
     if cd.ops.open is not None:

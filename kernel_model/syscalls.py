@@ -14,13 +14,15 @@ from collections.abc import Callable
 from functools import wraps
 
 from kernel_model.current import current
-from kernel_model.errno import EBADF, EINVAL, ENOENT, ENOTTY, KernelError
-from kernel_model.fs import do_filp_open, fput
+from kernel_model.errno import EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, KernelError
+from kernel_model.fs import MAJOR, MINOR, do_filp_open, fput
 from kernel_model.madvise import do_madvise
 from kernel_model.mm import MAP_ANONYMOUS, do_mmap, do_munmap
 from kernel_model.sched import SCHED
 from kernel_model.sysfs import list_dir
 from kernel_model.trace import traced
+from kernel_model.uaccess import copy_to_user
+from kernel_model.uapi.stat import new_encode_dev, stat
 from kernel_model.userfaultfd import new_userfaultfd
 
 
@@ -55,6 +57,40 @@ def sys_close(fd: int) -> int:
     """close(2)."""
     current().files.close_fd(fd)
     return 0
+
+
+@traced
+@syscall
+def sys_dup(oldfd: int) -> int:
+    """Mirrors dup(2) (ksys_dup): the lowest free fd, naming the same open file (one
+    more reference on it); EBADF for a closed fd."""
+    files = current().files
+    f = files.fget(oldfd)
+    try:
+        fd = files.alloc_fd()
+    except KernelError:
+        fput(f)
+        raise
+    files.fd_install(fd, f)
+    return fd
+
+
+@traced
+@syscall
+def sys_fstat(fd: int, statbuf: int) -> int:
+    """Mirrors fstat(2) (vfs_fstat -> cp_new_stat): the file's struct stat at user
+    address statbuf; EBADF for a closed fd, EFAULT for a bad buffer.
+
+    EMU: only st_mode and st_rdev carry the inode's values (the model keeps no
+    owners, sizes or times); the other fields are 0."""
+    def body(f) -> int:
+        ino = f.f_inode
+        st = stat(st_mode=ino.i_mode, st_rdev=new_encode_dev(MAJOR(ino.i_rdev),
+                                                              MINOR(ino.i_rdev)), st_nlink=1)
+        if copy_to_user(statbuf, st.pack(), stat.SIZE):
+            raise KernelError(EFAULT, "cp_new_stat: copy_to_user")
+        return 0
+    return _with_file(fd, body)
 
 
 def _with_file(fd: int, body: Callable[[object], int]) -> int:

@@ -18,19 +18,23 @@ process does through it (kernel_model/uapi/kfd.py):
     close                 the process's remaining buffers are freed the same way
 
 The third-party interface (amd_rdma_interface: get_pages, put_pages,
-is_gpu_address, get_page_size) is in kfd_rdma.py.
+is_gpu_address, get_page_size) is in kfd_rdma.py; each GPU's DRM render node
+(GEM buffer objects, their CPU mappings and dma-buf export) in amdgpu_drm.py -
+its VRAM comes from the same page pool as KFD's.
 
 Lock order: kfd_process.mutex, then whatever a free callback takes (ib_core's
 client lock, mlx5's MR teardown).
 
 # EMU: the kfd_process lives as long as its /dev/kfd file, not its mm; GPU
-# page tables, queues and the DRM render node are not modelled.
+# page tables and queues are not modelled; the render node has only what
+# amdgpu_drm.py lists.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from drivers.amdgpu.amdgpu_drm import amdgpu_drm_dev_register, amdgpu_drm_dev_unregister
 from drivers.amdgpu.kfd_rdma import run_rdma_free_callback
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, ENOMEM, KernelError
@@ -119,6 +123,8 @@ class AmdgpuState:
         if gpu is None:
             raise KernelError(EINVAL, f"amdgpu_pci_probe: {pdev.name} is not a GPU")
         dev = kfd_dev(gpu, 0x1000 + len(self.devices))
+        # drm_dev_register(): the render node, /dev/dri/renderD(128 + n)
+        dev.ddev = amdgpu_drm_dev_register(dev, len(self.devices), self.mod)
         pdev.dev.driver_data = dev
         self.devices.append(dev)
 
@@ -126,6 +132,7 @@ class AmdgpuState:
     def remove(self, pdev: Any) -> None:
         """amdgpu_pci_remove(): every buffer must be gone."""
         dev = pdev.dev.driver_data
+        amdgpu_drm_dev_unregister(dev.ddev)
         self.devices.remove(dev)
         if len(dev.free_pages) != dev.gpu.nr_pages:
             current().machine.report_bug("amdgpu_pci_remove", f"{dev!r}: "

@@ -32,14 +32,18 @@ import attrs
 from drivers.ib_core.cache import ib_cache_cleanup_one, ib_cache_setup_one, ib_setup_gid_attrs
 from drivers.ib_core.core_priv import _core  # noqa: F401 - ib_core's globals
 from drivers.ib_core.ib_verbs import (  # noqa: F401 - port helpers re-exported
+    IB_LINK_LAYER_ETHERNET,
+    IB_LINK_LAYER_INFINIBAND,
     RDMA_NODE_IB_CA,
     ib_ah,
     ib_cq,
     ib_device_attr,
     ib_mw,
     ib_pd,
+    ib_port_attr,
     ib_port_immutable,
     ib_qp,
+    ib_rwq_ind_table,
     ib_srq,
     ib_ucontext,
     ib_udata,
@@ -77,6 +81,7 @@ class ib_device_ops:
     # user context and mmap
     alloc_ucontext: Callable | None = None
     dealloc_ucontext: Callable | None = None
+    query_ucontext: Callable | None = None   # UVERBS_METHOD_QUERY_CONTEXT (ibv_import_device)
     mmap: Callable | None = None
     mmap_free: Callable | None = None
     disassociate_ucontext: Callable | None = None
@@ -106,6 +111,12 @@ class ib_device_ops:
     create_ah: Callable | None = None
     create_user_ah: Callable | None = None
     destroy_ah: Callable | None = None
+    # receive work queues and RSS indirection tables (the extended WQ commands)
+    create_wq: Callable | None = None
+    modify_wq: Callable | None = None
+    destroy_wq: Callable | None = None
+    create_rwq_ind_table: Callable | None = None
+    destroy_rwq_ind_table: Callable | None = None
     # the RoCE GID table (cache.c)
     add_gid: Callable | None = None
     del_gid: Callable | None = None
@@ -127,6 +138,7 @@ class ib_device_ops:
     size_ib_mw: type = ib_mw
     size_ib_srq: type = ib_srq
     size_ib_xrcd: type = ib_xrcd
+    size_ib_rwq_ind_table: type = ib_rwq_ind_table
 
 
 # EMU: the kernel consumers' data path (post_send, post_recv, poll_cq, req_notify_cq,
@@ -258,10 +270,53 @@ def _publish_sysfs(device: ib_device) -> None:
         if show is not None:
             sysfs_create_file(f"{base}/{name}", lambda s=show: s() + "\n")
     ib_setup_gid_attrs(device, base)
-    for port, immutable in device.port_data.items():  # the pkeys/ group of setup_port()
-        for i in range(immutable.pkey_tbl_len):
+    for port, immutable in device.port_data.items():  # setup_port(): port_attr_group
+        for name, show in (("state", show_port_state), ("phys_state", show_port_phys_state),
+                           ("link_layer", show_port_link_layer)):
+            sysfs_create_file(f"{base}/ports/{port}/{name}", lambda p=port, s=show: s(device, p))
+        for i in range(immutable.pkey_tbl_len):  # and its pkeys/ group
             sysfs_create_file(f"{base}/ports/{port}/pkeys/{i}",
                               lambda p=port, i=i: show_port_pkey(device, p, i))
+
+
+@traced
+def ib_query_port(device: ib_device, port: int, attr: ib_port_attr) -> None:
+    """Mirrors ib_query_port() (device.c): valid port, then ops.query_port into a
+    zeroed attr."""
+    if not rdma_is_port_valid(device, port):
+        raise KernelError(EINVAL, f"ib_query_port: {device.name} has no port {port}")
+    device.ops.query_port(device, port, attr)
+
+
+#: sysfs.c's names for enum ib_port_state and the IBTA physical port states
+_PORT_STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+_PHYS_STATE_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
+                     5: "LinkUp", 6: "LinkErrorRecovery", 7: "Phy Test"}
+
+
+def _port_attr(device: ib_device, port: int) -> ib_port_attr:
+    attr = ib_port_attr()
+    ib_query_port(device, port, attr)
+    return attr
+
+
+def show_port_state(device: ib_device, port: int) -> str:
+    """Mirrors state_show() (sysfs.c): "4: ACTIVE"."""
+    state = _port_attr(device, port).state
+    return f"{state}: {_PORT_STATE_NAMES.get(state, 'UNKNOWN')}\n"
+
+
+def show_port_phys_state(device: ib_device, port: int) -> str:
+    """Mirrors phys_state_show() (sysfs.c): "5: LinkUp"."""
+    phys = _port_attr(device, port).phys_state
+    return f"{phys}: {_PHYS_STATE_NAMES.get(phys, 'Unknown')}\n"
+
+
+def show_port_link_layer(device: ib_device, port: int) -> str:
+    """Mirrors link_layer_show() (sysfs.c): "Ethernet" or "InfiniBand"."""
+    ll = (device.ops.get_link_layer(device, port) if device.ops.get_link_layer
+          else IB_LINK_LAYER_INFINIBAND)
+    return "Ethernet\n" if ll == IB_LINK_LAYER_ETHERNET else "InfiniBand\n"
 
 
 @traced

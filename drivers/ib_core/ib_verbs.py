@@ -414,6 +414,7 @@ class ib_cq:
         self.usecnt = atomic_t(0)
         self.comp_handler: Any = None   # called with (cq, cq_context) per completion event
         self.cq_context: Any = None
+        self.event_handler: Any = None  # (ib_event, cq_context): its async events
 
     def __repr__(self) -> str:
         return f"CQ {self.device.name} cqe={self.cqe} usecnt={self.usecnt.counter}"
@@ -440,6 +441,27 @@ class ib_srq_init_attr:
     srq_type: int = IB_SRQT_BASIC
     cq: Any = None
     xrcd: Any = None
+    event_handler: Any = None      # called with (ib_event, srq_context)
+    srq_context: Any = None
+
+
+# enum ib_event_type (the same numbers as uapi's ibv_event_type)
+(IB_EVENT_CQ_ERR, IB_EVENT_QP_FATAL, IB_EVENT_QP_REQ_ERR, IB_EVENT_QP_ACCESS_ERR,
+ IB_EVENT_COMM_EST, IB_EVENT_SQ_DRAINED, IB_EVENT_PATH_MIG, IB_EVENT_PATH_MIG_ERR,
+ IB_EVENT_DEVICE_FATAL, IB_EVENT_PORT_ACTIVE, IB_EVENT_PORT_ERR, IB_EVENT_LID_CHANGE,
+ IB_EVENT_PKEY_CHANGE, IB_EVENT_SM_CHANGE, IB_EVENT_SRQ_ERR, IB_EVENT_SRQ_LIMIT_REACHED,
+ IB_EVENT_QP_LAST_WQE_REACHED, IB_EVENT_CLIENT_REREGISTER, IB_EVENT_GID_CHANGE,
+ IB_EVENT_WQ_FATAL) = range(20)
+
+
+@attrs.define(eq=False)
+class ib_event:
+    """Mirrors struct ib_event: the device, the event, and its element (the CQ, QP,
+    SRQ or WQ it is about - or, for a port event, the port number)."""
+
+    device: Any
+    event: int
+    element: Any = None
 
 
 class ib_xrcd:
@@ -467,9 +489,83 @@ class ib_srq:
         self.srq_num = 0              # ext.xrc.srq_num
         self.xrcd: Any = None         # ext.xrc.xrcd
         self.usecnt = atomic_t(0)
+        self.event_handler: Any = None  # (ib_event, srq_context): its async events
+        self.srq_context: Any = None
 
     def __repr__(self) -> str:
         return f"SRQ {self.device.name} type={self.srq_type} usecnt={self.usecnt.counter}"
+
+
+# -- work queues and RSS indirection tables (enum ib_wq_type, ib_wq_state) -------------------
+IB_WQT_RQ = 0
+IB_WQS_RESET, IB_WQS_RDY, IB_WQS_ERR = 0, 1, 2
+IB_WQ_STATE, IB_WQ_CUR_STATE, IB_WQ_FLAGS = 1 << 0, 1 << 1, 1 << 2   # enum ib_wq_attr_mask
+
+
+@attrs.define
+class ib_wq_init_attr:
+    """Mirrors struct ib_wq_init_attr (the driver writes back the real sizes)."""
+
+    wq_type: int = IB_WQT_RQ
+    max_wr: int = 0
+    max_sge: int = 0
+    cq: Any = None
+    create_flags: int = 0
+    event_handler: Any = None
+
+
+@attrs.define
+class ib_wq_attr:
+    """Mirrors struct ib_wq_attr."""
+
+    wq_state: int = IB_WQS_RESET
+    curr_wq_state: int = IB_WQS_RESET
+    flags: int = 0
+    flags_mask: int = 0
+
+
+class ib_wq:
+    """Mirrors struct ib_wq: a receive work queue; usecnt counts the indirection
+    tables naming it."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.uobject: Any = None
+        self.pd: ib_pd | None = None
+        self.cq: Any = None
+        self.wq_num = 0
+        self.wq_type = IB_WQT_RQ
+        self.state = IB_WQS_RESET
+        self.usecnt = atomic_t(0)
+        self.event_handler: Any = None
+
+    def __repr__(self) -> str:
+        return f"WQ {self.wq_num:#x} state={self.state} usecnt={self.usecnt.counter}"
+
+
+@attrs.define
+class ib_rwq_ind_table_init_attr:
+    """Mirrors struct ib_rwq_ind_table_init_attr."""
+
+    log_ind_tbl_size: int = 0
+    ind_tbl: list = attrs.Factory(list)
+
+
+class ib_rwq_ind_table:
+    """Mirrors struct ib_rwq_ind_table: 1 << log_ind_tbl_size WQs an RSS QP spreads
+    its receives over; usecnt counts those QPs."""
+
+    def __init__(self, device: ib_device):
+        self.device = device
+        self.uobject: Any = None
+        self.ind_tbl_num = 0
+        self.log_ind_tbl_size = 0
+        self.ind_tbl: list = []
+        self.usecnt = atomic_t(0)
+
+    def __repr__(self) -> str:
+        return (f"RWQ_IND_TBL {self.ind_tbl_num:#x} size=2^{self.log_ind_tbl_size} "
+                f"usecnt={self.usecnt.counter}")
 
 
 @attrs.define
@@ -497,6 +593,8 @@ class ib_qp_init_attr:
     create_flags: int = 0
     port_num: int = 0
     source_qpn: int = 0
+    event_handler: Any = None      # called with (ib_event, qp_context)
+    qp_context: Any = None
 
 
 class ib_qp:
@@ -515,6 +613,8 @@ class ib_qp:
         self.usecnt = atomic_t(0)
         self.port = 0                 # set by a modify with IB_QP_PORT
         self.av_sgid_attr: Any = None  # the source GID entry of the primary path (held)
+        self.event_handler: Any = None  # (ib_event, qp_context): its async events
+        self.qp_context: Any = None
 
     def __repr__(self) -> str:
         return f"QP {self.qp_num:#x} type={self.qp_type}"

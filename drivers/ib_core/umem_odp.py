@@ -14,9 +14,13 @@ Facts the callers rely on: no pinned_vm charge, no page reference held; the
 sequence check (mmu_interval_read_retry under umem_mutex) makes a fault that
 raced with an invalidation redo its collection rather than map stale pages.
 
+Implicit ODP (the whole address space): ib_umem_odp_alloc_implicit() makes a
+root umem with no range, no notifier and no pages; the driver hangs child umems
+(ib_umem_odp_alloc_child: each an ordinary ODP umem over one slice, with its own
+notifier) under it as the device touches the slices.
+
 # EMU: ib_dma_map_page is a one-page scatterlist through dma_map_sgtable (the
-# model's DMA API has no dma_map_page); implicit ODP (the whole address space,
-# child umems per 1 GiB) is not modelled: ib_umem_odp_alloc_implicit is refused.
+# model's DMA API has no dma_map_page).
 
 Lock order: umem_mutex, taken inside the notifier's invalidate (mmap_lock side)
 and by the fault path after the pages were collected.
@@ -28,10 +32,10 @@ from typing import TYPE_CHECKING
 
 from c_ext import U64Array
 from drivers.ib_core.ib_umem import ib_umem
-from drivers.ib_core.ib_verbs import IB_ACCESS_ON_DEMAND, ib_access_writable
+from drivers.ib_core.ib_verbs import IB_ACCESS_HUGETLB, IB_ACCESS_ON_DEMAND, ib_access_writable
 from kernel_model.current import current
 from kernel_model.dma import DMA_BIDIRECTIONAL, dma_map_sgtable, dma_unmap_sgtable
-from kernel_model.errno import EFAULT, EINVAL, EOPNOTSUPP, EOVERFLOW, KernelError
+from kernel_model.errno import EFAULT, EINVAL, EOVERFLOW, KernelError
 from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
 from kernel_model.memory import FAULT_FLAG_WRITE, VM_FAULT_ERROR, handle_mm_fault
 from kernel_model.mm import VM_IO, VM_PFNMAP, VM_READ, VM_WRITE, mmdrop, mmgrab
@@ -132,9 +136,60 @@ def ib_umem_odp_get(device: ib_device, addr: int, size: int, access: int,
     return umem_odp
 
 
+@traced
 def ib_umem_odp_alloc_implicit(device: ib_device, access: int) -> ib_umem_odp:
-    """Mirrors ib_umem_odp_alloc_implicit().  # EMU: implicit ODP is not modelled."""
-    raise KernelError(EOPNOTSUPP, "ib_umem_odp_alloc_implicit: implicit ODP not modelled")
+    """Mirrors ib_umem_odp_alloc_implicit(): the root umem of an implicit ODP MR - the
+    whole address space of the current process, nothing mapped, no notifier (the
+    children have theirs); it holds the mm (mmgrab) as any ODP umem.  EINVAL for
+    IB_ACCESS_HUGETLB."""
+    if access & IB_ACCESS_HUGETLB:
+        raise KernelError(EINVAL, "ib_umem_odp_alloc_implicit: IB_ACCESS_HUGETLB")
+    mm = current().mm
+    umem_odp = ib_umem_odp(device, mm.machine)
+    umem_odp.writable = ib_access_writable(access)
+    umem_odp.is_odp = True
+    umem_odp.owning_mm = mm
+    umem_odp.is_implicit_odp = True
+    mmgrab(mm)
+    return umem_odp
+
+
+@traced
+def ib_umem_odp_alloc_child(root: ib_umem_odp, addr: int, size: int,
+                            ops: mmu_interval_notifier_ops) -> ib_umem_odp:
+    """Mirrors ib_umem_odp_alloc_child(): an ODP umem over [addr, addr + size) of the
+    root's mm (not current's: the driver makes children from its page-fault work),
+    writable as the root, with its own interval notifier.  EINVAL when root is not an
+    implicit umem (a WARN upstream)."""
+    if not root.is_implicit_odp:
+        raise KernelError(EINVAL, "ib_umem_odp_alloc_child: root is not implicit")
+    mm = root.owning_mm
+    umem_odp = ib_umem_odp(root.ibdev, mm.machine)
+    umem_odp.address, umem_odp.length, umem_odp.iova = addr, size, addr
+    umem_odp.writable = root.writable
+    umem_odp.is_odp = True
+    umem_odp.owning_mm = mm
+    ib_init_umem_odp(umem_odp, ops)
+    return umem_odp
+
+
+def ib_init_umem_odp(umem_odp: ib_umem_odp, ops: mmu_interval_notifier_ops) -> None:
+    """Mirrors ib_init_umem_odp() for a child umem: the per-page lists over its range,
+    then mmgrab and the interval notifier on its owning mm (unwound on failure)."""
+    mm = umem_odp.owning_mm
+    ps = 1 << umem_odp.page_shift
+    start = umem_odp.address & ~(ps - 1)
+    end = -(-(umem_odp.address + umem_odp.length) // ps) * ps
+    umem_odp.npages = (end - start) >> umem_odp.page_shift
+    umem_odp.dma_list = U64Array(umem_odp.npages)
+    umem_odp.pfn_list = [0] * umem_odp.npages
+    umem_odp.map_sgt = [None] * umem_odp.npages
+    mmgrab(mm)
+    try:
+        mmu_interval_notifier_insert(umem_odp.notifier, mm, start, end - start, ops)
+    except BaseException:
+        mmdrop(mm)
+        raise
 
 
 def _hmm_range_fault(umem_odp: ib_umem_odp, start: int, end: int, write: bool,
@@ -149,9 +204,20 @@ def _hmm_range_fault(umem_odp: ib_umem_odp, start: int, end: int, write: bool,
     mm = umem_odp.owning_mm
     ps = mm.machine.page_size
     need = _PAGE_PRESENT | (_PAGE_RW if write else 0)
-    pfns = []
-    for va in range(start, end, ps):
+    pfns: list[int] = []
+    va = start - ps
+    while va + ps < end:
+        va += ps
         vma = mm.vma_lookup(va)
+        if vma is None and not fault:
+            # as walk_page_range's hmm_vma_walk_hole: a hole no VMA covers is skipped
+            # whole in a snapshot (0 for each of its pages), not walked page by page
+            nxt = mm.find_vma(va)
+            hole_end = min(end, nxt.vm_start if nxt is not None else end)
+            n = max(1, (hole_end - va) // ps)
+            pfns.extend([0] * n)
+            va += (n - 1) * ps
+            continue
         if vma is not None and vma.vm_flags & (VM_IO | VM_PFNMAP):
             if fault:
                 raise KernelError(EFAULT, f"hmm_range_fault: {va:#x} is in a "

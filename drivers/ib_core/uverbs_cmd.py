@@ -46,6 +46,7 @@ from drivers.ib_core.ib_verbs import (
     IB_QP_PKEY_INDEX,
     IB_QP_PORT,
     IB_QP_QKEY,
+    IB_QP_RATE_LIMIT,
     IB_QP_RETRY_CNT,
     IB_QP_RNR_RETRY,
     IB_QP_RQ_PSN,
@@ -97,6 +98,7 @@ from drivers.ib_core.uverbs_comp_event import (
     ib_uverbs_alloc_comp_event_file,
     ib_uverbs_comp_handler,
     ib_uverbs_init_ucq,
+    ib_uverbs_init_uevent,
     ib_uverbs_lookup_comp_file,
     ib_uverbs_release_ucq,
 )
@@ -110,7 +112,13 @@ from drivers.ib_core.uverbs_std_types import (
     UVERBS_OBJECT_SRQ,
     UVERBS_OBJECT_XRCD,
 )
-from drivers.ib_core.uverbs_std_types_async_fd import ib_uverbs_alloc_async_event_file
+from drivers.ib_core.uverbs_std_types_async_fd import (
+    ib_uverbs_alloc_async_event_file,
+    ib_uverbs_cq_event_handler,
+    ib_uverbs_get_async_event,
+    ib_uverbs_qp_event_handler,
+    ib_uverbs_srq_event_handler,
+)
 from drivers.ib_core.verbs import (
     IB_MR_TYPE_USER,
     ib_alloc_xrcd_user,
@@ -264,17 +272,13 @@ def ib_uverbs_ex_query_device(attrs_: uverbs_attr_bundle) -> None:
     uverbs_response(attrs_, resp)
 
 
-@traced
-def ib_uverbs_query_port(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_query_port(): ib_query_port, plus the link layer and,
-    for RoCE, the GRH-required flag."""
-    ucontext = ib_uverbs_get_ucontext_file(attrs_.ufile)
-    cmd = uverbs_request(attrs_, uv.ib_uverbs_query_port)
-    ib_dev = ucontext.device
-    attr = ib_port_attr()
-    ib_query_port(ib_dev, cmd.port_num, attr)
-    link_layer = rdma_port_get_link_layer(ib_dev, cmd.port_num)
-    uverbs_response(attrs_, uv.ib_uverbs_query_port_resp(
+def copy_port_attr_to_resp(attr: ib_port_attr, resp_cls: type[T], ib_dev: Any,
+                           port_num: int, **extra: int) -> T:
+    """Mirrors copy_port_attr_to_resp(): the legacy port answer from ib_port_attr, plus
+    the link layer and, for RoCE, the GRH-required flag (shared by the write command
+    and UVERBS_METHOD_QUERY_PORT, whose response_ex adds `extra`)."""
+    link_layer = rdma_port_get_link_layer(ib_dev, port_num)
+    return resp_cls(
         port_cap_flags=attr.port_cap_flags, max_msg_sz=attr.max_msg_sz,
         bad_pkey_cntr=attr.bad_pkey_cntr, qkey_viol_cntr=attr.qkey_viol_cntr,
         gid_tbl_len=attr.gid_tbl_len, pkey_tbl_len=attr.pkey_tbl_len, lid=attr.lid,
@@ -284,7 +288,20 @@ def ib_uverbs_query_port(attrs_: uverbs_attr_bundle) -> None:
         init_type_reply=attr.init_type_reply, active_width=attr.active_width,
         active_speed=attr.active_speed & 0xFF, phys_state=attr.phys_state,
         link_layer=link_layer,
-        flags=IB_UVERBS_QPF_GRH_REQUIRED if link_layer == IB_LINK_LAYER_ETHERNET else 0))
+        flags=IB_UVERBS_QPF_GRH_REQUIRED if link_layer == IB_LINK_LAYER_ETHERNET else 0,
+        **extra)
+
+
+@traced
+def ib_uverbs_query_port(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_query_port(): ib_query_port, then copy_port_attr_to_resp."""
+    ucontext = ib_uverbs_get_ucontext_file(attrs_.ufile)
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_query_port)
+    ib_dev = ucontext.device
+    attr = ib_port_attr()
+    ib_query_port(ib_dev, cmd.port_num, attr)
+    uverbs_response(attrs_, copy_port_attr_to_resp(attr, uv.ib_uverbs_query_port_resp, ib_dev,
+                                                   cmd.port_num))
 
 
 # -- PD, MR ------------------------------------------------------------------------
@@ -474,7 +491,7 @@ def create_cq(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_ex_create_cq) -> Any
     ev_file = None
     if cmd.comp_channel >= 0:
         ev_file = ib_uverbs_lookup_comp_file(cmd.comp_channel, ufile)
-    ib_uverbs_init_ucq(uobj, ev_file)
+    ib_uverbs_init_ucq(uobj, ev_file, ib_uverbs_get_async_event(attrs_))
     try:
         uobj.user_handle = cmd.user_handle
         ib_dev = uobj.context.device
@@ -482,6 +499,7 @@ def create_cq(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_ex_create_cq) -> Any
         cq.uobject = uobj
         cq.comp_handler = ib_uverbs_comp_handler
         cq.cq_context = ev_file.ev_queue if ev_file is not None else None
+        cq.event_handler = ib_uverbs_cq_event_handler
         ib_dev.ops.create_cq(cq, ib_cq_init_attr(cqe=cmd.cqe, comp_vector=cmd.comp_vector,
                                                  flags=cmd.flags), attrs_.driver_udata)
     except BaseException:
@@ -543,7 +561,7 @@ def ib_uverbs_destroy_cq(attrs_: uverbs_attr_bundle) -> None:
     uobj = uobj_perform_destroy(UVERBS_OBJECT_CQ, cmd.cq_handle, attrs_)
     uverbs_response(attrs_, uv.ib_uverbs_destroy_cq_resp(
         comp_events_reported=uobj.comp_events_reported,
-        async_events_reported=uobj.async_events_reported))
+        async_events_reported=uobj.events_reported))
 
 
 # -- QP ----------------------------------------------------------------------------
@@ -602,13 +620,15 @@ def create_qp(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_ex_create_qp) -> Non
     uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_QP, attrs_)
     uobj_finalize_uobj_create(uobj, attrs_)
     uobj.user_handle = cmd.user_handle
+    ib_uverbs_init_uevent(uobj, ib_uverbs_get_async_event(attrs_))
     held = []
     if cmd.qp_type == IB_QPT_XRC_TGT:
         xrcd_uobj = uobj_get_obj_read(UVERBS_OBJECT_XRCD, attrs_, cmd.pd_handle, "create_qp")
         try:
             attr = ib_qp_init_attr(qp_type=cmd.qp_type, xrcd=xrcd_uobj.object,
                                    sq_sig_type=0 if cmd.sq_sig_all else 1,
-                                   create_flags=cmd.create_flags)
+                                   create_flags=cmd.create_flags,
+                                   event_handler=ib_uverbs_qp_event_handler)
             qp = ib_create_qp_user(xrcd_uobj.object.device, None, attr, None, uobj)
             uobj.object = qp
             uobj.uxrcd = xrcd_uobj
@@ -648,7 +668,8 @@ def create_qp(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_ex_create_qp) -> Non
             sq_sig_type=0 if cmd.sq_sig_all else 1, create_flags=cmd.create_flags,
             source_qpn=cmd.source_qpn if cmd.create_flags & IB_QP_CREATE_SOURCE_QPN else 0,
             cap=ib_qp_cap(cmd.max_send_wr, cmd.max_recv_wr, cmd.max_send_sge,
-                          cmd.max_recv_sge, cmd.max_inline_data))
+                          cmd.max_recv_sge, cmd.max_inline_data),
+            event_handler=ib_uverbs_qp_event_handler)
         qp = ib_create_qp_user(uobj.context.device, pd_uobj.object, attr,
                                attrs_.driver_udata, uobj)
         uobj.object = qp
@@ -672,10 +693,12 @@ def _create_qp_response(attrs_: uverbs_attr_bundle, base: uv.ib_uverbs_create_qp
 
 @traced
 def ib_uverbs_destroy_qp(attrs_: uverbs_attr_bundle) -> None:
-    """Mirrors ib_uverbs_destroy_qp()."""
+    """Mirrors ib_uverbs_destroy_qp(): the response counts the async events read()
+    reported for the QP, which the library waits to see acknowledged."""
     cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_qp)
-    uobj_perform_destroy(UVERBS_OBJECT_QP, cmd.qp_handle, attrs_)
-    uverbs_response(attrs_, uv.ib_uverbs_destroy_qp_resp())
+    uobj = uobj_perform_destroy(UVERBS_OBJECT_QP, cmd.qp_handle, attrs_)
+    uverbs_response(attrs_, uv.ib_uverbs_destroy_qp_resp(
+        events_reported=getattr(uobj, "events_reported", 0)))
 
 
 # -- XRC domains -------------------------------------------------------------------
@@ -746,8 +769,9 @@ def __uverbs_create_xsrq(attrs_: uverbs_attr_bundle, cmd: uv.ib_uverbs_create_xs
     uobj = rdma_alloc_begin_uobject(UVERBS_OBJECT_SRQ, attrs_)
     uobj_finalize_uobj_create(uobj, attrs_)
     uobj.user_handle = cmd.user_handle
+    ib_uverbs_init_uevent(uobj, ib_uverbs_get_async_event(attrs_))
     attr = ib_srq_init_attr(attr=ib_srq_attr(cmd.max_wr, cmd.max_sge, cmd.srq_limit),
-                            srq_type=cmd.srq_type)
+                            srq_type=cmd.srq_type, event_handler=ib_uverbs_srq_event_handler)
     held = []
     try:
         xrcd_uobj = None
@@ -831,10 +855,12 @@ def ib_uverbs_query_srq(attrs_: uverbs_attr_bundle) -> None:
 @traced
 def ib_uverbs_destroy_srq(attrs_: uverbs_attr_bundle) -> None:
     """Mirrors ib_uverbs_destroy_srq(): EBUSY while QPs use it; the response counts
-    the async events reported for it."""
+    the async events read() reported for it, which the library waits to see
+    acknowledged."""
     cmd = uverbs_request(attrs_, uv.ib_uverbs_destroy_srq)
-    uobj_perform_destroy(UVERBS_OBJECT_SRQ, cmd.srq_handle, attrs_)
-    uverbs_response(attrs_, uv.ib_uverbs_destroy_srq_resp(events_reported=0))
+    uobj = uobj_perform_destroy(UVERBS_OBJECT_SRQ, cmd.srq_handle, attrs_)
+    uverbs_response(attrs_, uv.ib_uverbs_destroy_srq_resp(
+        events_reported=uobj.events_reported))
 
 
 # -- AH ----------------------------------------------------------------------------
@@ -990,6 +1016,22 @@ def ib_uverbs_modify_qp(attrs_: uverbs_attr_bundle) -> None:
     if cmd.attr_mask & ~IB_QP_ATTR_STANDARD_BITS:
         raise KernelError(EOPNOTSUPP, f"ib_uverbs_modify_qp: attr_mask {cmd.attr_mask:#x}")
     modify_qp(attrs_, cmd)
+
+
+@traced
+def ib_uverbs_ex_modify_qp(attrs_: uverbs_attr_bundle) -> None:
+    """Mirrors ib_uverbs_ex_modify_qp(): EOPNOTSUPP for attribute bits past the
+    standard ones and the rate limit, then modify_qp with the legacy part; the
+    response is its length (the driver answers in its own udata, e.g. a DCT's
+    number).  # EMU: the rate limit (IB_QP_RATE_LIMIT) is not passed on."""
+    cmd = uverbs_request(attrs_, uv.ib_uverbs_ex_modify_qp)
+    resp = uv.ib_uverbs_ex_modify_qp_resp()
+    resp.response_length = min(attrs_.ucore.outlen, resp.SIZE)  # uverbs_response_length()
+    if cmd.base.attr_mask & ~(IB_QP_ATTR_STANDARD_BITS | IB_QP_RATE_LIMIT):
+        raise KernelError(EOPNOTSUPP, f"ib_uverbs_ex_modify_qp: attr_mask "
+                          f"{cmd.base.attr_mask:#x}")
+    modify_qp(attrs_, cmd.base)
+    uverbs_response(attrs_, resp)
 
 
 @traced

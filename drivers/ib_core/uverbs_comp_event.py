@@ -11,7 +11,12 @@ returns so the library can wait for its acks).  Destroying the CQ drops its
 events still queued (ib_uverbs_release_ucq); closing the file marks it closed
 and frees what is queued.
 
-Lock order: ev_queue.lock alone (taken from the completion interrupt).
+The queue, its events and ib_uverbs_event_read() are shared with the async
+event file (uverbs_std_types_async_fd.py), as in the kernel: an event is
+counted on its object when read (the counter it names) and sits on the
+object's list until then, so destroying the object can drop it.
+
+Lock order: ev_queue.lock alone (taken from the completion and async interrupts).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from kernel_model.locking import (
     wait_event_timeout,
     wake_up,
 )
+from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
 from kernel_model.uaccess import copy_to_user
 from kernel_model.uapi import ib_user_verbs as uv
@@ -49,11 +55,57 @@ class ib_uverbs_event_queue:
 
 
 class ib_uverbs_event:
-    """Mirrors struct ib_uverbs_event: one event, counted on its CQ's uobject."""
+    """Mirrors struct ib_uverbs_event: one event descriptor (completion or async);
+    `counter` (object, field) is the count read() adds it to, `obj_list` the
+    object's list of its events still queued (both None for an event of no object)."""
 
-    def __init__(self, cq_handle: int, counter_obj: Any):
-        self.desc = uv.ib_uverbs_comp_event_desc(cq_handle=cq_handle)
-        self.counter_obj = counter_obj
+    def __init__(self, desc: Any, counter: tuple[Any, str] | None = None,
+                 obj_list: list | None = None):
+        self.desc = desc
+        self.counter = counter
+        self.obj_list = obj_list
+
+    def __repr__(self) -> str:
+        return f"ib_uverbs_event {self.desc!r}"
+
+
+def ib_uverbs_queue_event(ev_queue: ib_uverbs_event_queue, event: ib_uverbs_event) -> bool:
+    """The queueing half of ib_uverbs_comp_handler / ib_uverbs_async_handler: under the
+    queue's lock, nothing for a closed queue (False); else the event is allocated
+    (kmalloc), queued and put on its object's list; a reader is woken."""
+    with ev_queue.lock:
+        if ev_queue.is_closed:
+            return False
+        kmalloc_obj(event)
+        ev_queue.event_list.append(event)
+        if event.obj_list is not None:
+            event.obj_list.append(event)
+    wake_up(ev_queue.poll_wait)
+    return True
+
+
+def ib_uverbs_free_event_queue(ev_queue: ib_uverbs_event_queue) -> None:
+    """Mirrors ib_uverbs_free_event_queue(): the queue is closed (readers woken: a read
+    then ends with EIO) and every event still queued freed, off its object's list."""
+    with ev_queue.lock:
+        ev_queue.is_closed = True
+    wake_up(ev_queue.poll_wait)
+    with ev_queue.lock:
+        for event in ev_queue.event_list:
+            if event.obj_list is not None:
+                event.obj_list.remove(event)
+            kfree(event)
+        ev_queue.event_list.clear()
+
+
+def ib_uverbs_drop_obj_events(ev_queue: ib_uverbs_event_queue, obj_list: list) -> None:
+    """ib_uverbs_release_ucq / ib_uverbs_release_uevent's loop: the object's events
+    still queued are taken off the queue and freed."""
+    with ev_queue.lock:
+        for event in obj_list:
+            ev_queue.event_list.remove(event)
+            kfree(event)
+        obj_list.clear()
 
 
 class ib_uverbs_completion_event_file:
@@ -70,12 +122,21 @@ class ib_uverbs_completion_event_file:
 
 @traced
 def ib_uverbs_comp_event_read(filp: file, buf: int, count: int) -> int:
-    """Mirrors ib_uverbs_comp_event_read() -> ib_uverbs_event_read(): one event
-    descriptor; EAGAIN when none is queued and the file is O_NONBLOCK, else sleep
-    until one is (EIO when the file was closed by a device removal, EINVAL for a
-    buffer shorter than one descriptor, EFAULT for one that cannot be written)."""
+    """Mirrors ib_uverbs_comp_event_read(): ib_uverbs_event_read of one
+    ib_uverbs_comp_event_desc."""
     ev_file: ib_uverbs_completion_event_file = filp.private_data
-    q = ev_file.ev_queue
+    return ib_uverbs_event_read(ev_file.ev_queue, filp, buf, count,
+                                uv.ib_uverbs_comp_event_desc.SIZE)
+
+
+@traced
+def ib_uverbs_event_read(q: ib_uverbs_event_queue, filp: file, buf: int, count: int,
+                         eventsz: int) -> int:
+    """Mirrors ib_uverbs_event_read(): one event descriptor of eventsz bytes; EAGAIN
+    when none is queued and the file is O_NONBLOCK, else sleep until one is (EIO
+    when the queue was closed and is empty, EINVAL for a buffer shorter than one
+    descriptor - the event stays queued - EFAULT for one that cannot be written).
+    The event read is counted on its object and freed."""
     while True:
         with q.lock:
             if q.event_list:
@@ -88,18 +149,20 @@ def ib_uverbs_comp_event_read(filp: file, buf: int, count: int) -> int:
                                   COMP_EVENT_READ_TIMEOUT):
             # EMU: see COMP_EVENT_READ_TIMEOUT (-ERESTARTSYS seen as EINTR)
             raise KernelError(EINTR, "ib_uverbs_event_read: interrupted waiting for an event")
-    size = uv.ib_uverbs_comp_event_desc.SIZE
     with q.lock:
         event = q.event_list[0]
-        if size > count:
-            raise KernelError(EINVAL, f"ib_uverbs_event_read: {count} bytes < {size}")
+        if eventsz > count:
+            raise KernelError(EINVAL, f"ib_uverbs_event_read: {count} bytes < {eventsz}")
         q.event_list.popleft()
-        if event.counter_obj is not None:
-            event.counter_obj.comp_events_reported += 1
-            event.counter_obj.comp_list.remove(event)
-    if copy_to_user(buf, event.desc.pack(), size):
+        if event.counter is not None:
+            obj, field = event.counter
+            setattr(obj, field, getattr(obj, field) + 1)
+            event.obj_list.remove(event)
+    failed = copy_to_user(buf, event.desc.pack(), eventsz)
+    kfree(event)
+    if failed:
         raise KernelError(EFAULT, "ib_uverbs_event_read: copy_to_user")
-    return size
+    return eventsz
 
 
 @traced
@@ -115,16 +178,9 @@ def ib_uverbs_comp_event_close(ino: inode, filp: file) -> None:
 
 def uverbs_completion_event_file_destroy_uobj(ev_file: ib_uverbs_completion_event_file
                                               ) -> None:
-    """Mirrors uverbs_completion_event_file_destroy_uobj(): the queue is closed, every
-    event still queued freed, readers woken (a read then ends with EIO)."""
-    q = ev_file.ev_queue
-    with q.lock:
-        q.is_closed = True
-        for event in q.event_list:
-            if event.counter_obj is not None:
-                event.counter_obj.comp_list.remove(event)
-        q.event_list.clear()
-    wake_up(q.poll_wait)
+    """Mirrors uverbs_completion_event_file_destroy_uobj(): ib_uverbs_free_event_queue
+    (closed, every event still queued freed, readers woken: a read then ends with EIO)."""
+    ib_uverbs_free_event_queue(ev_file.ev_queue)
 
 
 COMP_EVENT_FOPS = file_operations(read=ib_uverbs_comp_event_read,
@@ -168,12 +224,14 @@ def ib_uverbs_lookup_comp_file(fd: int, ufile: Any) -> ib_uverbs_completion_even
     return f.private_data
 
 
-def ib_uverbs_init_ucq(uobj: Any, ev_file: ib_uverbs_completion_event_file | None) -> None:
-    """create_cq()'s ib_ucq_object fields: events reported, events queued, channel."""
+def ib_uverbs_init_ucq(uobj: Any, ev_file: ib_uverbs_completion_event_file | None,
+                       event_file: Any = None) -> None:
+    """create_cq()'s ib_ucq_object fields: completion events reported and queued, the
+    channel; and its uevent (the async event file, async events reported/queued)."""
     uobj.comp_events_reported = 0
-    uobj.async_events_reported = 0
     uobj.comp_list = []
     uobj.ev_file = ev_file
+    ib_uverbs_init_uevent(uobj, event_file)
 
 
 @traced
@@ -183,14 +241,10 @@ def ib_uverbs_comp_handler(cq: Any, cq_context: Any) -> None:
     ev_queue: ib_uverbs_event_queue | None = cq_context
     if ev_queue is None:
         return
-    with ev_queue.lock:
-        if ev_queue.is_closed:
-            return
-        uobj = cq.uobject
-        event = ib_uverbs_event(uobj.user_handle, uobj)
-        ev_queue.event_list.append(event)
-        uobj.comp_list.append(event)
-    wake_up(ev_queue.poll_wait)
+    uobj = cq.uobject
+    ib_uverbs_queue_event(ev_queue, ib_uverbs_event(
+        uv.ib_uverbs_comp_event_desc(cq_handle=uobj.user_handle),
+        (uobj, "comp_events_reported"), uobj.comp_list))
 
 
 @traced
@@ -198,12 +252,28 @@ def ib_uverbs_release_ucq(uobj: Any) -> None:
     """Mirrors ib_uverbs_release_ucq(): drop the CQ's events still queued on its
     channel, and the channel reference the CQ held."""
     ev_file = getattr(uobj, "ev_file", None)
-    if ev_file is None:
+    if ev_file is not None:
+        ib_uverbs_drop_obj_events(ev_file.ev_queue, uobj.comp_list)
+        uobj.ev_file = None
+        fput(ev_file.filp)
+    ib_uverbs_release_uevent(uobj)
+
+
+def ib_uverbs_init_uevent(uobj: Any, event_file: Any) -> None:
+    """The ib_uevent_object fields of a CQ, QP, SRQ or WQ uobject: its async event
+    file (the file's default one; the uobject holds it), the async events read()
+    reported for it and its events still queued."""
+    uobj.event_file = event_file
+    uobj.events_reported = 0
+    uobj.event_list = []
+
+
+@traced
+def ib_uverbs_release_uevent(uobj: Any) -> None:
+    """Mirrors ib_uverbs_release_uevent(): drop the object's async events still
+    queued on its async event file."""
+    async_file = getattr(uobj, "event_file", None)
+    if async_file is None:
         return
-    q = ev_file.ev_queue
-    with q.lock:
-        for event in uobj.comp_list:
-            q.event_list.remove(event)
-        uobj.comp_list.clear()
-    uobj.ev_file = None
-    fput(ev_file.filp)
+    ib_uverbs_drop_obj_events(async_file.ev_queue, uobj.event_list)
+    uobj.event_file = None

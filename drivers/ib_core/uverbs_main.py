@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from drivers.ib_core import uverbs_cmd as cmds
+from drivers.ib_core import uverbs_cmd_wq as wq_cmds
 from drivers.ib_core.device import ib_client, ib_set_client_data
 from drivers.ib_core.ib_core_uverbs import rdma_user_mmap_entry_put
 from drivers.ib_core.ib_verbs import RDMA_REMOVE_CLOSE, RDMA_REMOVE_DRIVER_REMOVE, ib_udata
@@ -40,9 +41,13 @@ from drivers.ib_core.rdma_core import (
 )
 from drivers.ib_core.uverbs_comp_event import ib_uverbs_close_comp_event_files
 from drivers.ib_core.uverbs_ioctl import ib_uverbs_ioctl
+from drivers.ib_core.uverbs_std_types_async_fd import uverbs_async_event_destroy_uobj
 from drivers.ib_core.uverbs_uapi import uverbs_alloc_api, uverbs_api, uverbs_disassociate_api_pre
 from kernel_model.errno import EFAULT, EINVAL, EIO, ENOSPC, EOPNOTSUPP, KernelError
 from kernel_model.fs import (
+    MAJOR,
+    MINOR,
+    MKDEV,
     cdev,
     cdev_add,
     cdev_del,
@@ -59,6 +64,7 @@ from kernel_model.uaccess import copy_from_user, get_user_u64
 from kernel_model.uapi import ib_user_verbs as uv
 
 IB_UVERBS_MAX_DEVICES = 1 << 20
+IB_UVERBS_MAJOR, IB_UVERBS_BASE_MINOR = 231, 192   # the fixed range of the first 32
 
 
 @attrs.define(eq=False)
@@ -152,6 +158,25 @@ WRITE_EX_METHODS: dict[int, uverbs_api_write_method] = {
     uv.IB_USER_VERBS_EX_CMD_CREATE_QP: uverbs_api_write_method(
         cmds.ib_uverbs_ex_create_qp, uv.ib_uverbs_ex_create_qp.offsetof("comp_mask") + 4,
         uv.ib_uverbs_ex_create_qp_resp.offsetof("response_length") + 4, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_MODIFY_QP: uverbs_api_write_method(
+        cmds.ib_uverbs_ex_modify_qp, uv.ib_uverbs_modify_qp.SIZE,
+        uv.ib_uverbs_ex_modify_qp_resp.offsetof("response_length") + 4, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_CREATE_WQ: uverbs_api_write_method(
+        wq_cmds.ib_uverbs_ex_create_wq, uv.ib_uverbs_ex_create_wq.offsetof("max_sge") + 4,
+        uv.ib_uverbs_ex_create_wq_resp.SIZE, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_MODIFY_WQ: uverbs_api_write_method(
+        wq_cmds.ib_uverbs_ex_modify_wq, uv.ib_uverbs_ex_modify_wq.offsetof("flags"), 0,
+        True, False, True),
+    uv.IB_USER_VERBS_EX_CMD_DESTROY_WQ: uverbs_api_write_method(
+        wq_cmds.ib_uverbs_ex_destroy_wq, uv.ib_uverbs_ex_destroy_wq.SIZE,
+        uv.ib_uverbs_ex_destroy_wq_resp.SIZE, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_CREATE_RWQ_IND_TBL: uverbs_api_write_method(
+        wq_cmds.ib_uverbs_ex_create_rwq_ind_table,
+        uv.ib_uverbs_ex_create_rwq_ind_table.SIZE,
+        uv.ib_uverbs_ex_create_rwq_ind_table_resp.SIZE, True, True, True),
+    uv.IB_USER_VERBS_EX_CMD_DESTROY_RWQ_IND_TBL: uverbs_api_write_method(
+        wq_cmds.ib_uverbs_ex_destroy_rwq_ind_table,
+        uv.ib_uverbs_ex_destroy_rwq_ind_table.SIZE, 0, True, False, True),
 }
 
 
@@ -394,9 +419,13 @@ class UverbsState:
         udev.uapi = uverbs_alloc_api(device)
         cd = cdev(uverbs_fops(self.owner))
         cd.private = udev
+        # EMU: every devnum gets a number of the fixed 231:192 range (the kernel
+        # takes a dynamic major beyond the first 32 devices)
+        cd.dev = MKDEV(IB_UVERBS_MAJOR, IB_UVERBS_BASE_MINOR + devnum)
         cdev_add(cd, f"/dev/infiniband/{udev.name}")
         udev.cdev = cd
         base = f"/sys/class/infiniband_verbs/{udev.name}"
+        sysfs_create_file(f"{base}/dev", lambda: f"{MAJOR(cd.dev)}:{MINOR(cd.dev)}\n")
         sysfs_create_file(f"{base}/ibdev", lambda: f"{device.name}\n")
         sysfs_create_file(f"{base}/abi_version", lambda: f"{device.ops.uverbs_abi_ver}\n")
         # device -> the parent PCI function: its PCI ids, which libibverbs matches
@@ -422,6 +451,9 @@ class UverbsState:
         for ufile in list(udev.files):  # ib_uverbs_free_hw_resources()
             uverbs_destroy_ufile_hw(ufile, RDMA_REMOVE_DRIVER_REMOVE)
             ib_uverbs_close_comp_event_files(ufile)
+            async_file = getattr(ufile, "default_async_file", None)
+            if async_file is not None:
+                uverbs_async_event_destroy_uobj(async_file, RDMA_REMOVE_DRIVER_REMOVE)
             ufile.disassociated = True
         udev.ib_dev = None
         del self.devices[udev.devnum]

@@ -13,7 +13,7 @@ from typing import Any
 
 from drivers.ib_core.ib_verbs import RDMA_DESTROY_AH_SLEEPABLE
 from drivers.ib_core.rdma_core import ib_uobject, uverbs_obj_type
-from drivers.ib_core.uverbs_comp_event import ib_uverbs_release_ucq
+from drivers.ib_core.uverbs_comp_event import ib_uverbs_release_ucq, ib_uverbs_release_uevent
 from drivers.ib_core.verbs import (
     ib_dealloc_pd_user,
     ib_dealloc_xrcd_user,
@@ -64,16 +64,19 @@ def uverbs_free_qp(uobj: ib_uobject, why: int, attrs_: Any) -> None:
     uxrcd = getattr(uobj, "uxrcd", None)
     if uxrcd is not None:
         atomic_dec(uxrcd.refcnt)
+    ib_uverbs_release_uevent(uobj)
 
 
 def uverbs_free_srq(uobj: ib_uobject, why: int, attrs_: Any) -> None:
-    """Mirrors uverbs_free_srq(): EBUSY while QPs take receives from it."""
+    """Mirrors uverbs_free_srq(): EBUSY while QPs take receives from it; then its
+    async events still queued are dropped (ib_uverbs_release_uevent)."""
     srq = uobj.object
     ib_destroy_usecnt(srq.usecnt, why, uobj, repr(srq))
     ib_destroy_srq_user(srq, attrs_.driver_udata)
     uxrcd = getattr(uobj, "uxrcd", None)
     if uxrcd is not None:                  # an XRC SRQ
         atomic_dec(uxrcd.refcnt)
+    ib_uverbs_release_uevent(uobj)
 
 
 def ib_uverbs_dealloc_xrcd(uobj: ib_uobject, xrcd: Any, why: int, attrs_: Any) -> None:

@@ -1,6 +1,7 @@
 """Mirrors drivers/infiniband/core/uverbs_std_types_mr.c: the MR methods that exist only
-as ioctls - here UVERBS_METHOD_REG_DMABUF_MR (ibv_reg_dmabuf_mr) and
-UVERBS_METHOD_ADVISE_MR (ibv_advise_mr: prefetch an ODP MR's pages).
+as ioctls - here UVERBS_METHOD_REG_DMABUF_MR (ibv_reg_dmabuf_mr),
+UVERBS_METHOD_ADVISE_MR (ibv_advise_mr: prefetch an ODP MR's pages) and
+UVERBS_METHOD_QUERY_MR (ibv_import_mr: the keys and length of an MR by its handle).
 
 EINVAL when offset and iova differ in their page offset, for bad access
 flags, or a missing attribute; EOPNOTSUPP when the driver has no
@@ -12,7 +13,14 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from drivers.ib_core.ib_verbs import ib_check_mr_access
+from drivers.ib_core.ib_verbs import (
+    IB_ACCESS_LOCAL_WRITE,
+    IB_ACCESS_RELAXED_ORDERING,
+    IB_ACCESS_REMOTE_ATOMIC,
+    IB_ACCESS_REMOTE_READ,
+    IB_ACCESS_REMOTE_WRITE,
+    ib_check_mr_access,
+)
 from drivers.ib_core.rdma_core import rdma_lookup_get_uobject, rdma_lookup_put_uobject
 from drivers.ib_core.uverbs_ioctl import (
     uverbs_api_ioctl_method,
@@ -28,6 +36,7 @@ from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.trace import traced
 from kernel_model.uaccess import copy_from_user
+from kernel_model.uapi import ib_user_ioctl_cmds as c
 
 # include/uapi/rdma/ib_user_ioctl_cmds.h
 UVERBS_OBJECT_MR_ID = 7
@@ -56,7 +65,10 @@ def UVERBS_HANDLER_UVERBS_METHOD_REG_DMABUF_MR(attrs_: Any) -> None:
     iova, fd = get(UVERBS_ATTR_REG_DMABUF_MR_IOVA), get(UVERBS_ATTR_REG_DMABUF_MR_FD)
     if fd >= 1 << 31:                              # UVERBS_ATTR_RAW_FD: an s32
         fd -= 1 << 32
-    access = get(UVERBS_ATTR_REG_DMABUF_MR_ACCESS_FLAGS)
+    access = uverbs_get_flags32(attrs_, UVERBS_ATTR_REG_DMABUF_MR_ACCESS_FLAGS,
+                                IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_READ
+                                | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_ATOMIC
+                                | IB_ACCESS_RELAXED_ORDERING)
     page_mask = current().machine.page_size - 1
     if offset & page_mask != iova & page_mask:
         raise KernelError(EINVAL, "reg_dmabuf_mr: offset and iova page offsets differ")
@@ -116,6 +128,25 @@ def uverbs_attr_get_sge_list(attrs_: Any, num_sge: int) -> list[tuple[int, int, 
     return [struct.unpack_from("<QII", raw, i * IB_SGE_SIZE) for i in range(num_sge)]
 
 
+@traced
+def UVERBS_HANDLER_UVERBS_METHOD_QUERY_MR(attrs_: Any) -> None:
+    """Mirrors UVERBS_HANDLER(UVERBS_METHOD_QUERY_MR): lkey, rkey, length and (when the
+    caller asks) iova of the MR behind the handle - what ibv_import_mr builds its MR
+    from.  The handle is an IDR attribute of access READ: ENOENT for a handle this file
+    does not hold, EINVAL for a handle of another type."""
+    uobj = rdma_lookup_get_uobject(UVERBS_OBJECT_MR, attrs_.ufile,
+                                   uverbs_get_const(attrs_, c.UVERBS_ATTR_QUERY_MR_HANDLE),
+                                   UVERBS_LOOKUP_READ, attrs_)
+    try:
+        mr = uobj.object
+        uverbs_copy_to(attrs_, c.UVERBS_ATTR_QUERY_MR_RESP_LKEY, mr.lkey, 4)
+        uverbs_copy_to(attrs_, c.UVERBS_ATTR_QUERY_MR_RESP_RKEY, mr.rkey, 4)
+        uverbs_copy_to(attrs_, c.UVERBS_ATTR_QUERY_MR_RESP_LENGTH, mr.length, 8)
+        uverbs_copy_to(attrs_, c.UVERBS_ATTR_QUERY_MR_RESP_IOVA, mr.iova, 8)
+    finally:
+        rdma_lookup_put_uobject(uobj, UVERBS_LOOKUP_READ)
+
+
 #: the core's ioctl-only methods, for every device (the driver's table adds its own)
 CORE_METHODS = {
     (UVERBS_OBJECT_MR_ID, UVERBS_METHOD_ADVISE_MR): uverbs_api_ioctl_method(
@@ -130,4 +161,8 @@ CORE_METHODS = {
                    UVERBS_ATTR_REG_DMABUF_MR_ACCESS_FLAGS, UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY,
                    UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY),
         new_idr=(UVERBS_ATTR_REG_DMABUF_MR_HANDLE, UVERBS_OBJECT_MR)),
+    (UVERBS_OBJECT_MR_ID, c.UVERBS_METHOD_QUERY_MR): uverbs_api_ioctl_method(
+        UVERBS_HANDLER_UVERBS_METHOD_QUERY_MR,
+        mandatory=(c.UVERBS_ATTR_QUERY_MR_HANDLE, c.UVERBS_ATTR_QUERY_MR_RESP_LKEY,
+                   c.UVERBS_ATTR_QUERY_MR_RESP_RKEY, c.UVERBS_ATTR_QUERY_MR_RESP_LENGTH)),
 }

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from drivers.ib_core.uverbs_ioctl import uverbs_api_ioctl_method
+from drivers.ib_core.uverbs_std_types_async_fd import ASYNC_EVENT_METHODS
 from drivers.ib_core.uverbs_std_types_device import DEVICE_METHODS
 from drivers.ib_core.uverbs_std_types_dm import DM_METHODS
 from drivers.ib_core.uverbs_std_types_mr import CORE_METHODS
@@ -40,7 +41,8 @@ class uverbs_api:
 def uverbs_alloc_api(ib_dev: Any) -> uverbs_api:
     """Mirrors uverbs_alloc_api(): the core's definitions, then the driver's."""
     driver = dict(ib_dev.ops.uapi_methods or {})
-    return uverbs_api({**DEVICE_METHODS, **CORE_METHODS, **DM_METHODS, **driver},
+    return uverbs_api({**DEVICE_METHODS, **CORE_METHODS, **DM_METHODS, **ASYNC_EVENT_METHODS,
+                       **driver},
                       frozenset(driver))
 
 

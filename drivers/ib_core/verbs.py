@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from drivers.ib_core.cache import rdma_get_gid_attr, rdma_hold_gid_attr, rdma_put_gid_attr
-from drivers.ib_core.device import rdma_zalloc_drv_obj
+from drivers.ib_core.device import ib_query_port, rdma_zalloc_drv_obj  # noqa: F401 - re-exported
 from drivers.ib_core.ib_addr import (
     ip_eth_mc_map,
     ipv6_addr_v4mapped,
@@ -73,7 +73,6 @@ from drivers.ib_core.ib_verbs import (
     RDMA_CREATE_AH_SLEEPABLE,
     ib_is_destroy_retryable,
     ib_mr,
-    ib_port_attr,
     ib_qp,
     ib_qp_attr,
     ib_qp_init_attr,
@@ -160,6 +159,7 @@ def ib_create_qp_user(device: Any, pd: Any, attr: ib_qp_init_attr, udata: ib_uda
     qp.pd, qp.uobject, qp.qp_type = pd, uobj, attr.qp_type
     qp.send_cq, qp.recv_cq, qp.srq = attr.send_cq, attr.recv_cq, attr.srq
     qp.xrcd = attr.xrcd
+    qp.event_handler, qp.qp_context = attr.event_handler, attr.qp_context
     device.ops.create_qp(qp, attr, udata)
     if qp.xrcd is not None:                 # an XRC target: its domain, no PD or CQs
         atomic_inc(qp.xrcd.usecnt)
@@ -207,6 +207,7 @@ def ib_create_srq_user(pd: Any, attr: Any, udata: ib_udata, uobj: Any) -> Any:
     srq = rdma_zalloc_drv_obj(device, "ib_srq")
     srq.pd, srq.uobject, srq.srq_type, srq.cq = pd, uobj, attr.srq_type, attr.cq
     srq.xrcd = attr.xrcd
+    srq.event_handler, srq.srq_context = attr.event_handler, attr.srq_context
     device.ops.create_srq(srq, attr, udata)
     atomic_inc(pd.usecnt)
     if srq.cq is not None:
@@ -248,14 +249,6 @@ def ib_dealloc_xrcd_user(xrcd: Any, udata: ib_udata) -> None:
     if atomic_read(xrcd.usecnt):
         raise KernelError(EBUSY, f"ib_dealloc_xrcd_user: {xrcd} still in use")
     xrcd.device.ops.dealloc_xrcd(xrcd, udata)
-
-
-@traced
-def ib_query_port(device: Any, port: int, attr: ib_port_attr) -> None:
-    """Mirrors ib_query_port(): valid port, then ops.query_port into a zeroed attr."""
-    if not rdma_is_port_valid(device, port):
-        raise KernelError(EINVAL, f"ib_query_port: {device.name} has no port {port}")
-    device.ops.query_port(device, port, attr)
 
 
 def rdma_port_get_link_layer(device: Any, port: int) -> int:

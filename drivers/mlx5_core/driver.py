@@ -17,7 +17,7 @@ roce_en.  The command interface has its own (cmd.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from drivers.mlx5_core import ifc as _ifc
 from drivers.mlx5_core.ifc import (
@@ -97,6 +97,8 @@ class mlx5_core_dev:
         self.roce_en = 0                            # mdev->roce.roce_en
         self.roce_lock = mutex("&mdev->roce.state_lock")
         self.log: list[str] = []  # EMU: mlx5_core_warn/err messages (no printk buffer)
+        self.clock: Any = None                      # struct mlx5_clock (clock.py)
+        self.clock_info: Any = None                 # the clock-info page (clock.py)
 
     @property
     def trace_name(self) -> str:

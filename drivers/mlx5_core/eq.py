@@ -12,11 +12,19 @@ takes every EQE software owns (owner bit = the pass parity of the consumer
 index), calls the CQ's comp handler (mlx5_ib: the CQ's ib comp_handler) and
 writes the consumer index back, re-arming the EQ.
 
-# EMU: the async, command and page-request EQs are not created (commands are
+Asynchronous events: create_async_eqs() makes the async EQ (MLX5_NUM_ASYNC_EQE
+entries, the MLX5_ASYNC_EVENT_MASK events: QP, SRQ, CQ and port events) before the
+completion EQs; its interrupt, mlx5_eq_async_int(), hands each EQE to the
+notifier chain of its type and to the NOTIFY_ANY chain (where events.py forwards
+it to the interfaces - mlx5_ib's SRQ table, ...), then re-arms the EQ.
+
+# EMU: the command and page-request EQs are not created (commands are
 # polled, the firmware needs no pages).  The emulated machine has one
-# completion vector.  The buffer comes from the page allocator, its physical
-# address standing in for the DMA address (dma_alloc_coherent is not
-# modelled); the handler reads it through the direct map (phys_read).
+# completion vector; the async EQ has a vector of its own
+# (MLX5_EMU_ASYNC_EQ_VECTOR; the kernel's shares the control vector 0).
+# The buffer comes from the page allocator, its physical address standing in
+# for the DMA address (dma_alloc_coherent is not modelled); the handler reads
+# it through the direct map (phys_read).
 """
 
 from __future__ import annotations
@@ -40,6 +48,14 @@ from drivers.mlx5_core.ifc import (
 from kernel_model.current import current
 from kernel_model.errno import EINVAL, ENOENT, KernelError
 from kernel_model.interrupt import IRQ_HANDLED, free_irq, request_irq
+from kernel_model.notifier import (
+    ATOMIC_INIT_NOTIFIER_HEAD,
+    atomic_notifier_call_chain,
+    atomic_notifier_chain_register,
+    atomic_notifier_chain_unregister,
+    atomic_notifier_head,
+    notifier_block,
+)
 from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_pages, page_to_phys
 from kernel_model.pci import iowrite32be
 from kernel_model.trace import traced
@@ -56,6 +72,33 @@ MLX5_EVENT_TYPE_COMP = 0x0
 MLX5_EQ_POLLING_BUDGET = 128
 EQE_TYPE, EQE_COMP_CQN, EQE_OWNER = 1, 56, 63   # struct mlx5_eqe offsets
 MLX5_EMU_COMP_VECTORS = 1
+MLX5_NUM_ASYNC_EQE = 0x1000
+# EMU: see the module docstring (vector 1 is the ODP page-fault EQ's)
+MLX5_EMU_ASYNC_EQ_VECTOR = 2
+
+# enum mlx5_event: the asynchronous event types (the EQE's type byte)
+MLX5_EVENT_TYPE_PATH_MIG = 0x01
+MLX5_EVENT_TYPE_COMM_EST = 0x02
+MLX5_EVENT_TYPE_SQ_DRAINED = 0x03
+MLX5_EVENT_TYPE_SRQ_LAST_WQE = 0x13
+MLX5_EVENT_TYPE_SRQ_RQ_LIMIT = 0x14
+MLX5_EVENT_TYPE_CQ_ERROR = 0x04
+MLX5_EVENT_TYPE_WQ_CATAS_ERROR = 0x05
+MLX5_EVENT_TYPE_PATH_MIG_FAILED = 0x07
+MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR = 0x10
+MLX5_EVENT_TYPE_WQ_ACCESS_ERROR = 0x11
+MLX5_EVENT_TYPE_SRQ_CATAS_ERROR = 0x12
+MLX5_EVENT_TYPE_PORT_CHANGE = 0x09
+MLX5_EVENT_TYPE_NOTIFY_ANY = 0xE9
+MLX5_EVENT_TYPE_MAX = 0x100
+MLX5_ASYNC_EVENT_MASK = sum(1 << t for t in (
+    MLX5_EVENT_TYPE_PATH_MIG, MLX5_EVENT_TYPE_COMM_EST, MLX5_EVENT_TYPE_SQ_DRAINED,
+    MLX5_EVENT_TYPE_CQ_ERROR, MLX5_EVENT_TYPE_WQ_CATAS_ERROR,
+    MLX5_EVENT_TYPE_PATH_MIG_FAILED, MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR,
+    MLX5_EVENT_TYPE_WQ_ACCESS_ERROR, MLX5_EVENT_TYPE_PORT_CHANGE,
+    MLX5_EVENT_TYPE_SRQ_CATAS_ERROR, MLX5_EVENT_TYPE_SRQ_LAST_WQE,
+    MLX5_EVENT_TYPE_SRQ_RQ_LIMIT))
+EQE_QP_SRQ_TYPE, EQE_QP_SRQ_N = 52, 56    # struct mlx5_eqe_qp_srq in the EQE's data
 
 
 class mlx5_eq:
@@ -77,10 +120,13 @@ class mlx5_eq:
 
 
 class mlx5_eq_table:
-    """Mirrors struct mlx5_eq_table: the completion EQs by vector."""
+    """Mirrors struct mlx5_eq_table: the async EQ, the completion EQs by vector, and
+    the notifier chains by event type (nh[MLX5_EVENT_TYPE_NOTIFY_ANY] gets them all)."""
 
     def __init__(self) -> None:
         self.comp_eqs: list[mlx5_eq] = []
+        self.async_eq: mlx5_eq | None = None
+        self.nh: dict[int, atomic_notifier_head] = {}   # ATOMIC_INIT_NOTIFIER_HEAD each
 
 
 @traced
@@ -174,11 +220,81 @@ def destroy_unmap_eq(dev: mlx5_core_dev, eq: mlx5_eq) -> None:
         eq.buf = None
 
 
+class mlx5_nb(notifier_block):
+    """Mirrors struct mlx5_nb: a notifier block for one event type (MLX5_NB_INIT)."""
+
+    def __init__(self, notifier_call: object, event_type: int):
+        super().__init__(notifier_call)
+        self.event_type = event_type
+
+
+@traced
+def mlx5_eq_async_int(vector: int, eq: mlx5_eq) -> int:
+    """Mirrors mlx5_eq_async_int(): each EQE software owns goes to the chain of its
+    type, then to the NOTIFY_ANY chain; the consumer index goes back, EQ re-armed."""
+    dev = eq.dev
+    nh = dev.priv.eq_table.nh
+    n = 0
+    while n < MLX5_EQ_POLLING_BUDGET:
+        eqe = next_eqe_sw(dev, eq)
+        if eqe is None:
+            break
+        etype = eqe[EQE_TYPE]
+        atomic_notifier_call_chain(nh[etype], etype, eqe)
+        atomic_notifier_call_chain(nh[MLX5_EVENT_TYPE_NOTIFY_ANY], etype, eqe)
+        eq.cons_index += 1
+        n += 1
+    eq_update_ci(eq, True)
+    return IRQ_HANDLED
+
+
+@traced
+def mlx5_eq_notifier_register(dev: mlx5_core_dev, nb: mlx5_nb) -> int:
+    """Mirrors mlx5_eq_notifier_register(): nb on the chain of its event type."""
+    return atomic_notifier_chain_register(dev.priv.eq_table.nh[nb.event_type], nb)
+
+
+@traced
+def mlx5_eq_notifier_unregister(dev: mlx5_core_dev, nb: mlx5_nb) -> int:
+    """Mirrors mlx5_eq_notifier_unregister()."""
+    return atomic_notifier_chain_unregister(dev.priv.eq_table.nh[nb.event_type], nb)
+
+
+@traced
+def create_async_eqs(dev: mlx5_core_dev) -> None:
+    """Mirrors create_async_eqs() for the async EQ: MLX5_NUM_ASYNC_EQE entries taking
+    the MLX5_ASYNC_EVENT_MASK events, mlx5_eq_async_int as its interrupt, armed."""
+    table = dev.priv.eq_table
+    eq = mlx5_eq(MLX5_NUM_ASYNC_EQE, MLX5_EMU_ASYNC_EQ_VECTOR)
+    eq.dev = dev
+    create_map_eq(dev, eq, MLX5_ASYNC_EVENT_MASK)
+    table.async_eq = eq
+    request_irq(dev.pdev, eq.vecidx, mlx5_eq_async_int, "mlx5_async_eq", eq)
+    eq.irq_requested = True
+    eq_update_ci(eq, True)
+
+
+@traced
+def destroy_async_eqs(dev: mlx5_core_dev) -> None:
+    """Mirrors destroy_async_eqs(): the handler off, DESTROY_EQ, the buffer freed."""
+    table = dev.priv.eq_table
+    eq, table.async_eq = table.async_eq, None
+    if eq is None:
+        return
+    if eq.irq_requested:
+        free_irq(dev.pdev, eq.vecidx, eq)
+    destroy_unmap_eq(dev, eq)
+
+
 @traced
 def mlx5_eq_table_create(dev: mlx5_core_dev) -> None:
-    """Mirrors mlx5_eq_table_create() -> create_comp_eqs()."""
+    """Mirrors mlx5_eq_table_init() (the notifier chains) + mlx5_eq_table_create():
+    create_async_eqs(), then create_comp_eqs()."""
     table = dev.priv.eq_table = mlx5_eq_table()
+    for i in range(MLX5_EVENT_TYPE_MAX):
+        table.nh[i] = ATOMIC_INIT_NOTIFIER_HEAD(f"eq_table->nh[{i:#x}]")
     try:
+        create_async_eqs(dev)
         for vec in range(MLX5_EMU_COMP_VECTORS):
             eq = mlx5_eq(MLX5_COMP_EQ_SIZE, vec)
             create_map_eq(dev, eq)
@@ -194,8 +310,8 @@ def mlx5_eq_table_create(dev: mlx5_core_dev) -> None:
 
 @traced
 def mlx5_eq_table_destroy(dev: mlx5_core_dev) -> None:
-    """Mirrors mlx5_eq_table_destroy() -> destroy_comp_eqs()."""
-    table, dev.priv.eq_table = dev.priv.eq_table, None
+    """Mirrors mlx5_eq_table_destroy(): destroy_comp_eqs(), then destroy_async_eqs()."""
+    table = dev.priv.eq_table
     if table is None:
         return
     for eq in reversed(table.comp_eqs):
@@ -204,6 +320,9 @@ def mlx5_eq_table_destroy(dev: mlx5_core_dev) -> None:
         if getattr(eq, "irq_requested", False):
             free_irq(dev.pdev, eq.vecidx, eq)
         destroy_unmap_eq(dev, eq)
+    table.comp_eqs = []
+    destroy_async_eqs(dev)
+    dev.priv.eq_table = None
 
 
 @traced

@@ -13,7 +13,8 @@ reverse - on a failing stage, only the stages before it; at remove, all:
     query_caps    QUERY_HCA_CAP of every type the device has
     board_id      QUERY_ADAPTER
     uars_page     the core's own UAR                        / DEALLOC_UAR
-    eq_table      completion EQs                            / DESTROY_EQ
+    eq_table      the async EQ, completion EQs              / DESTROY_EQ
+    events        async events forwarded to the interfaces  / unhooked
     hca_defaults  local loopback off (Ethernet)
     register      the auxiliary device "mlx5_core.rdma.<n>" / removed
 
@@ -52,6 +53,7 @@ from drivers.mlx5_core.driver import (
     mlx5_core_warn,
 )
 from drivers.mlx5_core.eq import mlx5_eq_table_create, mlx5_eq_table_destroy
+from drivers.mlx5_core.events import mlx5_events_start, mlx5_events_stop
 from drivers.mlx5_core.ifc import (
     HCA_CAP_OPMOD_GET_CUR,
     HCA_CAP_OPMOD_GET_MAX,
@@ -391,6 +393,7 @@ MLX5_INIT_STAGES: tuple[mlx5_stage, ...] = (
     mlx5_stage("board_id", mlx5_query_board_id),
     mlx5_stage("uars_page", mlx5_alloc_priv_uar, mlx5_free_priv_uar),
     mlx5_stage("eq_table", mlx5_eq_table_create, mlx5_eq_table_destroy),
+    mlx5_stage("events", mlx5_events_start, mlx5_events_stop),
     mlx5_stage("hca_defaults", mlx5_core_set_hca_defaults),
     mlx5_stage("register", mlx5_register_device, mlx5_unregister_device),
 )

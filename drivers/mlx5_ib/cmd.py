@@ -15,6 +15,9 @@ from drivers.mlx5_core.ifc import (
     MLX5_CMD_OP_DEALLOC_PD,
     MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN,
     MLX5_CMD_OP_DEALLOC_UAR,
+    MLX5_CMD_OP_DESTROY_RQT,
+    MLX5_CMD_OP_DESTROY_TIR,
+    MLX5_CMD_OP_DESTROY_TIS,
     MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS,
     MLX5_GET,
     MLX5_SET,
@@ -30,6 +33,16 @@ def mlx5_cmd_dump_fill_mkey(dev: mlx5_core_dev) -> int:
     MLX5_SET("query_special_contexts_in", in_, "opcode", MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS)
     mlx5_cmd_exec(dev, in_, out)
     return MLX5_GET("query_special_contexts_out", out, "dump_fill_mkey")
+
+
+@traced
+def mlx5_cmd_null_mkey(dev: mlx5_core_dev) -> int:
+    """Mirrors mlx5_cmd_null_mkey(): QUERY_SPECIAL_CONTEXTS' null_mkey (an access through
+    it faults: the KSM entries of an implicit ODP MR with no child yet)."""
+    in_, out = IfcStruct("query_special_contexts_in"), IfcStruct("query_special_contexts_out")
+    MLX5_SET("query_special_contexts_in", in_, "opcode", MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS)
+    mlx5_cmd_exec(dev, in_, out)
+    return MLX5_GET("query_special_contexts_out", out, "null_mkey")
 
 
 @traced
@@ -80,3 +93,33 @@ def mlx5_cmd_uar_dealloc(dev: mlx5_core_dev, uarn: int, uid: int) -> None:
     MLX5_SET("dealloc_uar_in", in_, "uar", uarn)
     MLX5_SET("dealloc_uar_in", in_, "uid", uid)
     mlx5_cmd_exec(dev, in_, IfcStruct("dealloc_uar_out"))
+
+
+@traced
+def mlx5_cmd_destroy_tir(dev: mlx5_core_dev, tirn: int, uid: int) -> None:
+    """Mirrors mlx5_cmd_destroy_tir(): DESTROY_TIR with the owner's uid."""
+    in_ = IfcStruct("destroy_tir_in")
+    MLX5_SET("destroy_tir_in", in_, "opcode", MLX5_CMD_OP_DESTROY_TIR)
+    MLX5_SET("destroy_tir_in", in_, "tirn", tirn)
+    MLX5_SET("destroy_tir_in", in_, "uid", uid)
+    mlx5_cmd_exec(dev, in_, IfcStruct("destroy_tir_out"))
+
+
+@traced
+def mlx5_cmd_destroy_tis(dev: mlx5_core_dev, tisn: int, uid: int) -> None:
+    """Mirrors mlx5_cmd_destroy_tis(): DESTROY_TIS with the owner's uid."""
+    in_ = IfcStruct("destroy_tis_in")
+    MLX5_SET("destroy_tis_in", in_, "opcode", MLX5_CMD_OP_DESTROY_TIS)
+    MLX5_SET("destroy_tis_in", in_, "tisn", tisn)
+    MLX5_SET("destroy_tis_in", in_, "uid", uid)
+    mlx5_cmd_exec(dev, in_, IfcStruct("destroy_tis_out"))
+
+
+@traced
+def mlx5_cmd_destroy_rqt(dev: mlx5_core_dev, rqtn: int, uid: int) -> None:
+    """Mirrors mlx5_cmd_destroy_rqt(): DESTROY_RQT with the owner's uid."""
+    in_ = IfcStruct("destroy_rqt_in")
+    MLX5_SET("destroy_rqt_in", in_, "opcode", MLX5_CMD_OP_DESTROY_RQT)
+    MLX5_SET("destroy_rqt_in", in_, "rqtn", rqtn)
+    MLX5_SET("destroy_rqt_in", in_, "uid", uid)
+    mlx5_cmd_exec(dev, in_, IfcStruct("destroy_rqt_out"))

@@ -36,7 +36,18 @@ from drivers.ib_core.ib_verbs import (
     IB_ZERO_BASED,
     ib_dm,
 )
-from drivers.ib_core.uverbs_ioctl import uverbs_attr_is_valid, uverbs_copy_to, uverbs_get_const
+from drivers.ib_core.rdma_core import (
+    UVERBS_LOOKUP_READ,
+    rdma_lookup_get_uobject,
+    rdma_lookup_put_uobject,
+)
+from drivers.ib_core.uverbs_ioctl import (
+    uverbs_api_ioctl_method,
+    uverbs_attr_is_valid,
+    uverbs_copy_to,
+    uverbs_get_const,
+)
+from drivers.ib_core.uverbs_std_types_dm import UVERBS_OBJECT_DM
 from drivers.mlx5_core.cmd import mlx5_cmd_exec_inout
 from drivers.mlx5_core.driver import MLX5_CAP64_DEV_MEM, MLX5_CAP_DEV_MEM, mlx5_core_dev
 from drivers.mlx5_core.ifc import (
@@ -62,11 +73,17 @@ from kernel_model.errno import EAGAIN, EINVAL, ENOMEM, EOPNOTSUPP, KernelError
 from kernel_model.locking import spin_lock, spin_lock_init, spin_unlock
 from kernel_model.slab import kfree, kmalloc_obj
 from kernel_model.trace import traced
+from kernel_model.uapi.ib_user_ioctl_cmds import UVERBS_OBJECT_DM as UVERBS_OBJECT_DM_ID
 from kernel_model.uapi.mlx5_abi import MLX5_IB_MMAP_DEVICE_MEM
 from kernel_model.uapi.rdma_user_ioctl import (
     MLX5_IB_ATTR_ALLOC_DM_REQ_TYPE,
     MLX5_IB_ATTR_ALLOC_DM_RESP_PAGE_INDEX,
     MLX5_IB_ATTR_ALLOC_DM_RESP_START_OFFSET,
+    MLX5_IB_ATTR_QUERY_DM_REQ_HANDLE,
+    MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH,
+    MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX,
+    MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET,
+    MLX5_IB_METHOD_DM_QUERY,
     MLX5_IB_UAPI_DM_TYPE_MEMIC,
 )
 
@@ -286,3 +303,38 @@ def mlx5_ib_reg_dm_mr(pd: Any, dm: Any, offset: int, length: int, access: int,
         raise
     set_mr_fields(mr, length, access, start_addr)
     return mr
+
+
+@traced
+def UVERBS_HANDLER_MLX5_IB_METHOD_DM_QUERY(attrs_: Any) -> None:
+    """Mirrors UVERBS_HANDLER(MLX5_IB_METHOD_DM_QUERY): where a DM's pages are (the mmap
+    page index, the start's offset in its page) and its requested length - what
+    ibv_import_dm maps the DM of another context by.  The handle is an IDR attribute
+    of access READ (ENOENT for a handle this file does not hold, EINVAL for one of
+    another type); EOPNOTSUPP for a DM other than MEMIC.
+
+    # EMU: the method is in the table whether or not the device has MEMIC (the kernel
+    # leaves it out when alloc_dm is NULL); without MEMIC no DM handle can exist."""
+    uobj = rdma_lookup_get_uobject(UVERBS_OBJECT_DM, attrs_.ufile,
+                                   uverbs_get_const(attrs_, MLX5_IB_ATTR_QUERY_DM_REQ_HANDLE),
+                                   UVERBS_LOOKUP_READ, attrs_)
+    try:
+        dm = uobj.object
+        if dm.type != MLX5_IB_UAPI_DM_TYPE_MEMIC:
+            raise KernelError(EOPNOTSUPP, f"mlx5_ib_dm_query: DM type {dm.type}")
+        uverbs_copy_to(attrs_, MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX,
+                       dm.mentry.start_pgoff & 0xFFFF, 2)
+        uverbs_copy_to(attrs_, MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET,
+                       dm.dev_addr & (PAGE_SIZE() - 1), 8)
+        uverbs_copy_to(attrs_, MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH, dm.req_length, 8)
+    finally:
+        rdma_lookup_put_uobject(uobj, UVERBS_LOOKUP_READ)
+
+
+#: ADD_UVERBS_METHODS(mlx5_ib_dm, UVERBS_OBJECT_DM, ..., MLX5_IB_METHOD_DM_QUERY)
+mlx5_ib_dm_methods = {
+    (UVERBS_OBJECT_DM_ID, MLX5_IB_METHOD_DM_QUERY): uverbs_api_ioctl_method(
+        UVERBS_HANDLER_MLX5_IB_METHOD_DM_QUERY,
+        mandatory=(MLX5_IB_ATTR_QUERY_DM_REQ_HANDLE, MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET,
+                   MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX, MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH)),
+}

@@ -34,6 +34,7 @@ from drivers.ib_core.ib_verbs import (
     ib_respond_udata,
     ib_udata,
 )
+from drivers.ib_core.uverbs_ioctl import uverbs_attr_ptr_len, uverbs_copy_to_buf
 from drivers.mlx5_core.cmd import mlx5_cmd_exec
 from drivers.mlx5_core.driver import MLX5_CAP_GEN, MLX5_CAP_ROCE
 from drivers.mlx5_core.ifc import (
@@ -89,6 +90,7 @@ from kernel_model.uapi.mlx5_abi import (
     mlx5_ib_alloc_ucontext_req_v2,
     mlx5_ib_alloc_ucontext_resp,
 )
+from kernel_model.uapi.rdma_user_ioctl import MLX5_IB_ATTR_QUERY_CONTEXT_RESP_UCTX
 
 U32 = 0xFFFFFFFF
 L1_CACHE_BYTES = 64  # x86 cache_line_size()
@@ -354,6 +356,24 @@ def mlx5_ib_alloc_ucontext(uctx: mlx5_ib_ucontext, udata: ib_udata) -> None:
     bfregi.ver = ver
     bfregi.num_low_latency_bfregs = req.num_low_latency_bfregs
     uctx.lib_caps = req.lib_caps
+
+
+@traced
+def mlx5_ib_query_ucontext(uctx: mlx5_ib_ucontext, attrs_: Any) -> None:
+    """Mirrors mlx5_ib_query_ucontext(): the alloc_ucontext response of this context
+    (set_ucontext_resp) into MLX5_IB_ATTR_QUERY_CONTEXT_RESP_UCTX, response_length the
+    part that fits the caller's buffer, the rest of a longer one zeroed.
+
+    EINVAL when the attribute is missing or shorter than the struct up to
+    dump_fill_mkey (# EMU: the attribute spec ADD_UVERBS_ATTRIBUTES_SIMPLE adds to the
+    core method is checked here, after the core wrote its outputs); EFAULT for a bad
+    buffer."""
+    length = uverbs_attr_ptr_len(attrs_, MLX5_IB_ATTR_QUERY_CONTEXT_RESP_UCTX,
+                                 mlx5_ib_alloc_ucontext_resp.offsetof("dump_fill_mkey") + 4)
+    resp = mlx5_ib_alloc_ucontext_resp()
+    set_ucontext_resp(uctx, resp)
+    resp.response_length = min(length, mlx5_ib_alloc_ucontext_resp.SIZE)
+    uverbs_copy_to_buf(attrs_, MLX5_IB_ATTR_QUERY_CONTEXT_RESP_UCTX, resp.pack(), zero_tail=True)
 
 
 def _free_bfreg_arrays(bfregi: mlx5_bfreg_info) -> None:

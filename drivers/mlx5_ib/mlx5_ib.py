@@ -112,6 +112,7 @@ class mlx5_ib_dev(ib_device):
         self.release: tuple[int, int] | None = None  # None: upstream, every fix in
         self.wc_support = False
         self.dump_fill_mkey = 0
+        self.null_mkey = 0            # QUERY_SPECIAL_CONTEXTS (implicit ODP only)
         self.clock_info: Any = None     # mdev->clock_info: the page CLOCK_INFO maps
         self.dm: Any = None             # struct mlx5_dm (dm.py): the MEMIC page bitmap
         self.lb = mlx5_ib_lb_state()
@@ -323,6 +324,9 @@ class mlx5_ib_mr(ib_mr):
         self.invalidation_comp: Any = None
         self.allocated_from_cache = False   # OFED 4.x: the mkey came from the mkey cache
         self.free = False            # OFED 4.x: the mkey is (still) free: UMR not enabled
+        self.is_odp_implicit = False  # implicit ODP: the KSM parent of per-GiB children
+        self.implicit_children: dict[int, mlx5_ib_mr] = {}   # xarray: slice index -> child
+        self.parent: mlx5_ib_mr | None = None   # an implicit child's parent
 
     def __repr__(self) -> str:
         return (f"mlx5_ib_mr mkey={self.mmkey.key:#x} iova={self.iova:#x} "
@@ -391,6 +395,28 @@ class mlx5_core_qp:
         return f"mlx5_core_qp {self.qpn:#x} uid={self.uid}"
 
 
+#: include/rdma/ib_verbs.h IB_QPT_RESERVED3 / _RESERVED4: mlx5_ib.h's DC QP types
+MLX5_IB_QPT_DCI = 0x1002
+MLX5_IB_QPT_DCT = 0x1003
+
+
+class mlx5_core_dct:
+    """Mirrors struct mlx5_core_dct: the DCT as the firmware numbers it (mqp.qpn is
+    the dctn, from the QP number space)."""
+
+    def __init__(self) -> None:
+        self.mqp = mlx5_core_qp()
+
+
+class mlx5_ib_dct:
+    """Mirrors struct mlx5_ib_dct: the create_dct_in mailbox create_dct() starts and
+    the modify steps fill (`in_`; None once freed), and the firmware's DCT."""
+
+    def __init__(self) -> None:
+        self.in_: Any = None
+        self.mdct = mlx5_core_dct()
+
+
 class mlx5_ib_qp_base:
     """Mirrors struct mlx5_ib_qp_base: the firmware QP and the user buffer."""
 
@@ -410,12 +436,54 @@ class mlx5_ib_qp_trans:
         self.alt_port = 0
 
 
+class mlx5_ib_ubuffer:
+    """Mirrors struct mlx5_ib_ubuffer: a user buffer and its pinning."""
+
+    def __init__(self) -> None:
+        self.umem: ib_umem | None = None
+        self.buf_size = 0
+        self.buf_addr = 0
+
+
+class mlx5_ib_sq:
+    """Mirrors struct mlx5_ib_sq: a raw packet QP's send queue (the firmware SQ, its
+    TIS and its own user buffer)."""
+
+    def __init__(self) -> None:
+        self.base = mlx5_ib_qp_base()   # base.mqp.qpn: the sqn
+        self.ubuffer = mlx5_ib_ubuffer()
+        self.tisn = 0
+        self.state = 0                  # MLX5_SQC_STATE_*
+
+
+class mlx5_ib_rq:
+    """Mirrors struct mlx5_ib_rq: a raw packet QP's receive queue (the firmware RQ and
+    the TIR dispatching to it)."""
+
+    def __init__(self) -> None:
+        self.base = mlx5_ib_qp_base()   # base.mqp.qpn: the rqn
+        self.tirn = 0
+        self.flags = 0                  # MLX5_IB_RQ_CVLAN_STRIPPING, ..._END_PADDING
+        self.state = 0                  # MLX5_RQC_STATE_*
+
+
+class mlx5_ib_raw_packet_qp:
+    """Mirrors struct mlx5_ib_raw_packet_qp."""
+
+    def __init__(self) -> None:
+        self.sq = mlx5_ib_sq()
+        self.rq = mlx5_ib_rq()
+
+
 class mlx5_ib_qp(ib_qp):
     """Mirrors struct mlx5_ib_qp (user RC/UC/UD)."""
 
     def __init__(self, device: ib_device):
         super().__init__(device)
         self.trans_qp = mlx5_ib_qp_trans()
+        self.type = -1                  # qp->type: qp_type, or MLX5_IB_QPT_DCI / _DCT
+        self.dct = mlx5_ib_dct()        # MLX5_IB_QPT_DCT only
+        self.raw_packet_qp = mlx5_ib_raw_packet_qp()  # IB_QPT_RAW_PACKET only
         self.rq = mlx5_ib_wq()
         self.sq = mlx5_ib_wq()
         self.db = mlx5_db()

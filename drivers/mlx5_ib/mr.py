@@ -12,13 +12,13 @@ ibv_reg_mr(pd, addr, len, access) reaches mlx5_ib_reg_user_mr():
     mlx5_ib_create_mkey               CREATE_MKEY, the key = index << 8 | variant
     set_mr_fields                     lkey = rkey = the key
 
-# EMU: the upstream mkey cache and UMR (alloc_cacheable_mr +
-# mlx5r_umr_update_mr_pas) are not modelled: every user MR takes
+# EMU: the upstream mkey cache is not modelled: every pinned user MR takes
 # reg_create(populate=true), the path the kernel uses when UMR cannot load the
 # PAS, so CREATE_MKEY always carries the MTT.  The user-visible result (a key
-# whose MTT maps the pinned pages) is the same.  The MLNX_OFED 4.x peer path
-# (below) does take a cached mkey and enables it by UMR, because its order of
-# steps is a bug the race corpus needs.
+# whose MTT maps the pinned pages) is the same.  ODP and dma-buf MRs are created
+# empty and loaded by UMR (EMU_UMR_UPDATE_XLT), as upstream.  The MLNX_OFED 4.x
+# peer path (below) does take a cached mkey and enables it by UMR, because its
+# order of steps is a bug the race corpus needs.
 
 Peer memory (MLNX_OFED): ib_umem_get_peer(..., IB_PEER_MEM_INVAL_SUPP) lets
 a peer client back the MR when gup cannot (GPU memory); once the mkey
@@ -65,7 +65,6 @@ from drivers.ib_core.umem import (
 )
 from drivers.ib_core.umem_dmabuf import (
     ib_umem_dmabuf_get,
-    ib_umem_dmabuf_map_pages,
     ib_umem_dmabuf_unmap_pages,
 )
 from drivers.ib_core.umem_odp import ib_umem_odp_get
@@ -94,11 +93,17 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mpd,
 )
 from drivers.mlx5_ib.odp import (
+    IB_ODP_SUPPORT_IMPLICIT,
+    MLX5_IB_UPD_XLT_ZAP,
+    mlx5_ib_alloc_implicit_mr,
+    mlx5_ib_free_implicit_mr,
+    mlx5_ib_init_dmabuf_mr,
     mlx5_ib_init_odp_mr,
     mlx5_mn_ops,
     mlx5r_erase_odp_mkey,
     mlx5r_odp_create_eq,
     mlx5r_store_odp_mkey,
+    mlx5r_umr_update_mr_pas,
 )
 from drivers.mlx5_ib.umr import (
     mlx5_ib_post_send_wait_update,
@@ -108,6 +113,7 @@ from drivers.mlx5_ib.umr import (
 )
 from kernel_model.dma_buf import dma_buf_attach_ops
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
+from kernel_model.lockdep import lockdep_assert_held
 from kernel_model.locking import (
     complete,
     init_completion,
@@ -231,15 +237,17 @@ def create_user_odp_mr(pd: mlx5_ib_pd, start: int, length: int, iova: int,
     not present (created free, as alloc_cacheable_mr's mkey is), stored among the ODP
     mkeys, then mlx5_ib_init_odp_mr (the pages already present loaded, the mkey on).
 
-    EINVAL for implicit ODP (start 0, length U64_MAX: not supported - no
-    IB_ODP_SUPPORT_IMPLICIT); ib_umem_odp_get's errors; firmware errors.  Every step
-    unwound on failure."""
+    Implicit ODP (start 0, length U64_MAX) is mlx5_ib_alloc_implicit_mr: EINVAL for an
+    iova other than 0 or a device without IB_ODP_SUPPORT_IMPLICIT.
+    ib_umem_odp_get's errors; firmware errors.  Every step unwound on failure."""
     dev = to_mdev(pd.device)
     mlx5r_odp_create_eq(dev, dev.odp_pf_eq)
     if start == 0 and length == (1 << 64) - 1:
-        # EMU: implicit ODP is not modelled; the device reports no IMPLICIT cap, and
-        # upstream refuses it then with EINVAL
-        raise KernelError(EINVAL, "create_user_odp_mr: implicit ODP not supported")
+        if iova != 0:
+            raise KernelError(EINVAL, "create_user_odp_mr: implicit MR with an iova")
+        if not dev.odp_caps.general_caps & IB_ODP_SUPPORT_IMPLICIT:
+            raise KernelError(EINVAL, "create_user_odp_mr: no implicit ODP support")
+        return mlx5_ib_alloc_implicit_mr(pd, access_flags)
     odp = ib_umem_odp_get(pd.device, start, length, access_flags, mlx5_mn_ops)
     with ExitStack() as unwind:
         unwind.callback(ib_umem_release, odp)
@@ -307,16 +315,28 @@ def mlx5_ib_dereg_mr(mr: mlx5_ib_mr, udata: ib_udata) -> None:
         dereg_mr_ticket(mr)
         return
     if mr.umem is not None and mr.umem.is_dmabuf:
-        # under the dma_resv: no move_notify reaches this MR any more; the mapping
-        # stays until the mkey is gone (ib_umem_release below unmaps)
+        # no page fault finds the MR any more (and none still uses it); under the
+        # dma_resv (mlx5_revoke_mr) the mkey goes and no move_notify reaches the MR;
+        # then ib_umem_release unmaps, detaches and puts the dma-buf
         umem = mr.umem
+        mlx5r_erase_odp_mkey(dev, mr)
         mutex_lock(umem.attach.dmabuf.resv)
-        umem.private = None
-        mutex_unlock(umem.attach.dmabuf.resv)
+        try:
+            mlx5_core_destroy_mkey(dev.mdev, mr.mmkey.key)
+            umem.private = None
+        finally:
+            mutex_unlock(umem.attach.dmabuf.resv)
+        ib_umem_release(umem)
+        mr.umem = None
+        kfree(mr)
+        return
     if mr.umem is not None and mr.umem.is_odp:
         # no page fault finds the MR any more, none still uses it; then the mkey goes
         # and ib_umem_release removes the notifier and unmaps what is mapped
         mlx5r_erase_odp_mkey(dev, mr)
+        if mr.is_odp_implicit:
+            mlx5_ib_free_implicit_mr(mr)          # the parent mkey, the children, the root
+            return
     if mr.umem is not None and mr.umem.is_peer:
         # mlx5r_handle_mkey_cleanup(): fence the DMA, then no more invalidations
         mlx5r_umr_revoke_mr(mr)
@@ -666,21 +686,19 @@ def dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
 @traced
 def mlx5_ib_dmabuf_invalidate_cb(attach: Any) -> None:
     """Mirrors mlx5_ib_dmabuf_invalidate_cb(): the exporter moves the buffer (dma_resv
-    held) - stop the HCA's access, then give the mapping back.
-
-    # EMU: upstream zaps the MTT by UMR (MLX5_IB_UPD_XLT_ZAP) and maps again on the
-    # next page fault (dma-buf MRs are ODP-like); without ODP the model revokes the
-    # mkey (the same UMR) and the MR stays unusable until it is deregistered."""
+    held) - zap the MTT by UMR (the HCA's DMA through the mkey drained), then give
+    the mapping back.  The mkey stays on: the next access through it page-faults
+    and pagefault_dmabuf_mr maps the buffer where it is then.  Nothing for an MR
+    not mapped yet, or being deregistered."""
     umem = attach.importer_priv
+    lockdep_assert_held(umem.attach.dmabuf.resv)          # dma_resv_assert_held
     mr = umem.private
-    if umem.sgt is None:
+    if umem.sgt is None or mr is None:
         return
-    if mr is not None:
-        try:
-            mlx5r_umr_revoke_mr(mr)
-        except KernelError as e:
-            mlx5_ib_warn(to_mdev(mr.device), f"mlx5_ib_dmabuf_invalidate_cb: revoke failed: "
-                         f"{e}")
+    try:
+        mlx5r_umr_update_mr_pas(mr, MLX5_IB_UPD_XLT_ZAP)
+    except KernelError as e:              # void upstream: the UMR's result is dropped
+        mlx5_ib_warn(to_mdev(mr.device), f"mlx5_ib_dmabuf_invalidate_cb: zap failed: {e}")
     ib_umem_dmabuf_unmap_pages(umem)
 
 
@@ -688,31 +706,90 @@ mlx5_ib_dmabuf_attach_ops = dma_buf_attach_ops(move_notify=mlx5_ib_dmabuf_invali
                                                allow_peer2peer=True)
 
 
+def mlx5_umem_dmabuf_default_pgsz(umem: ib_umem, iova: int) -> int:
+    """Mirrors mlx5_umem_dmabuf_default_pgsz(): PAGE_SIZE (sets umem.iova), or 0 when
+    iova and the offset differ inside a page."""
+    ps = 1 << to_mdev(umem.ibdev).mdev.pdev.machine.page_shift
+    if (iova ^ umem.address) & (ps - 1):
+        return 0
+    umem.iova = iova
+    return ps
+
+
+@traced
+def alloc_dmabuf_mkey(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int
+                      ) -> mlx5_ib_mr:
+    """alloc_cacheable_mr() for a dma-buf umem -> reg_create(populate=false): an mkey of
+    PAGE_SIZE entries, created free (on once the pages are loaded), with pg_access
+    (an entry not present is a page fault) and its MTT all not present.  EINVAL when
+    iova and offset differ inside a page."""
+    dev = to_mdev(pd.device)
+    page_size = mlx5_umem_dmabuf_default_pgsz(umem, iova)
+    if not page_size:
+        raise KernelError(EINVAL, "alloc_cacheable_mr: iova and offset differ in a page")
+    mr = kmalloc_obj(mlx5_ib_mr(pd.device))
+    with ExitStack() as unwind:
+        unwind.callback(kfree, mr)
+        mr.page_shift = order_base_2(page_size)
+        npages = ib_umem_num_dma_blocks(umem, page_size)
+        in_ = IfcStruct("create_mkey_in", klm_pas_mtt=npages + (npages & 1))
+        MLX5_SET("create_mkey_in", in_, "pg_access", bool(MLX5_CAP_GEN(dev.mdev, "pg")))
+        MLX5_SET("create_mkey_in", in_, "uid", pd.uid)
+        mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
+        set_mkc_access_pd_addr_fields(mkc, access_flags, iova, pd)
+        MLX5_SET("mkc", mkc, "free", 1)
+        MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_MTT)
+        MLX5_SET64("mkc", mkc, "len", umem.length)
+        octo = get_octo_len(iova, umem.length, mr.page_shift)
+        MLX5_SET("mkc", mkc, "translations_octword_size", octo)
+        MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
+        mlx5_ib_create_mkey(dev, mr.mmkey, in_)
+        unwind.pop_all()
+    mr.mmkey.type = MLX5_MKEY_MR
+    mr.mmkey.ndescs = octo
+    mr.umem = umem
+    set_mr_fields(mr, umem.length, access_flags, iova)
+    return mr
+
+
+@traced
+def reg_user_mr_dmabuf(pd: mlx5_ib_pd, offset: int, length: int, virt_addr: int, fd: int,
+                       access_flags: int) -> mlx5_ib_mr:
+    """Mirrors reg_user_mr_dmabuf() (MTT mode, not pinned): attach dynamically
+    (ib_umem_dmabuf_get with mlx5's move_notify), an empty free mkey
+    (alloc_cacheable_mr), the MR published to the umem, the page-fault EQ made
+    (EOPNOTSUPP without ODP), the mkey stored among the ODP mkeys (faults find it),
+    then mlx5_ib_init_dmabuf_mr (mapped and loaded under the dma_resv, the mkey
+    on).  A failure after the mkey exists deregisters the MR."""
+    dev = to_mdev(pd.device)
+    umem = ib_umem_dmabuf_get(pd.device, offset, length, fd, access_flags,
+                              mlx5_ib_dmabuf_attach_ops)
+    try:
+        mr = alloc_dmabuf_mkey(pd, umem, virt_addr, access_flags)
+    except BaseException:
+        ib_umem_release(umem)
+        raise
+    umem.private = mr
+    try:
+        mlx5r_odp_create_eq(dev, dev.odp_pf_eq)
+        mlx5r_store_odp_mkey(dev, mr)
+        mlx5_ib_init_dmabuf_mr(mr)
+    except BaseException:
+        mlx5_ib_dereg_mr(mr, None)                        # err_dereg_mr
+        raise
+    return mr
+
+
 @traced
 def mlx5_ib_reg_user_mr_dmabuf(pd: mlx5_ib_pd, offset: int, length: int, virt_addr: int,
                                fd: int, access_flags: int, udata: ib_udata) -> mlx5_ib_mr:
-    """Mirrors mlx5_ib_reg_user_mr_dmabuf(): import the dma-buf, map it, build the mkey.
+    """Mirrors mlx5_ib_reg_user_mr_dmabuf(): reg_user_mr_dmabuf in MTT mode.
 
     EINVAL for on-demand-paging access (not with a dma-buf) and from
-    ib_umem_dmabuf_get; EBADF for a bad fd.  # EMU: upstream creates the mkey
-    empty and fills it by UMR on the first page fault; the model maps the pages
-    (dma_resv held) and creates the mkey with its MTT, as reg_user_mr does.
+    ib_umem_dmabuf_get (a range past the buffer, empty or wrapping) or the page
+    size; EBADF for a bad fd; EOPNOTSUPP on a device without ODP (the MR is
+    filled by page faults); the exporter's attach/map errors.
     """
     if access_flags & IB_ACCESS_ON_DEMAND:
         raise KernelError(EINVAL, "mlx5_ib_reg_user_mr_dmabuf: on-demand access")
-    umem = ib_umem_dmabuf_get(pd.device, offset, length, fd, access_flags,
-                              mlx5_ib_dmabuf_attach_ops)
-    resv = umem.attach.dmabuf.resv
-    # mapped, built and published under the dma_resv: a move_notify comes before it
-    # (nothing mapped yet) or after it (the MR to revoke), never in between
-    mutex_lock(resv)
-    try:
-        ib_umem_dmabuf_map_pages(umem)
-        mr = create_real_mr(pd, umem, virt_addr, access_flags)
-        umem.private = mr
-    except BaseException:
-        mutex_unlock(resv)
-        ib_umem_release(umem)
-        raise
-    mutex_unlock(resv)
-    return mr
+    return reg_user_mr_dmabuf(pd, offset, length, virt_addr, fd, access_flags)

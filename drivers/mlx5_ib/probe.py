@@ -5,7 +5,8 @@ the mlx5_ib_dev and runs __mlx5_ib_add(), the driver's profile - a table of
 (init, cleanup) stages executed in order, unwound in reverse on a failing
 stage and at remove:
 
-    init          ports, capabilities, dump_fill_mkey (QUERY_SPECIAL_CONTEXTS)
+    init          ports, capabilities, dump_fill_mkey (QUERY_SPECIAL_CONTEXTS),
+                  the QP and SRQ tables on the async events / off them
     caps          the ops table (ib_set_device_ops)
     roce          enable RoCE on the NIC vport          / disable it
     clock         the clock-info page user space maps  / freed
@@ -15,9 +16,9 @@ stage and at remove:
 then sets ib_active, which alloc_ucontext checks (EAGAIN before).
 # EMU: the real Ethernet profile has ~20 stages (flow steering, SRQ/XRC
 # resources, counters, UMR, delay drop, restrack, debugfs); only those
-# the control path above uses are modelled.  The clock-info page is
-# mlx5_core's (mlx5_init_clock_info); here the RDMA driver allocates it,
-# since the model has no PTP clock for mlx5_core to own.
+# the control path above uses are modelled.  The device clock and its
+# clock-info page are mlx5_core's (drivers/mlx5_core/clock.py); the "clock"
+# stage starts and stops them, since the model's mlx5_load does not.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from drivers.ib_core.device import (
     ib_set_device_ops,
     ib_unregister_device,
 )
+from drivers.mlx5_core.clock import mlx5_cleanup_clock, mlx5_init_clock
 from drivers.mlx5_core.driver import MLX5_CAP_DEV_MEM, MLX5_CAP_GEN
 from drivers.mlx5_core.eq import mlx5_comp_vectors_max
+from drivers.mlx5_core.ifc import MLX5_CAP_PORT_TYPE_ETH
 from drivers.mlx5_core.vport import (
     mlx5_nic_vport_disable_roce,
     mlx5_nic_vport_enable_roce,
@@ -45,13 +48,21 @@ from drivers.mlx5_core.wc import mlx5_wc_support_get
 from drivers.mlx5_ib.ah import mlx5_ib_ah, mlx5_ib_create_ah, mlx5_ib_destroy_ah
 from drivers.mlx5_ib.cmd import mlx5_cmd_dump_fill_mkey
 from drivers.mlx5_ib.cq import mlx5_ib_create_cq, mlx5_ib_destroy_cq, mlx5_ib_resize_cq
-from drivers.mlx5_ib.dm import mlx5_dm, mlx5_ib_alloc_dm, mlx5_ib_dealloc_dm, mlx5_ib_reg_dm_mr
+from drivers.mlx5_ib.devx import mlx5_ib_devx_methods
+from drivers.mlx5_ib.dm import (
+    mlx5_dm,
+    mlx5_ib_alloc_dm,
+    mlx5_ib_dealloc_dm,
+    mlx5_ib_dm_methods,
+    mlx5_ib_reg_dm_mr,
+)
 from drivers.mlx5_ib.gid import mlx5_ib_add_gid, mlx5_ib_del_gid, mlx5_ib_get_port_mac
 from drivers.mlx5_ib.main import (
     mlx5_ib_alloc_pd,
     mlx5_ib_alloc_ucontext,
     mlx5_ib_dealloc_pd,
     mlx5_ib_dealloc_ucontext,
+    mlx5_ib_query_ucontext,
 )
 from drivers.mlx5_ib.mlx5_ib import (
     mlx5_ib_cq,
@@ -75,6 +86,7 @@ from drivers.mlx5_ib.mr import (
 from drivers.mlx5_ib.odp import mlx5_ib_advise_mr, mlx5_ib_odp_cleanup_one, mlx5_ib_odp_init_one
 from drivers.mlx5_ib.qp import mlx5_ib_create_qp, mlx5_ib_destroy_qp
 from drivers.mlx5_ib.qp_modify import mlx5_ib_modify_qp, mlx5_ib_query_qp
+from drivers.mlx5_ib.qpc import mlx5_cleanup_qp_table, mlx5_init_qp_table
 from drivers.mlx5_ib.query import (
     mlx5_get_dev_fw_str,
     mlx5_ib_get_link_layer,
@@ -84,6 +96,7 @@ from drivers.mlx5_ib.query import (
     mlx5_port_roce_immutable,
 )
 from drivers.mlx5_ib.srq import (
+    mlx5_cleanup_srq_table,
     mlx5_ib_alloc_xrcd,
     mlx5_ib_create_srq,
     mlx5_ib_dealloc_xrcd,
@@ -92,10 +105,18 @@ from drivers.mlx5_ib.srq import (
     mlx5_ib_query_srq,
     mlx5_ib_srq,
     mlx5_ib_xrcd,
+    mlx5_init_srq_table,
 )
 from drivers.mlx5_ib.std_types import mlx5_ib_std_types_methods
+from drivers.mlx5_ib.wq import (
+    mlx5_ib_create_rwq_ind_table,
+    mlx5_ib_create_wq,
+    mlx5_ib_destroy_rwq_ind_table,
+    mlx5_ib_destroy_wq,
+    mlx5_ib_modify_wq,
+    mlx5_ib_rwq_ind_table,
+)
 from kernel_model.auxiliary import auxiliary_device, auxiliary_device_id, auxiliary_driver
-from kernel_model.page_alloc import __GFP_ZERO, GFP_KERNEL, __free_pages, alloc_pages
 from kernel_model.trace import traced
 
 #: module parameters and their defaults (see __init__.py)
@@ -112,8 +133,10 @@ mlx5_ib_dev_ops = ib_device_ops(
     get_port_immutable=mlx5_port_roce_immutable, get_link_layer=mlx5_ib_get_link_layer,
     get_dev_fw_str=mlx5_get_dev_fw_str,
     alloc_ucontext=mlx5_ib_alloc_ucontext, dealloc_ucontext=mlx5_ib_dealloc_ucontext,
+    query_ucontext=mlx5_ib_query_ucontext,
     mmap=mlx5_ib_mmap, mmap_free=mlx5_ib_mmap_free,
-    uapi_methods={**mlx5_ib_uar_methods, **mlx5_ib_std_types_methods},
+    uapi_methods={**mlx5_ib_uar_methods, **mlx5_ib_std_types_methods, **mlx5_ib_dm_methods,
+                  **mlx5_ib_devx_methods},
     alloc_pd=mlx5_ib_alloc_pd, dealloc_pd=mlx5_ib_dealloc_pd,
     reg_user_mr=mlx5_ib_reg_user_mr, dereg_mr=mlx5_ib_dereg_mr,
     reg_user_mr_dmabuf=mlx5_ib_reg_user_mr_dmabuf,
@@ -140,10 +163,18 @@ mlx5_ib_dev_dm_ops = ib_device_ops(alloc_dm=mlx5_ib_alloc_dm, dealloc_dm=mlx5_ib
                                    reg_dm_mr=mlx5_ib_reg_dm_mr)
 
 
+#: Mirrors mlx5_ib_dev_common_roce_ops (an Ethernet port's): WQs and RSS tables
+mlx5_ib_dev_common_roce_ops = ib_device_ops(
+    create_rwq_ind_table=mlx5_ib_create_rwq_ind_table, create_wq=mlx5_ib_create_wq,
+    destroy_rwq_ind_table=mlx5_ib_destroy_rwq_ind_table, destroy_wq=mlx5_ib_destroy_wq,
+    modify_wq=mlx5_ib_modify_wq, size_ib_rwq_ind_table=mlx5_ib_rwq_ind_table)
+
+
 # -- stages --------------------------------------------------------------------------------
 @traced
 def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
-    """Mirrors mlx5_ib_stage_init_init(): ports, GUID, dump_fill_mkey, WC support."""
+    """Mirrors mlx5_ib_stage_init_init(): ports, GUID, dump_fill_mkey, WC support; the
+    QP and SRQ tables, listening on mlx5_core's async events."""
     mdev = dev.mdev
     dev.num_ports = MLX5_CAP_GEN(mdev, "num_ports")
     dev.phys_port_cnt = dev.num_ports
@@ -157,6 +188,15 @@ def mlx5_ib_stage_init_init(dev: mlx5_ib_dev) -> None:
         dev.dump_fill_mkey = mlx5_cmd_dump_fill_mkey(mdev)
     dev.dm = mlx5_dm(mdev)  # spin_lock_init(&dev->dm.lock); dev->dm.dev = mdev
     dev.wc_support = mlx5_wc_support_get(mdev)  # may BlueFlame pages be write-combining
+    mlx5_init_qp_table(dev)
+    mlx5_init_srq_table(dev)
+
+
+@traced
+def mlx5_ib_stage_init_cleanup(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_ib_stage_init_cleanup(): the SRQ and QP tables off the async events."""
+    mlx5_cleanup_srq_table(dev)
+    mlx5_cleanup_qp_table(dev)
 
 
 def mlx5_ib_stage_caps_init(dev: mlx5_ib_dev) -> None:
@@ -169,7 +209,10 @@ def mlx5_ib_stage_caps_init(dev: mlx5_ib_dev) -> None:
 
 @traced
 def mlx5_ib_roce_init(dev: mlx5_ib_dev) -> None:
-    """Mirrors mlx5_ib_roce_init() -> mlx5_enable_eth(): RoCE on at the NIC vport."""
+    """Mirrors mlx5_ib_roce_init(): an Ethernet port's ops (WQs, RSS tables), then
+    mlx5_enable_eth(): RoCE on at the NIC vport."""
+    if MLX5_CAP_GEN(dev.mdev, "port_type") == MLX5_CAP_PORT_TYPE_ETH:
+        ib_set_device_ops(dev, mlx5_ib_dev_common_roce_ops)
     if MLX5_CAP_GEN(dev.mdev, "roce"):
         mlx5_nic_vport_enable_roce(dev.mdev)
 
@@ -182,12 +225,14 @@ def mlx5_ib_roce_cleanup(dev: mlx5_ib_dev) -> None:
 
 
 def mlx5_ib_stage_clock_init(dev: mlx5_ib_dev) -> None:
-    """The clock-info page (mlx5_init_clock_info: one zeroed kernel page)."""
-    dev.clock_info = alloc_pages(GFP_KERNEL | __GFP_ZERO, 0, owner="mlx5 clock_info")
+    """The device clock and its clock-info page (mlx5_core's mlx5_init_clock)."""
+    mlx5_init_clock(dev.mdev)
+    dev.clock_info = dev.mdev.clock_info
 
 
 def mlx5_ib_stage_clock_cleanup(dev: mlx5_ib_dev) -> None:
-    __free_pages(dev.clock_info, 0)
+    """mlx5_cleanup_clock(): the overflow work stopped, the page freed."""
+    mlx5_cleanup_clock(dev.mdev)
     dev.clock_info = None
 
 
@@ -213,7 +258,7 @@ class mlx5_ib_stage:
 
 #: Mirrors pf_profile (the stages this model has), in order
 pf_profile: tuple[mlx5_ib_stage, ...] = (
-    mlx5_ib_stage("init", mlx5_ib_stage_init_init),
+    mlx5_ib_stage("init", mlx5_ib_stage_init_init, mlx5_ib_stage_init_cleanup),
     mlx5_ib_stage("caps", mlx5_ib_stage_caps_init),
     mlx5_ib_stage("roce", mlx5_ib_roce_init, mlx5_ib_roce_cleanup),
     mlx5_ib_stage("odp", mlx5_ib_odp_init_one, mlx5_ib_odp_cleanup_one),

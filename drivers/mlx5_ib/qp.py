@@ -49,6 +49,7 @@ from drivers.ib_core.ib_verbs import (
     IB_QP_CREATE_SCATTER_FCS,
     IB_QP_CREATE_SOURCE_QPN,
     IB_QPS_RESET,
+    IB_QPT_DRIVER,
     IB_QPT_RAW_PACKET,
     IB_QPT_RC,
     IB_QPT_UC,
@@ -71,6 +72,8 @@ from drivers.mlx5_core.ifc import (
     MLX5_CMD_OP_2RST_QP,
     MLX5_NON_FP_BFREGS_PER_UAR,
     MLX5_NON_ZERO_RQ,
+    MLX5_QPC_ST_DCI,
+    MLX5_QPC_ST_RAW_DATAGRAM,
     MLX5_QPC_ST_RC,
     MLX5_QPC_ST_UC,
     MLX5_QPC_ST_UD,
@@ -89,6 +92,8 @@ from drivers.mlx5_ib.mlx5_ib import (
     MLX5_IB_DEFAULT_UIDX,
     MLX5_IB_INVALID_BFREG,
     MLX5_IB_INVALID_UAR_INDEX,
+    MLX5_IB_QPT_DCI,
+    MLX5_IB_QPT_DCT,
     MLX5_SEND_WQE_BB,
     MLX5_USER_ASSIGNED_UIDX_MASK,
     get_uars_per_sys_page,
@@ -104,6 +109,12 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mcq,
     to_mdev,
     to_mpd,
+)
+from drivers.mlx5_ib.qp_dc import check_qp_attr, create_dct, mlx5_ib_destroy_dct
+from drivers.mlx5_ib.qp_raw import (
+    create_raw_packet_qp,
+    destroy_raw_packet_qp,
+    modify_raw_packet_qp,
 )
 from drivers.mlx5_ib.qpc import mlx5_core_destroy_qp, mlx5_core_qp_modify, mlx5_qpc_create_qp
 from drivers.mlx5_ib.srq import to_msrq, to_mxrcd
@@ -134,14 +145,17 @@ MLX5_WQE_DATA_SEG_SIZE = 16
 #: vendor flags the model implements; the rest of the known ones are EOPNOTSUPP
 _MODELLED_FLAGS = (MLX5_QP_FLAG_SIGNATURE | MLX5_QP_FLAG_SCATTER_CQE
                    | MLX5_QP_FLAG_ALLOW_SCATTER_CQE | MLX5_QP_FLAG_BFREG_INDEX
-                   | MLX5_QP_FLAG_UAR_PAGE_INDEX)
+                   | MLX5_QP_FLAG_UAR_PAGE_INDEX | MLX5_QP_FLAG_TYPE_DCI
+                   | MLX5_QP_FLAG_TYPE_DCT)
 _KNOWN_FLAGS = (_MODELLED_FLAGS | MLX5_QP_FLAG_TUNNEL_OFFLOADS | MLX5_QP_FLAG_TYPE_DCT
                 | MLX5_QP_FLAG_TYPE_DCI | MLX5_QP_FLAG_TIR_ALLOW_SELF_LB_UC
                 | MLX5_QP_FLAG_TIR_ALLOW_SELF_LB_MC | MLX5_QP_FLAG_PACKET_BASED_CREDIT_MODE
                 | MLX5_QP_FLAG_DCI_STREAM)
 #: to_mlx5_st(): the QPC service type of each modelled verbs QP type
 _MLX5_ST = {IB_QPT_RC: MLX5_QPC_ST_RC, IB_QPT_UC: MLX5_QPC_ST_UC, IB_QPT_UD: MLX5_QPC_ST_UD,
-            IB_QPT_XRC_INI: MLX5_QPC_ST_XRC, IB_QPT_XRC_TGT: MLX5_QPC_ST_XRC}
+            IB_QPT_XRC_INI: MLX5_QPC_ST_XRC, IB_QPT_XRC_TGT: MLX5_QPC_ST_XRC,
+            IB_QPT_RAW_PACKET: MLX5_QPC_ST_RAW_DATAGRAM,  # MLX5_QP_ST_RAW_ETHERTYPE
+            MLX5_IB_QPT_DCI: MLX5_QPC_ST_DCI}
 
 
 # -- bfregs ---------------------------------------------------------------------------------
@@ -284,6 +298,10 @@ def set_user_buf_size(dev: mlx5_ib_dev, qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_create
     qp.sq.wqe_cnt = ucmd.sq_wqe_count
     if qp.sq.wqe_cnt > 1 << MLX5_CAP_GEN(mdev, "log_max_qp_sz"):
         raise KernelError(EINVAL, f"set_user_buf_size: sq_wqe_count {qp.sq.wqe_cnt} too large")
+    if qp.qp_type == IB_QPT_RAW_PACKET:   # the SQ has a buffer of its own
+        qp.buf_size = qp.rq.wqe_cnt << qp.rq.wqe_shift
+        qp.raw_packet_qp.sq.ubuffer.buf_size = qp.sq.wqe_cnt << 6
+        return
     qp.buf_size = (qp.rq.wqe_cnt << qp.rq.wqe_shift) + (qp.sq.wqe_cnt << 6)
 
 
@@ -398,7 +416,7 @@ def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr, qpc: IfcS
               uidx: int) -> None:
     """The QPC fields create_user_qp() writes."""
     context: mlx5_ib_ucontext = rdma_udata_to_drv_context(qp)
-    MLX5_SET("qpc", qpc, "st", _MLX5_ST[attr.qp_type])
+    MLX5_SET("qpc", qpc, "st", _MLX5_ST[qp.type])
     MLX5_SET("qpc", qpc, "pm_state", MLX5_QP_PM_MIGRATED)
     MLX5_SET("qpc", qpc, "pd", to_mpd(qp.pd).pdn)
     MLX5_SET("qpc", qpc, "wq_signature", qp.wq_sig)
@@ -450,7 +468,11 @@ def create_user_qp(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr,
     with ExitStack() as unwind:
         in_ = _create_user_qp(dev, qp, ucmd, resp, unwind)
         _fill_qpc(dev, qp, attr, MLX5_ADDR_OF("create_qp_in", in_, "qpc"), uidx)
-        mlx5_qpc_create_qp(dev, qp, in_)
+        if attr.qp_type == IB_QPT_RAW_PACKET:
+            qp.raw_packet_qp.sq.ubuffer.buf_addr = ucmd.sq_buf_addr
+            create_raw_packet_qp(dev, qp, in_, resp)
+        else:
+            mlx5_qpc_create_qp(dev, qp, in_)
         unwind.pop_all()
     _qp_lists(dev, qp, list.append)
 
@@ -472,9 +494,19 @@ def _read_ucmd(udata: ib_udata) -> abi.mlx5_ib_create_qp:
 @traced
 def process_vendor_flags(dev: mlx5_ib_dev, qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_create_qp) -> None:
     """Mirrors process_vendor_flags(): EINVAL for an unknown flag, EOPNOTSUPP for a
-    known one the device cannot do.  # EMU: DCT/DCI, tunnel offloads, TIR loopback,
-    credit mode and DCI streams are not modelled and are EOPNOTSUPP."""
+    known one the device cannot do.  The DC subtype makes the QP a DCI or a DCT
+    (qp.type); an IB_QPT_DRIVER QP without exactly one of them is EINVAL.
+    # EMU: tunnel offloads, TIR loopback, credit mode and DCI streams are not
+    # modelled and are EOPNOTSUPP."""
     flags = ucmd.flags
+    subtype = flags & (MLX5_QP_FLAG_TYPE_DCT | MLX5_QP_FLAG_TYPE_DCI)
+    if subtype == MLX5_QP_FLAG_TYPE_DCI:
+        qp.type = MLX5_IB_QPT_DCI
+    elif subtype == MLX5_QP_FLAG_TYPE_DCT:
+        qp.type = MLX5_IB_QPT_DCT
+    elif qp.type == IB_QPT_DRIVER:
+        raise KernelError(EINVAL, f"process_vendor_flags: IB_QPT_DRIVER QP without a DC "
+                          f"subtype (flags {flags:#x})")
     if flags & ~_KNOWN_FLAGS:
         raise KernelError(EINVAL, f"process_vendor_flags: unknown flags {flags:#x}")
     if flags & ~_MODELLED_FLAGS:
@@ -484,7 +516,8 @@ def process_vendor_flags(dev: mlx5_ib_dev, qp: mlx5_ib_qp, ucmd: abi.mlx5_ib_cre
             raise KernelError(EOPNOTSUPP, "process_vendor_flags: no WQ signature support")
         qp.wq_sig = True
     qp.flags_en = flags & (MLX5_QP_FLAG_SIGNATURE | MLX5_QP_FLAG_BFREG_INDEX
-                           | MLX5_QP_FLAG_UAR_PAGE_INDEX | MLX5_QP_FLAG_SCATTER_CQE)
+                           | MLX5_QP_FLAG_UAR_PAGE_INDEX | MLX5_QP_FLAG_SCATTER_CQE
+                           | MLX5_QP_FLAG_TYPE_DCI | MLX5_QP_FLAG_TYPE_DCT)
 
 
 def process_create_flag(dev: mlx5_ib_dev, flags: list[int], flag: int, cond: bool,
@@ -506,6 +539,11 @@ def process_create_flags(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr
     port); what is left is EOPNOTSUPP.
     # EMU: NETIF_QP and INTEGRITY_EN (kernel-only flags) are never granted."""
     mdev = dev.mdev
+    if qp.type == MLX5_IB_QPT_DCT:
+        if attr.create_flags:
+            raise KernelError(EINVAL, f"process_create_flags: a DCT takes no create flags "
+                              f"({attr.create_flags:#x})")
+        return
     qp_type = attr.qp_type
     flags = [attr.create_flags]
     process_create_flag(dev, flags, IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK,
@@ -585,12 +623,25 @@ class _reset_flow_locked:
         spin_unlock_irqrestore(self.dev.reset_flow_resource_lock, self.flags)
 
 
+def check_valid_flow(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_init_attr) -> None:
+    """Mirrors check_valid_flow() for a user QP: a RAW_PACKET QP needs a context with
+    CQE version 1 (its CQEs name the QP by user index): EINVAL."""
+    context: mlx5_ib_ucontext = rdma_udata_to_drv_context(qp)
+    if attr.qp_type == IB_QPT_RAW_PACKET and not context.cqe_version:
+        raise KernelError(EINVAL, "check_valid_flow: Raw Packet QP is only supported for "
+                          "CQE version > 0")
+
+
 @traced
 def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) -> None:
-    """Mirrors mlx5_ib_create_qp() for a user RC/UC/UD QP (order in the docstring above).
+    """Mirrors mlx5_ib_create_qp() for a user RC/UC/UD QP (order in the docstring above;
+    a RAW_PACKET QP's queues are qp_raw.py's, after check_valid_flow's EINVAL for a
+    CQE version 0 context).
 
-    EOPNOTSUPP for other QP types (# EMU: RAW_PACKET, XRC, DCT/DCI, GSI are not
-    modelled) and create flags; EINVAL for a short or dirty request, unknown
+    EOPNOTSUPP for other QP types (# EMU: GSI is not modelled), IB_QPT_DRIVER
+    without the dct cap, and create flags; a DCI is a user QP of service type DCI,
+    a DCT is qp_dc.py's (check_qp_attr: EINVAL for a DCT without SRQ and receive CQ,
+    a DCI with a receive queue); EINVAL for a short or dirty request, unknown
     vendor flags, a bad user index, RQ/SQ sizes the library did not derive
     from the caps or beyond the device; then the bfreg, umem, doorbell and
     firmware errors.  A response that cannot be copied destroys the QP
@@ -598,21 +649,35 @@ def mlx5_ib_create_qp(ibqp: mlx5_ib_qp, attr: ib_qp_init_attr, udata: ib_udata) 
     """
     dev = to_mdev(ibqp.device)
     qp = ibqp
-    if attr.qp_type not in _MLX5_ST:
+    if attr.qp_type == IB_QPT_DRIVER and not MLX5_CAP_GEN(dev.mdev, "dct"):
+        raise KernelError(EOPNOTSUPP, "check_qp_type: no DC support (dct cap)")
+    if attr.qp_type not in _MLX5_ST and attr.qp_type != IB_QPT_DRIVER:
         raise KernelError(EOPNOTSUPP, f"check_qp_type: QP type {attr.qp_type} not supported")
+    qp.type = attr.qp_type
     if attr.qp_type in (IB_QPT_XRC_INI, IB_QPT_XRC_TGT) and not MLX5_CAP_GEN(dev.mdev, "xrc"):
         raise KernelError(EOPNOTSUPP, "check_qp_type: no XRC support")
     if attr.qp_type == IB_QPT_XRC_TGT:              # the core passes no udata for it
         create_xrc_tgt_qp(dev, qp, attr)
         qp.qp_num = qp.mqp.qpn
         return
+    check_valid_flow(dev, qp, attr)
     ucmd = _read_ucmd(udata)
     process_vendor_flags(dev, qp, ucmd)
     uidx = get_qp_uidx(qp, ucmd)
     process_create_flags(dev, qp, attr)
+    check_qp_attr(dev, qp, attr)
+    resp = mlx5_ib_create_qp_resp()
+    if qp.type == MLX5_IB_QPT_DCT:      # no firmware object until RTR; a zero response
+        create_dct(dev, qp, attr, ucmd, uidx)
+        if udata.outlen:
+            try:
+                ib_respond_udata(udata, resp)
+            except BaseException:
+                mlx5_ib_destroy_dct(qp)
+                raise
+        return
     if attr.sq_sig_type == IB_SIGNAL_ALL_WR:
         qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE
-    resp = mlx5_ib_create_qp_resp()
     create_user_qp(dev, qp, attr, ucmd, uidx, resp)
     qp.qp_num = qp.mqp.qpn
     if udata.outlen:
@@ -639,11 +704,17 @@ def mlx5_ib_destroy_qp(qp: mlx5_ib_qp, udata: ib_udata) -> None:
     """Mirrors mlx5_ib_destroy_qp() -> destroy_qp_common(): a QP not in RESET is
     moved there first (2RST: the device stops using its queues), then off the
     QP lists, DESTROY_QP, then destroy_qp_user.  Firmware failures are only
-    warned about: the QP is freed regardless."""
+    warned about: the QP is freed regardless.  A DCT is mlx5_ib_destroy_dct's."""
     dev = to_mdev(qp.device)
+    if qp.type == MLX5_IB_QPT_DCT:
+        mlx5_ib_destroy_dct(qp)
+        return
     if qp.state != IB_QPS_RESET:
         try:
-            mlx5_core_qp_modify(dev, MLX5_CMD_OP_2RST_QP, 0, None, qp.mqp)
+            if qp.qp_type == IB_QPT_RAW_PACKET:     # the SQ and RQ back to RST
+                modify_raw_packet_qp(dev, qp, MLX5_CMD_OP_2RST_QP)
+            else:
+                mlx5_core_qp_modify(dev, MLX5_CMD_OP_2RST_QP, 0, None, qp.mqp)
         except KernelError as e:
             mlx5_ib_warn(dev, f"mlx5_ib: modify QP {qp.mqp.qpn:#08x} to RESET failed: {e}")
     if qp.qp_type == IB_QPT_XRC_TGT:                # no queues, no CQs, no user memory
@@ -655,6 +726,10 @@ def mlx5_ib_destroy_qp(qp: mlx5_ib_qp, udata: ib_udata) -> None:
             mlx5_ib_warn(dev, f"mlx5_ib_destroy_qp: failed to destroy QP {qp.mqp.qpn:#x}: {e}")
         return
     _qp_lists(dev, qp, list.remove)
+    if qp.qp_type == IB_QPT_RAW_PACKET:
+        destroy_raw_packet_qp(dev, qp)
+        destroy_qp_user(dev, qp)
+        return
     try:
         mlx5_core_destroy_qp(dev, qp)
     except KernelError as e:  # the kernel warns and goes on freeing

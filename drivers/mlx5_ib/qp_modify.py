@@ -24,8 +24,10 @@ the source GID entry and the destination MAC):
 The firmware refuses a transition from the wrong state (BAD_QP_STATE ->
 EINVAL) and keeps the context that QUERY_QP (mlx5_ib_query_qp) reads back.
 # EMU: LAG port affinity, Q counters (counter_set_id stays 0), rate limits,
-# RAW_PACKET / DCT / GSI QPs and kernel QPs (the CQ cleaning on RESET) are not
-# modelled.
+# GSI QPs and kernel QPs (the CQ cleaning on RESET) are not modelled.  A DCT has its
+# own two transitions (qp_dc.py's mlx5_ib_modify_dct); a DCI's masks are
+# modify_dci_qp_is_ok's, its QPC is built here with service type DCI.
+# A RAW_PACKET QP's transitions move its SQ and RQ (qp_raw.py).
 
 Lock order: qp->mutex -> the firmware command (cmd.lock).
 """
@@ -73,6 +75,7 @@ from drivers.ib_core.ib_verbs import (
     IB_QPS_RTS,
     IB_QPS_SQD,
     IB_QPS_SQE,
+    IB_QPT_RAW_PACKET,
     IB_QPT_RC,
     IB_QPT_UC,
     IB_QPT_UD,
@@ -113,6 +116,7 @@ from drivers.mlx5_core.ifc import (
     MLX5_QP_OPTPAR_ACK_TIMEOUT,
     MLX5_QP_OPTPAR_ALT_ADDR_PATH,
     MLX5_QP_OPTPAR_CQN_RCV,
+    MLX5_QP_OPTPAR_DC_KEY,
     MLX5_QP_OPTPAR_LAG_TX_AFF,
     MLX5_QP_OPTPAR_PKEY_INDEX,
     MLX5_QP_OPTPAR_PM_STATE,
@@ -128,6 +132,7 @@ from drivers.mlx5_core.ifc import (
     MLX5_QP_OPTPAR_RWE,
     MLX5_QP_OPTPAR_SRA_MAX,
     MLX5_QP_OPTPAR_SRQN,
+    MLX5_QPC_ST_DCI,
     MLX5_QPC_ST_RC,
     MLX5_QPC_ST_UC,
     MLX5_QPC_ST_UD,
@@ -137,6 +142,8 @@ from drivers.mlx5_core.ifc import (
     IfcStruct,
 )
 from drivers.mlx5_ib.mlx5_ib import (
+    MLX5_IB_QPT_DCI,
+    MLX5_IB_QPT_DCT,
     mlx5_ib_dev,
     mlx5_ib_qp,
     mlx5_ib_warn,
@@ -145,6 +152,12 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mpd,
 )
 from drivers.mlx5_ib.qp import _MLX5_ST, MLX5_QP_PM_MIGRATED, MLX5_WQE_CTRL_CQ_UPDATE
+from drivers.mlx5_ib.qp_dc import (
+    mlx5_ib_dct_query_qp,
+    mlx5_ib_modify_dct,
+    modify_dci_qp_is_ok,
+)
+from drivers.mlx5_ib.qp_raw import modify_raw_packet_qp, query_raw_packet_qp_state
 from drivers.mlx5_ib.qpc import mlx5_core_qp_modify, mlx5_core_qp_query
 from kernel_model.errno import EINVAL, EOPNOTSUPP, KernelError
 from kernel_model.trace import traced
@@ -225,6 +238,16 @@ opt_mask: dict[tuple[int, int], dict[int, int]] = {
         _UD: MLX5_QP_OPTPAR_Q_KEY, _UC: MLX5_QP_OPTPAR_RWE,
         _RC: MLX5_QP_OPTPAR_RNR_TIMEOUT | _RRAW},
 }
+
+# opt_mask's MLX5_QP_ST_DCI column (DC_KEY is no IB attribute: never asked for)
+for _key, _bits in {
+        (_INIT, _INIT): MLX5_QP_OPTPAR_PRI_PORT | MLX5_QP_OPTPAR_DC_KEY
+        | MLX5_QP_OPTPAR_PKEY_INDEX | MLX5_QP_OPTPAR_RAE,
+        (_INIT, _RTR): MLX5_QP_OPTPAR_PKEY_INDEX | MLX5_QP_OPTPAR_RAE | MLX5_QP_OPTPAR_DC_KEY,
+        (_RTR, _RTS): MLX5_QP_OPTPAR_DC_KEY | MLX5_QP_OPTPAR_PM_STATE | MLX5_QP_OPTPAR_RAE,
+        (_RTS, _RTS): MLX5_QP_OPTPAR_DC_KEY | MLX5_QP_OPTPAR_PM_STATE | MLX5_QP_OPTPAR_RAE,
+        (_SQER, _RTS): MLX5_QP_OPTPAR_DC_KEY | MLX5_QP_OPTPAR_RAE}.items():
+    opt_mask[_key][MLX5_QPC_ST_DCI] = _bits
 
 #: Mirrors ib_nr_to_mlx5_nr(): each IB attribute bit -> the mlx5 optional bits it touches
 _IB_NR_TO_MLX5 = {
@@ -388,7 +411,7 @@ _PM_STATE = {IB_MIG_MIGRATED: MLX5_QP_PM_MIGRATED, IB_MIG_REARM: MLX5_QP_PM_REAR
 def _fill_qpc(dev: mlx5_ib_dev, qp: mlx5_ib_qp, attr: ib_qp_attr, attr_mask: int,
               cur_state: int, new_state: int, qpc: IfcStruct) -> None:
     """The QPC __mlx5_ib_modify_qp builds (in the real function's order)."""
-    MLX5_SET("qpc", qpc, "st", _MLX5_ST[qp.qp_type])
+    MLX5_SET("qpc", qpc, "st", _MLX5_ST[qp.type])
     MLX5_SET("qpc", qpc, "pm_state", _PM_STATE.get(attr.path_mig_state, 0)
              if attr_mask & IB_QP_PATH_MIG_STATE else MLX5_QP_PM_MIGRATED)
     MLX5_SET("qpc", qpc, "lag_tx_port_affinity", 0)  # EMU: no LAG (get_tx_affinity: 0)
@@ -467,7 +490,7 @@ def __mlx5_ib_modify_qp(ibqp: mlx5_ib_qp, attr: ib_qp_attr, attr_mask: int, cur_
     atomics on a device without them; the firmware's errno otherwise.
     """
     dev, qp = to_mdev(ibqp.device), ibqp
-    if qp.qp_type not in _MLX5_ST:
+    if qp.type not in _MLX5_ST:
         raise KernelError(EINVAL, f"__mlx5_ib_modify_qp: QP type {qp.qp_type}")
     qpc = IfcStruct("qpc")
     _fill_qpc(dev, qp, attr, attr_mask, cur_state, new_state, qpc)
@@ -477,13 +500,16 @@ def __mlx5_ib_modify_qp(ibqp: mlx5_ib_qp, attr: ib_qp_attr, attr_mask: int, cur_
         raise KernelError(EINVAL, f"__mlx5_ib_modify_qp: no command for {cur_state} -> "
                           f"{new_state}")
     optpar = ib_mask_to_mlx5_opt(attr_mask) & \
-        opt_mask.get((mlx5_cur, mlx5_new), {}).get(_MLX5_ST[qp.qp_type], 0)
+        opt_mask.get((mlx5_cur, mlx5_new), {}).get(_MLX5_ST[qp.type], 0)
     if udata is not None:  # for the kernel's own QPs the response stays zero
         resp.ece_options = ucmd.ece_options if MLX5_CAP_GEN(dev.mdev, "ece_support") else 0
         resp.response_length = abi.mlx5_ib_modify_qp_resp.SIZE
-    ece = [resp.ece_options]
-    mlx5_core_qp_modify(dev, op, optpar, qpc, qp.mqp, ece)
-    resp.ece_options = ece[0]
+    if qp.qp_type == IB_QPT_RAW_PACKET:    # no QP in the firmware: its SQ and RQ move
+        modify_raw_packet_qp(dev, qp, op, attr_mask & IB_QP_RATE_LIMIT)
+    else:
+        ece = [resp.ece_options]
+        mlx5_core_qp_modify(dev, op, optpar, qpc, qp.mqp, ece)
+        resp.ece_options = ece[0]
     qp.state = new_state
     if attr_mask & IB_QP_ACCESS_FLAGS:
         qp.trans_qp.atomic_rd_en = attr.qp_access_flags
@@ -537,11 +563,18 @@ def mlx5_ib_modify_qp(ibqp: mlx5_ib_qp, attr: ib_qp_attr, attr_mask: int,
     if attr_mask & ~(IB_QP_ATTR_STANDARD_BITS | IB_QP_RATE_LIMIT):
         raise KernelError(EOPNOTSUPP, f"mlx5_ib_modify_qp: attr_mask {attr_mask:#x}")
     ucmd = _read_ucmd(udata)
+    if qp.type == MLX5_IB_QPT_DCT:       # its own transitions (qp_dc.py)
+        mlx5_ib_modify_dct(qp, attr, attr_mask, ucmd, udata)
+        return
     resp = abi.mlx5_ib_modify_qp_resp()
     with qp.mutex:
         cur_state = attr.cur_qp_state if attr_mask & IB_QP_CUR_STATE else qp.state
         new_state = attr.qp_state if attr_mask & IB_QP_STATE else cur_state
-        if not ib_modify_qp_is_ok(cur_state, new_state, qp.qp_type, attr_mask):
+        if qp.type == MLX5_IB_QPT_DCI:
+            if not modify_dci_qp_is_ok(cur_state, new_state, attr_mask):
+                raise KernelError(EINVAL, f"mlx5_ib_modify_qp: invalid DCI transition from "
+                                  f"{cur_state} to {new_state}, attr_mask {attr_mask:#x}")
+        elif not ib_modify_qp_is_ok(cur_state, new_state, qp.qp_type, attr_mask):
             raise KernelError(EINVAL, f"mlx5_ib_modify_qp: invalid QP state transition from "
                               f"{cur_state} to {new_state}, qp_type {qp.qp_type}, "
                               f"attr_mask {attr_mask:#x}")
@@ -644,8 +677,15 @@ def mlx5_ib_query_qp(ibqp: mlx5_ib_qp, qp_attr: ib_qp_attr, qp_attr_mask: int,
     dev, qp = to_mdev(ibqp.device), ibqp
     _zero(qp_init_attr)
     _zero(qp_attr)
+    if qp.type == MLX5_IB_QPT_DCT:
+        mlx5_ib_dct_query_qp(dev, qp, qp_attr, qp_attr_mask)
+        return
     with qp.mutex:
-        query_qp_attr(dev, qp, qp_attr)
+        if qp.qp_type == IB_QPT_RAW_PACKET:
+            qp.state = query_raw_packet_qp_state(dev, qp)
+            qp_attr.port_num = 1
+        else:
+            query_qp_attr(dev, qp, qp_attr)
         qp_attr.qp_state = qp.state
         qp_attr.cur_qp_state = qp_attr.qp_state
         qp_attr.cap.max_recv_wr = qp.rq.wqe_cnt

@@ -24,21 +24,34 @@ QUERY_SRQ reads it back, DESTROY_SRQ frees the firmware object, then the
 doorbell record and the umem.
 # EMU: a basic SRQ names no XRC domain and no CQ (the kernel puts the device's
 # own devr.xrcdn0 / devr.c0 there, resources not modelled): xrcd and cqn stay 0.
-# CREATE_SRQ rather than CREATE_RMP (see kernel_model/hw/mlx5_fw_srq.py).  The
-# SRQ-limit async event is not delivered (no IB_EVENT_SRQ_LIMIT_REACHED).
+# CREATE_SRQ rather than CREATE_RMP (see kernel_model/hw/mlx5_fw_srq.py).
 
-Lock order: srq.mutex (modify) is a leaf.
+Async events: the device's SRQ table (mlx5_init_srq_table: srqn -> SRQ, filled at
+create, emptied at destroy) listens on mlx5_core's async events; an SRQ_RQ_LIMIT
+(or SRQ_CATAS_ERROR) EQE naming a live SRQ becomes mlx5_ib_srq_event ->
+IB_EVENT_SRQ_LIMIT_REACHED (IB_EVENT_SRQ_ERR) for the SRQ's event_handler.
+# EMU: the SRQ's refcount/completion pair, which makes a destroy wait for an
+# event notifier still running on another CPU, is not modelled: the interrupt
+# runs to its end on the raising task before anything else does.
+
+Lock order: srq.mutex (modify) is a leaf; srq_table.lock is taken in interrupt
+context (the notifier) and by create/destroy, nothing inside it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from drivers.ib_core.device import ib_device
 from drivers.ib_core.ib_verbs import (
+    IB_EVENT_SRQ_ERR,
+    IB_EVENT_SRQ_LIMIT_REACHED,
     IB_SRQ_LIMIT,
     IB_SRQ_MAX_WR,
     IB_SRQT_BASIC,
     IB_SRQT_XRC,
     ib_copy_from_udata,
+    ib_event,
     ib_is_udata_cleared,
     ib_respond_udata,
     ib_srq,
@@ -50,6 +63,13 @@ from drivers.ib_core.ib_verbs import (
 from drivers.ib_core.umem import ib_umem, ib_umem_get, ib_umem_num_dma_blocks, ib_umem_release
 from drivers.mlx5_core.cmd import mlx5_cmd_exec
 from drivers.mlx5_core.driver import MLX5_CAP_GEN
+from drivers.mlx5_core.eq import (
+    EQE_QP_SRQ_N,
+    EQE_TYPE,
+    MLX5_EVENT_TYPE_SRQ_CATAS_ERROR,
+    MLX5_EVENT_TYPE_SRQ_RQ_LIMIT,
+)
+from drivers.mlx5_core.events import mlx5_notifier_register, mlx5_notifier_unregister
 from drivers.mlx5_core.ifc import (
     MLX5_ADAPTER_PAGE_SHIFT,
     MLX5_ADDR_OF,
@@ -75,6 +95,7 @@ from drivers.mlx5_ib.mlx5_ib import (
     ilog2,
     mlx5_db,
     mlx5_ib_dev,
+    mlx5_ib_warn,
     order_base_2,
     roundup_pow_of_two,
     to_mcq,
@@ -82,7 +103,8 @@ from drivers.mlx5_ib.mlx5_ib import (
     to_mpd,
 )
 from kernel_model.errno import EFAULT, EINVAL, EOPNOTSUPP, KernelError
-from kernel_model.locking import mutex_init
+from kernel_model.locking import mutex_init, spin_lock_init
+from kernel_model.notifier import NOTIFY_DONE, NOTIFY_OK, notifier_block
 from kernel_model.trace import traced
 from kernel_model.uapi import mlx5_abi as abi
 
@@ -139,6 +161,8 @@ class mlx5_core_srq:
         self.max_gs = 0
         self.max_avail_gather = 0
         self.wqe_shift = 0
+        self.event: Any = None      # (mlx5_core_srq, event type): mlx5_ib_srq_event
+        self.ibsrq: Any = None      # container_of: the mlx5_ib_srq this is part of
 
 
 class mlx5_ib_srq(ib_srq):
@@ -147,6 +171,7 @@ class mlx5_ib_srq(ib_srq):
     def __init__(self, device: ib_device):
         super().__init__(device)
         self.msrq = mlx5_core_srq()
+        self.msrq.ibsrq = self
         self.umem: ib_umem | None = None
         self.db = mlx5_db()
         self.wq_sig = False
@@ -160,6 +185,79 @@ class mlx5_ib_srq(ib_srq):
 def to_msrq(srq: ib_srq) -> mlx5_ib_srq:
     """Mirrors to_msrq()."""
     return srq  # type: ignore[return-value]
+
+
+def to_mibsrq(msrq: mlx5_core_srq) -> mlx5_ib_srq:
+    """Mirrors to_mibsrq(): the mlx5_ib_srq around a core SRQ."""
+    return msrq.ibsrq
+
+
+# -- the SRQ table and its async events (srq_cmd.c) ----------------------------------------
+class mlx5_srq_table:
+    """Mirrors struct mlx5_srq_table: srqn -> core SRQ (None: being destroyed, the
+    index kept), and the notifier block on mlx5_core's async events."""
+
+    def __init__(self) -> None:
+        self.lock = spin_lock_init("&dev->srq_table.array.xa_lock")
+        self.array: dict[int, mlx5_core_srq | None] = {}
+        self.nb = notifier_block(srq_event_notifier)
+        self.nb.table = self
+
+    def __repr__(self) -> str:
+        return f"mlx5_srq_table {len(self.array)} SRQs"
+
+
+@traced
+def srq_event_notifier(nb: notifier_block, type_: int, data: bytes) -> int:
+    """Mirrors srq_event_notifier(): an SRQ_CATAS_ERROR or SRQ_RQ_LIMIT EQE goes to
+    the event callback of the SRQ it names (NOTIFY_OK; an SRQ not in the table -
+    destroyed meanwhile - is skipped); any other event is NOTIFY_DONE."""
+    if type_ not in (MLX5_EVENT_TYPE_SRQ_CATAS_ERROR, MLX5_EVENT_TYPE_SRQ_RQ_LIMIT):
+        return NOTIFY_DONE
+    table: mlx5_srq_table = nb.table
+    srqn = int.from_bytes(data[EQE_QP_SRQ_N:EQE_QP_SRQ_N + 4], "big") & 0xFFFFFF
+    with table.lock:
+        srq = table.array.get(srqn)
+    if srq is None:
+        return NOTIFY_OK
+    srq.event(srq, data[EQE_TYPE])
+    return NOTIFY_OK
+
+
+@traced
+def mlx5_init_srq_table(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_init_srq_table(): an empty table listening on the async events."""
+    dev.srq_table = mlx5_srq_table()
+    mlx5_notifier_register(dev.mdev, dev.srq_table.nb)
+
+
+@traced
+def mlx5_cleanup_srq_table(dev: mlx5_ib_dev) -> None:
+    """Mirrors mlx5_cleanup_srq_table(): off the async events."""
+    table = getattr(dev, "srq_table", None)
+    if table is None:
+        return
+    mlx5_notifier_unregister(dev.mdev, table.nb)
+    dev.srq_table = None
+
+
+@traced
+def mlx5_ib_srq_event(srq: mlx5_core_srq, type_: int) -> None:
+    """Mirrors mlx5_ib_srq_event(): the SRQ's event_handler, if any, gets
+    IB_EVENT_SRQ_LIMIT_REACHED (SRQ_RQ_LIMIT) or IB_EVENT_SRQ_ERR (SRQ_CATAS_ERROR);
+    any other type is warned about."""
+    ibsrq = to_mibsrq(srq)
+    if ibsrq.event_handler is None:
+        return
+    if type_ == MLX5_EVENT_TYPE_SRQ_RQ_LIMIT:
+        event = IB_EVENT_SRQ_LIMIT_REACHED
+    elif type_ == MLX5_EVENT_TYPE_SRQ_CATAS_ERROR:
+        event = IB_EVENT_SRQ_ERR
+    else:
+        mlx5_ib_warn(to_mdev(ibsrq.device), f"Unexpected event type {type_} on SRQ "
+                     f"{srq.srqn:06x}")
+        return
+    ibsrq.event_handler(ib_event(ibsrq.device, event, ibsrq), ibsrq.srq_context)
 
 
 @traced
@@ -239,16 +337,32 @@ def create_srq_cmd(dev: mlx5_ib_dev, srq: mlx5_ib_srq, lwm: int) -> None:
     out = IfcStruct("create_srq_out")
     mlx5_cmd_exec(dev.mdev, in_, out)
     srq.msrq.srqn = MLX5_GET("create_srq_out", out, "srqn")
+    table = dev.srq_table
+    with table.lock:                  # mlx5_cmd_create_srq(): xa_store_irq
+        table.array[srq.msrq.srqn] = srq.msrq
 
 
 @traced
 def mlx5_cmd_destroy_srq(dev: mlx5_ib_dev, srq: mlx5_ib_srq) -> None:
-    """Mirrors mlx5_cmd_destroy_srq() -> destroy_srq_cmd(): DESTROY_SRQ with its uid."""
+    """Mirrors mlx5_cmd_destroy_srq() -> destroy_srq_cmd(): the table entry emptied
+    (its index kept; events for the SRQ are dropped from here on), DESTROY_SRQ with
+    its uid - on failure the entry is put back - then the index erased."""
+    table = dev.srq_table
+    srqn = srq.msrq.srqn
+    with table.lock:
+        table.array[srqn] = None      # xa_cmpxchg_irq(..., srq, XA_ZERO_ENTRY)
     in_ = IfcStruct("destroy_srq_in")
     MLX5_SET("destroy_srq_in", in_, "opcode", MLX5_CMD_OP_DESTROY_SRQ)
-    MLX5_SET("destroy_srq_in", in_, "srqn", srq.msrq.srqn)
+    MLX5_SET("destroy_srq_in", in_, "srqn", srqn)
     MLX5_SET("destroy_srq_in", in_, "uid", srq.msrq.uid)
-    mlx5_cmd_exec(dev.mdev, in_, IfcStruct("destroy_srq_out"))
+    try:
+        mlx5_cmd_exec(dev.mdev, in_, IfcStruct("destroy_srq_out"))
+    except BaseException:
+        with table.lock:
+            table.array[srqn] = srq.msrq
+        raise
+    with table.lock:
+        del table.array[srqn]         # xa_erase_irq
 
 
 @traced
@@ -272,6 +386,7 @@ def mlx5_ib_create_srq(ib_srq_: ib_srq, init_attr: ib_srq_init_attr, udata: ib_u
         raise KernelError(EOPNOTSUPP, f"mlx5_ib_create_srq: SRQ type {init_attr.srq_type}")
     if udata is None:
         raise KernelError(EOPNOTSUPP, "mlx5_ib_create_srq: kernel SRQs are not modelled")
+    srq.msrq.event = mlx5_ib_srq_event
     srq.msrq.max = roundup_pow_of_two(attr.max_wr + 1)
     srq.msrq.max_gs = attr.max_sge
     desc_size = MLX5_WQE_SRQ_NEXT_SEG_SIZE + srq.msrq.max_gs * MLX5_WQE_DATA_SEG_SIZE

@@ -151,6 +151,12 @@ class Process:
     def read(self, fd: int, buf: int, count: int) -> int:
         return self._sys(syscalls.sys_read, fd, buf, count)
 
+    def dup(self, fd: int) -> int:
+        return self._sys(syscalls.sys_dup, fd)
+
+    def fstat(self, fd: int, statbuf: int) -> int:
+        return self._sys(syscalls.sys_fstat, fd, statbuf)
+
     def write(self, fd: int, buf: int, count: int) -> int:
         return self._sys(syscalls.sys_write, fd, buf, count)
 

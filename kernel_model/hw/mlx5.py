@@ -221,6 +221,14 @@ class ConnectX:
         return None
 
     # -- initialisation segment ---------------------------------------------------
+    def internal_timer(self) -> int:
+        """The free-running 64-bit device clock (internal_timer_h:l), which also stamps
+        every CQE: device_frequency_khz ticks per virtual millisecond.
+        # EMU: it follows the scheduler's virtual clock (jiffies, HZ = 1000), so it
+        # stands still while no task sleeps; it starts at 0 at power on."""
+        return (self.machine.sched.jiffies * self.fw.cap("device_frequency_khz")) \
+            & 0xFFFFFFFFFFFFFFFF
+
     def _iseg_reg(self, off: int) -> int:
         major, minor, sub = self.config.fw_rev()
         if off == 0x0:
@@ -234,7 +242,7 @@ class ConnectX:
         if off == 0x1FC:
             return 1 << 31 if self.initializing else 0
         if off in (0x1000, 0x1004):
-            ticks = self.machine.sched.jiffies * self.fw.cap("device_frequency_khz")
+            ticks = self.internal_timer()
             return ticks >> 32 if off == 0x1000 else ticks & 0xFFFFFFFF
         if off == 0x1010:
             self._health += 1

@@ -55,7 +55,7 @@ GENERAL_MAX: dict[str, int] = dict(
     log_uar_page_sz=4, device_frequency_mhz=156, device_frequency_khz=156250,
     num_of_uars_per_page=16, log_max_atomic_size_qp=6, log_max_atomic_size_dc=6,
     cqe_128_always=1, cqe_compression=1, native_port_num=1, ece_support=1,
-    device_memory=1,
+    device_memory=1, fixed_buffer_size=1, umr_extended_translation_offset=1,
 )
 
 #: the current page differs from the maximum until the driver's SET_HCA_CAP

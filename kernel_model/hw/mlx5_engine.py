@@ -68,7 +68,8 @@ through the machine's physical-address decoder instead.
 # message), responses in order, no timers: retries are counted, not timed
 # (an unanswered frame fails at once after its retry budget; rnr_retry 7
 # retries until a receive is posted or 10000 tries pass).  UD sends are one
-# datagram each, with no MTU check; a datagram nobody takes is dropped
+# datagram each, checked only against the QP's log_msg_max (4096 bytes, the
+# MTU mlx5_ib gives a UD QP), not the port's MTU; a datagram nobody takes is dropped
 # unseen (hca_ud_responder).  No fence, no limit by the rd_atomic depths
 # (max_rd_atomic / max_dest_rd_atomic) on outstanding READs and atomics,
 # signature or scatter-to-CQE; a CQ overrun is counted in hca.async_events
@@ -93,7 +94,15 @@ CQE's wqe_counter is the WQE's index, which the library links back as free.
 The buffers are checked against the SRQ's PD.  A QP entering ERR flushes
 none of the SRQ's WQEs.  When a receive leaves fewer WQEs posted than the
 armed watermark (srqc.lwm), the SRQ-limit event is raised once (recorded
-in hca.async_events as ("srq_limit", srqn)) and the watermark returns to 0.
+in hca.async_events as ("srq_limit", srqn)) and the watermark returns to 0; an
+SRQ_RQ_LIMIT EQE naming the SRQ goes to the EQ that takes that event (the
+driver's async EQ), whose MSI-X vector is raised (hca_async_eqe).  A QP that takes
+its receives from an SRQ and enters ERR (by MODIFY_QP or on its own) raises
+SRQ_LAST_WQE for the QP (Last WQE Reached: it takes no more of the SRQ's WQEs); a
+QP the HCA cannot run because its doorbell record cannot be read enters ERR with
+WQ_CATAS_ERROR (catastrophic).
+# EMU: the responder's affiliated errors (WQ_ACCESS_ERROR, WQ_INVAL_REQ_ERROR),
+# path migration, COMM_EST, SQ_DRAINED and CQ_ERROR events are not raised.
 XRC: an initiator QP (st XRC with a send queue) sends like an RC QP, its WQEs
 carrying the target SRQ's number in an XRC segment after the control segment;
 the frame names it (XRCETH).  The target QP (st XRC, no queues) takes the
@@ -101,10 +110,15 @@ request - in sequence, acknowledged as RC - into that SRQ if it is in the QP's
 XRC domain (else a remote invalid request NAK and the target QP errs); keys
 are checked against the SRQ's PD, and the receive completes on the SRQ's CQ
 under its user index, naming the target QP.
-# EMU: no EQE is written for the SRQ-limit event (mlx5_core's async EQ and
-# IB_EVENT_SRQ_LIMIT_REACHED are not modelled); a counter more than a ring
-# ahead of what was given out is taken as that many WQEs, each read from the
-# ring where the list leads - whatever the process wrote errs its own QPs.
+DC (mlx5_fw_dct.py): a DCI (st DCI) sends like an RC QP - acknowledged, retried -
+but names its peer in each WQE: a datagram segment right after the control one
+carries the DCT's number and 64-bit DC access key (hca_dc_address).  The DCT
+(hca_dct_responder) drops a request whose key is not its own (counted; the DCI
+times out), checks its rre/rwe/rae and PD, and takes a SEND from its SRQ,
+completing on its CQ under its user index with the DCI's number as the source.
+# EMU: a counter more than a ring ahead of what was given out is taken as that
+# many WQEs, each read from the ring where the list leads - whatever the
+# process wrote errs its own QPs.
 # EMU: frames carry no solicited-event bit, so a solicited-only arm fires on
 # the next CQE like a plain one; the EQ's own arming and overrun are not
 # modelled (every EQE interrupts; the kernel's handler consumes at once).
@@ -125,6 +139,7 @@ from kernel_model import trace
 from kernel_model.errno import KernelBug
 from kernel_model.hw.fabric import route
 from kernel_model.hw.mlx5_fw_memic import memic_window
+from kernel_model.hw.mlx5_fw_port import NULL_MKEY
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_GET, MLX5_SET, MLX5_SET64
 from kernel_model.interrupt import msix_raise
 from kernel_model.iommu import IommuFault, dma_to_phys
@@ -141,6 +156,9 @@ if TYPE_CHECKING:
 # QP states (qpc.state) and types (qpc.st)
 QPS_RST, QPS_INIT, QPS_RTR, QPS_RTS, QPS_SQER, QPS_ERR, QPS_SQD = 0, 1, 2, 3, 4, 6, 7
 ST_RC, ST_UC, ST_UD, ST_XRC = 0x0, 0x1, 0x2, 0x3
+ST_DCI = 0x5                   # a DC initiator (its peers are DCTs)
+DCT_ACTIVE = 0                 # dctc.state
+EXTENDED_AV = 0x80000000       # mlx5_wqe_av.dqp_dct: MLX5_EXTENDED_UD_AV
 MLX5_NON_ZERO_RQ = 0
 MLX5_SRQ_RQ = 1
 # WQE opcodes (mlx5 device.h / rdma-core mlx5dv.h)
@@ -163,6 +181,7 @@ UMR_MASK_ACCESS_ATOMIC = 1 << 21
 MKEY_CTX_FREE = 1 << 6
 MKEY_CTX_ATOMIC, MKEY_CTX_REMOTE_WRITE, MKEY_CTX_REMOTE_READ = 1 << 6, 1 << 5, 1 << 4
 MKC_ACCESS_MODE_KLMS = 0x2
+MKC_ACCESS_MODE_KSM = 0x3
 MKC_ACCESS_MODE_MEMIC = 0x5
 # a DMA piece in the device's own on-chip memory (MEMIC), not on the bus: the flag
 # marks the address as a MEMIC offset, which never goes through the IOMMU
@@ -178,6 +197,10 @@ CQE_RESP_SEND_INV = 4
 CQE_REQ_ERR, CQE_RESP_ERR = 13, 14
 CQE_RESIZE_CQ = 5
 EQE_TYPE_COMP, EQE_SIZE = 0x00, 64
+# asynchronous events: the EQE type, and struct mlx5_eqe_qp_srq's type (QP or SRQ)
+EQE_TYPE_SRQ_RQ_LIMIT = 0x14
+EQE_TYPE_SRQ_LAST_WQE, EQE_TYPE_WQ_CATAS_ERROR = 0x13, 0x05
+EQE_RSC_QP, EQE_RSC_SRQ = 0, 1
 SYND_LOCAL_LENGTH, SYND_LOCAL_QP_OP, SYND_LOCAL_PROT, SYND_WR_FLUSH = 0x01, 0x02, 0x04, 0x05
 SYND_REMOTE_INVAL_REQ, SYND_REMOTE_ACCESS, SYND_REMOTE_OP = 0x12, 0x13, 0x14
 SYND_TRANSPORT_RETRY_EXC, SYND_RNR_RETRY_EXC = 0x15, 0x16
@@ -265,6 +288,9 @@ class Frame:
     swap_add: int = 0         # an atomic's operands (AtomicETH): swap or addend, compare
     compare: int = 0
     xrc_srqn: int = 0         # an XRC request's target SRQ (XRCETH)
+    st: int = -1              # the requester's transport (the BTH opcode's high bits; -1: any)
+    dct: bool = False         # a DC request: dest_qpn is a DCT, dc_key its access key (DCETH)
+    dc_key: int = 0
 
     def __repr__(self) -> str:
         op = OP_NAMES.get(self.opcode, hex(self.opcode))
@@ -351,7 +377,7 @@ class Mlx5Engine:
         self.task: Task | None = None
         self.stopping = False
         self.stats = {"wqes": 0, "bytes": 0, "cqes": 0, "frames_tx": 0, "frames_rx": 0,
-                      "ud_dropped": 0, "qkey_violations": 0}
+                      "ud_dropped": 0, "qkey_violations": 0, "dc_key_violations": 0}
         self.async_events = hca.async_events
         self._pieces = (U64Array(1024, zero=False), U64Array(1024, zero=False))
         # scratch piece arrays (translation, copy destination, copy source),
@@ -533,6 +559,8 @@ class Mlx5Engine:
             self.retry = deque(r for r in self.retry if r[0] != qp.num)
         elif new in (QPS_ERR, QPS_RTS):
             self._queue(qp.num)
+        if new == QPS_ERR and old != QPS_ERR:
+            self.hca_last_wqe_reached(qp)
 
     def object_destroyed(self, kind: str, num: int) -> None:
         """DESTROY_QP / DESTROY_CQ / DEALLOC_UAR: forget the engine's state for that
@@ -699,7 +727,7 @@ class Mlx5Engine:
                       "q_key",
                       "no_sq", "cqn_snd", "cqn_rcv", "user_index", "log_sq_size",
                       "log_rq_size", "log_rq_stride", "next_send_psn", "next_rcv_psn",
-                      "rq_type", "srqn_rmpn_xrqn", "xrcd"):
+                      "rq_type", "srqn_rmpn_xrqn", "xrcd", "log_msg_max"):
                 c[f] = ctx[f]
             path = MLX5_ADDR_OF("qpc", ctx, "primary_address_path")
             c["rmac"] = path["rmac_47_32"] << 32 | path["rmac_31_0"]
@@ -783,6 +811,8 @@ class Mlx5Engine:
             return [(addr, length)]
         if mode == MKC_ACCESS_MODE_KLMS:       # a memory window
             return self._mw_translate(mk, k, key, pd, addr, length, access, remote)
+        if mode == MKC_ACCESS_MODE_KSM:        # an implicit ODP MR's parent
+            return self._ksm_translate(mk, k, key, pd, addr, length, access, remote, synd)
         if mode != 1:
             raise WqeError(synd, f"key {key:#x}: access mode {mode} not modelled")
         pg_bit = k["pg_bit"]
@@ -813,6 +843,40 @@ class Mlx5Engine:
         for i in range(first, min(last + 1, len(mk.pas))):
             if not int(view[i]).to_bytes(8, sys.byteorder)[7] & need:
                 raise OdpFault(synd, key, addr, length, write)
+
+    def _ksm_translate(self, mk: object, k: dict, key: int, pd: int, addr: int, length: int,
+                       access: str, remote: bool, synd: int) -> list[tuple[int, int]]:
+        """Access through a KSM mkey (implicit ODP's parent): each 2^log_page_size slice
+        of the range through its KSM entry (reserved, key, address: 16 bytes) - the
+        entry's key translates [address + offset in the slice, ...), with its own
+        checks.  An entry on the null mkey, or a child whose entries are not present,
+        is a page fault on this key (for the whole range) when the mkey was created
+        with pg_access, else an access error; a range beyond the entries is one."""
+        shift = k["pg_bit"]
+        size = 1 << shift
+        off = addr - k["start"]
+        if off < 0 or off + length > (mk.pas.n // 2) << shift:
+            raise WqeError(synd, f"[{addr:#x}, +{length:#x}) beyond KSM key {key:#x}")
+        write = access in ("lw", "rw", "ra")
+        pieces: list[tuple[int, int]] = []
+        view = mk.pas.view
+        left = length
+        while left:
+            i = off >> shift
+            n = min(left, size - (off & (size - 1)))
+            _r, sub, va = struct.unpack(">IIQ", view[2 * i:2 * i + 2].tobytes())
+            if sub == NULL_MKEY:
+                if mk.__dict__.get("pg_access"):
+                    raise OdpFault(synd, key, addr, length, write)
+                raise WqeError(synd, f"KSM key {key:#x}: slice {i} on the null mkey")
+            try:
+                pieces += self.hca_mkey_translate(sub, pd, va + (off & (size - 1)), n,
+                                                  access, remote)
+            except OdpFault:
+                raise OdpFault(synd, key, addr, length, write) from None
+            off += n
+            left -= n
+        return pieces
 
     # -- on-demand paging: page faults and their resume ---------------------------------
     def hca_requester_fault(self, qp: Mlx5Qp, hw: QpHw, counter: int, e: OdpFault) -> bool:
@@ -868,6 +932,22 @@ class Mlx5Engine:
             del self.pf_tokens[token]
             return None
         return token
+
+    @traced
+    def hca_async_eqe(self, event_type: int, rsc_type: int, number: int) -> bool:
+        """An asynchronous event about a QP or SRQ: an EQE of `event_type` whose data
+        (struct mlx5_eqe_qp_srq) names the resource's type and number, into the EQ
+        created to take that event type, then its MSI-X vector.  False when no EQ
+        takes it (the event is lost, as on a device nobody asked for it)."""
+        eq = next((q for q in self.hca.fw.eqs.values()
+                   if q.__dict__.get("event_bitmask", 0) >> event_type & 1), None)
+        if eq is None:
+            return False
+        eqe = bytearray(EQE_SIZE)
+        eqe[1] = event_type
+        eqe[0x34] = rsc_type
+        struct.pack_into(">I", eqe, 0x38, number & 0xFFFFFF)
+        return self._eqe_write(eq, eqe)
 
     def _eqe_write(self, eq: object, eqe: bytearray) -> bool:
         """One EQE into the EQ at its producer index (owner bit = the pass), then the
@@ -1077,7 +1157,7 @@ class Mlx5Engine:
         try:
             _rcv, snd = self._dbrec(qp)
         except WqeError as e:
-            self.hca_qp_error(qp, f"doorbell record: {e}")
+            self.hca_qp_error(qp, f"doorbell record: {e}", catastrophic=True)
             return
         if trace.enabled:
             trace_hca_dbrec(hex(qpn), snd & 0xFFFF)
@@ -1127,7 +1207,7 @@ class Mlx5Engine:
         if st == ST_UD:
             if opcode not in (OP_NOP, OP_SEND, OP_SEND_IMM):
                 raise WqeError(SYND_LOCAL_QP_OP, f"opcode {opcode:#x} on a UD QP")
-        elif st not in (ST_RC, ST_UC, ST_XRC) or opcode not in OP_NAMES or \
+        elif st not in (ST_RC, ST_UC, ST_XRC, ST_DCI) or opcode not in OP_NAMES or \
                 (st == ST_UC and (opcode in (OP_RDMA_READ, OP_SEND_INV) or opcode in OP_ATOMICS)):
             raise WqeError(SYND_LOCAL_QP_OP, f"opcode {opcode:#x} on QP type {st:#x}")
         if opcode == OP_NOP:
@@ -1143,6 +1223,12 @@ class Mlx5Engine:
             return
         off = 16
         raddr = rkey = swap_add = compare = xrc_srqn = 0
+        dc_av = b""
+        if st == ST_DCI:                      # struct mlx5_wqe_datagram_seg: the DCT's AV
+            if len(wqe) < off + DATAGRAM_SEG:
+                raise WqeError(SYND_LOCAL_QP_OP, f"DCI WQE of {len(wqe)} bytes has no "
+                                                 "datagram segment")
+            dc_av, off = wqe[off:off + DATAGRAM_SEG], off + DATAGRAM_SEG
         if st == ST_XRC:                      # struct mlx5_wqe_xrc_seg: the target SRQ
             if len(wqe) < off + 16:
                 raise WqeError(SYND_LOCAL_QP_OP, f"XRC WQE of {len(wqe)} bytes has no XRC "
@@ -1187,17 +1273,22 @@ class Mlx5Engine:
         if opcode in OP_ATOMICS:
             sges = self._atomic_sges(opcode, inline, sges, length)
             length = ATOMIC_SIZE
-        if length > 1 << self.hca.fw.cap("log_max_msg"):
-            raise WqeError(SYND_LOCAL_LENGTH, f"message of {length} bytes, the port's "
-                                              f"maximum is {1 << self.hca.fw.cap('log_max_msg')}")
+        # the QP's own message limit (qpc.log_msg_max: a UD QP's is 12, its 4096-byte
+        # MTU - found by peermem fuzz: a UD WQE of 1 MiB reached the GRH's 16-bit length)
+        log_max = min(qpc["log_msg_max"] or 64, self.hca.fw.cap("log_max_msg"))
+        if length > 1 << log_max:
+            raise WqeError(SYND_LOCAL_LENGTH, f"message of {length} bytes, the QP's "
+                                              f"maximum is {1 << log_max}")
         if hw.sq_psn is None:
             hw.sq_psn = qpc["next_send_psn"]
         frame = Frame("req", self.hca, qp.num, qpc["remote_qpn"], dmac=qpc["rmac"],
                       opcode=opcode, wqe_index=counter, raddr=raddr, rkey=rkey,
                       length=length, imm=imm, psn=hw.sq_psn, swap_add=swap_add,
-                      compare=compare, xrc_srqn=xrc_srqn)
+                      compare=compare, xrc_srqn=xrc_srqn, st=st)
         if av:
             self.hca_ud_address(qpc, av, frame)
+        if dc_av:
+            self.hca_dc_address(dc_av, frame)
         if opcode == OP_RDMA_READ or opcode in OP_ATOMICS:
             self._sges(qp, sges, "lw")        # checked now, written when the answer comes
         elif inline is not None:
@@ -1205,7 +1296,7 @@ class Mlx5Engine:
         else:
             frame.payload = self.hca_dma_gather(self._sges(qp, sges, "lr"), length)
         hw.sq_psn = (hw.sq_psn + 1) & 0xFFFFFF
-        if st in (ST_RC, ST_XRC):
+        if st in (ST_RC, ST_XRC, ST_DCI):
             hw.outstanding.append(Sent(counter, opcode, signaled, length, frame, sges))
         self.fabric_transmit(frame)
         if st in (ST_UC, ST_UD) and signaled:
@@ -1273,6 +1364,24 @@ class Mlx5Engine:
                                 IPPROTO_UDP if v2 else IB_NEXT_HDR_BTH, hop_limit, sgid, dgid)
 
     @traced
+    def hca_dc_address(self, av: bytes, frame: Frame) -> None:
+        """A DCI send's addressing from its datagram segment (struct mlx5_wqe_av as
+        mlx5dv_wr_set_dc_addr writes it): the DCT number (dqp_dct, with the
+        extended-AV bit), the DC access key in the key field, the destination MAC.
+        A DCT number without the extended-AV bit is a local QP operation error.
+
+        # EMU: the GRH fields are not carried - a DC request is addressed to the
+        # HCA owning the MAC, as an RC request is.
+        """
+        word = _be32(av, 8)
+        if not word & EXTENDED_AV:
+            raise WqeError(SYND_LOCAL_QP_OP, "DCI WQE without an extended address vector")
+        frame.dct = True
+        frame.dest_qpn = word & 0xFFFFFF
+        frame.dc_key = _be64(av, 0)
+        frame.dmac = int.from_bytes(av[20:26], "big")
+
+    @traced
     def fabric_transmit(self, frame: Frame) -> None:
         """Put a frame on the wire: the fabric delivers it to the HCA owning
         its destination MAC (this one for loopback), or drops it."""
@@ -1296,12 +1405,19 @@ class Mlx5Engine:
         eng.kick()
 
     def _retransmit(self, qpn: int, sent: Sent) -> None:
+        """The RNR timer expired for `sent` (the oldest outstanding WQE): go back N -
+        send it again and, behind it in order, every request sent after it, which the
+        responder dropped as out of sequence once it NAKed this one's PSN (found by
+        peermem fuzz: only the NAKed one was resent, and the WQEs behind it waited
+        forever)."""
         qp = self.hca.fw.qps.get(qpn)
         hw = self.qps.get(qpn)
         if qp is None or hw is None or qp.state != QPS_RTS or not hw.outstanding or \
                 hw.outstanding[0] is not sent:
             return
-        self.fabric_transmit(sent.frame)
+        for s in list(hw.outstanding):
+            if s.frame is not None:
+                self.fabric_transmit(s.frame)
 
     # -- the wire's other end ------------------------------------------------------------
     @traced
@@ -1309,7 +1425,9 @@ class Mlx5Engine:
         """A frame arrived: a request for one of our QPs (responder) or the
         answer to one of our requests (requester)."""
         self.stats["frames_rx"] += 1
-        if frame.kind == "req":
+        if frame.kind == "req" and frame.dct:
+            self.hca_dct_responder(frame)
+        elif frame.kind == "req":
             self.hca_responder(frame)
         elif frame.kind == "ud":
             self.hca_ud_responder(frame)
@@ -1331,9 +1449,20 @@ class Mlx5Engine:
         st = self._c(qp)["st"] if qp is not None else None
         if qp is None or qp.state not in (QPS_RTR, QPS_RTS, QPS_SQD) or \
                 st not in (ST_RC, ST_UC, ST_XRC):
-            if qp is None or st in (ST_RC, ST_XRC):   # dropped: the requester times out
+            # dropped: a reliable requester times out (also one aimed at a QP of another
+            # transport, a UD QP - found by peermem fuzz: it waited forever)
+            if qp is None or st in (ST_RC, ST_XRC) or frame.st in (ST_RC, ST_XRC):
                 why = "no such QP" if qp is None else "QP not ready to receive"
                 self._answer(frame, "timeout", why=f"QP {frame.dest_qpn:#x}: {why}")
+            return
+        if frame.st not in (-1, st):
+            # a request of another transport than this QP's (an RC requester aimed at a
+            # UC QP - found by peermem fuzz: the RC requester waited for an answer
+            # forever): opcodes the QP's transport has not are dropped, so a reliable
+            # requester times out
+            if frame.st in (ST_RC, ST_XRC):
+                self._answer(frame, "timeout", why=f"QP {qp.num:#x}: a request of "
+                                                   f"another transport")
             return
         qpc = self._c(qp)
         hw = self._qphw(qp.num)
@@ -1367,6 +1496,7 @@ class Mlx5Engine:
             if op in OP_ATOMICS:
                 hw.rq_psn = (hw.rq_psn + 1) & 0xFFFFFF
                 old = self.hca_atomic(frame, pd)
+                hw.rq_pf_tries = 0                      # taken: its faults are over
                 self._answer(frame, "read_resp", payload=old, length=ATOMIC_SIZE)
                 return
             if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
@@ -1384,6 +1514,7 @@ class Mlx5Engine:
             hw.rq_psn = (hw.rq_psn + 1) & 0xFFFFFF
             if op == OP_RDMA_READ:
                 data = self.hca_dma_gather(pieces, frame.length)
+                hw.rq_pf_tries = 0
                 self._answer(frame, "read_resp", payload=data, length=frame.length)
                 return
             if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM):
@@ -1411,6 +1542,105 @@ class Mlx5Engine:
         hw.rq_pf_tries = 0
         if rel:
             self._answer(frame, "ack")
+
+    @traced
+    def hca_dct_responder(self, frame: Frame) -> None:
+        """A DC request for one of our DCTs.  Dropped (the requester times out) when
+        the DCT does not exist or is not ACTIVE, or when the request's DC access
+        key is not the DCT's (counted in dctc.dc_access_key_violation_count).
+        Otherwise executed as an RC responder does, on the DCT's PD and access
+        bits: a SEND takes the next WQE of the DCT's SRQ (RNR NAK when none is
+        posted) and completes on the DCT's CQ under its user index, naming the DCI.
+
+        # EMU: no PSN check (every DC request is its own connection; DC's
+        # connect/disconnect handshake is not modelled); SEND with Invalidate to a
+        # DCT is a remote invalid request.
+        """
+        dct = self.hca.fw.dcts.get(frame.dest_qpn)
+        if dct is None or dct.state != DCT_ACTIVE:
+            self._answer(frame, "timeout", why=f"DCT {frame.dest_qpn:#x}: "
+                                               + ("no such DCT" if dct is None else "drained"))
+            return
+        d = dct.dctc
+        if frame.dc_key != d["dc_access_key"]:
+            MLX5_SET("dctc", d, "dc_access_key_violation_count",
+                     d["dc_access_key_violation_count"] + 1 & 0xFFFFFFFF)
+            self.stats["dc_key_violations"] += 1
+            self._answer(frame, "timeout", why=f"DCT {dct.num:#x}: DC access key violation")
+            return
+        op, pd = frame.opcode, d["pd"]
+        try:
+            need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre",
+                    OP_ATOMIC_CS: "rae", OP_ATOMIC_FA: "rae"}.get(op)
+            if need is not None and not d[need] or op == OP_SEND_INV:
+                raise WqeError(SYND_REMOTE_INVAL_REQ, f"DCT {dct.num:#x} does not allow "
+                                                      f"{OP_NAMES.get(op, hex(op))}")
+            if op in OP_ATOMICS:
+                self._answer(frame, "read_resp", payload=self.hca_atomic(frame, pd),
+                             length=ATOMIC_SIZE)
+                return
+            if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM, OP_RDMA_READ):
+                self._mw_qp_check(frame.rkey, dct.num)
+                pieces = self.hca_mkey_translate(frame.rkey, pd, frame.raddr, frame.length,
+                                                 "rr" if op == OP_RDMA_READ else "rw", True)
+            srq = None
+            if op in (OP_SEND, OP_SEND_IMM, OP_RDMA_WRITE_IMM):
+                srq = self.hca.fw.srqs.get(d["srqn_xrqn"])
+                if srq is None or not self._srq_pending(srq):
+                    self._answer(frame, "rnr", why=f"DCT {dct.num:#x}: no receive posted")
+                    return
+            if op == OP_RDMA_READ:
+                self._answer(frame, "read_resp", payload=self.hca_dma_gather(pieces, frame.length),
+                             length=frame.length)
+                return
+            if op in (OP_RDMA_WRITE, OP_RDMA_WRITE_IMM):
+                self.hca_dma_scatter(pieces, frame.payload)
+            if srq is not None:
+                self.hca_dct_recv(dct, srq, frame)
+        except WqeError as e:              # (a page fault too: no ODP on DC here)
+            syndrome = SYND_REMOTE_ACCESS if isinstance(e, OdpFault) else e.syndrome
+            self._answer(frame, "nak", syndrome=syndrome, why=str(e))
+            return
+        self._answer(frame, "ack")
+
+    @traced
+    def hca_dct_recv(self, dct: object, srq: Mlx5Srq, frame: Frame) -> None:
+        """A DCT's receive: the SRQ's next WQE takes the payload (checked against
+        the DCT's PD), then a responder CQE on the DCT's CQ, under its user index,
+        naming the sending DCI.  A receive too short is a local length error (the
+        requester sees a remote invalid request)."""
+        d = dct.dctc
+        idx, raw = self.hca_srq_take(srq)
+        sges = []
+        if frame.opcode != OP_RDMA_WRITE_IMM:
+            for off in range(16, len(raw), 16):
+                n, lkey, addr = _be32(raw, off), _be32(raw, off + 4), _be64(raw, off + 8)
+                if lkey == INVALID_LKEY and n == 0:
+                    break
+                sges.append((lkey, addr, n))
+        length = frame.length
+        try:
+            if frame.opcode != OP_RDMA_WRITE_IMM:
+                if length > sum(n for _, _, n in sges):
+                    raise WqeError(SYND_LOCAL_LENGTH, f"SEND of {length} bytes, receive "
+                                                      f"buffer {sum(n for _, _, n in sges)}")
+                pieces, left = [], length
+                for p in self._sges(None, sges, "lw", d["pd"]):
+                    if left <= 0:
+                        break
+                    pieces.append((p[0], min(p[1], left)))
+                    left -= pieces[-1][1]
+                if length:
+                    self.hca_dma_scatter(pieces, frame.payload)
+        except WqeError as e:
+            self._write_cqe(dct, d["cqn"], d["user_index"], "resp_err", idx, 0, e.syndrome,
+                            0, 0, 0)
+            peer = SYND_REMOTE_INVAL_REQ if e.syndrome == SYND_LOCAL_LENGTH else SYND_REMOTE_OP
+            raise WqeError(peer, str(e)) from None
+        kind = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
+                OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM}[frame.opcode]
+        self._write_cqe(dct, d["cqn"], d["user_index"], "resp", idx, kind, 0, length,
+                        frame.imm, frame.src_qpn)
 
     @traced
     def hca_atomic(self, frame: Frame, pd: int) -> bytearray:
@@ -1450,7 +1680,9 @@ class Mlx5Engine:
         """A UD datagram arrived.  It is silently dropped - no answer, nothing
         completes - when its destination GID is not the port's, the QP does not
         exist, is no UD QP ready to receive (RTR, RTS, SQD), its Q_Key is not
-        the QP's (counted as a Q_Key violation) or no receive is posted.
+        the QP's (counted as a Q_Key violation) or no receive is posted - or
+        when the receive buffer's ODP pages are not present: then a page fault is
+        raised too and the receive WQE kept for a later datagram.
         Otherwise the next receive WQE takes the GRH then the payload."""
         qp = self.hca.fw.qps.get(frame.dest_qpn)
         grh = frame.grh or bytes(GRH_SIZE)
@@ -1466,13 +1698,18 @@ class Mlx5Engine:
         try:
             posted = self._rq_posted(qp, hw)
         except WqeError as e:
-            self.hca_qp_error(qp, f"doorbell record: {e}")
+            self.hca_qp_error(qp, f"doorbell record: {e}", catastrophic=True)
             return
         if not posted:
             self.stats["ud_dropped"] += 1
             return
         try:
             self.hca_recv_complete(qp, hw, frame)
+        except OdpFault as e:
+            # no RNR for a datagram: the fault is raised (its receive WQE stays
+            # posted) and this datagram dropped; later ones land once resolved
+            self.hca_page_fault(qp.num, e, False)
+            self.stats["ud_dropped"] += 1
         except WqeError as e:
             self.hca_qp_error(qp, f"UD receive: {e}")
 
@@ -1514,6 +1751,7 @@ class Mlx5Engine:
         if lwm and self._srq_pending(srq) < lwm:
             MLX5_SET("srqc", srq.srqc, "lwm", 0)
             self.async_events.append(("srq_limit", srq.num))
+            self.hca_async_eqe(EQE_TYPE_SRQ_RQ_LIMIT, EQE_RSC_SRQ, srq.num)
         return idx, raw
 
     @traced
@@ -1639,14 +1877,24 @@ class Mlx5Engine:
 
     # -- errors -------------------------------------------------------------------------
     @traced
-    def hca_qp_error(self, qp: Mlx5Qp, why: str) -> None:
-        """The QP enters ERR on its own (as after a completion error), then
-        its outstanding work is flushed."""
+    def hca_qp_error(self, qp: Mlx5Qp, why: str, catastrophic: bool = False) -> None:
+        """The QP enters ERR on its own (as after a completion error) - for a
+        catastrophic error with a WQ_CATAS_ERROR event - then its outstanding work
+        is flushed."""
         if qp.state == QPS_ERR:
             return
         MLX5_SET("qpc", qp.qpc, "state", QPS_ERR)
         self.async_events.append(("qp_error", qp.num, why))
+        if catastrophic:
+            self.hca_async_eqe(EQE_TYPE_WQ_CATAS_ERROR, EQE_RSC_QP, qp.num)
+        self.hca_last_wqe_reached(qp)
         self.hca_flush(qp)
+
+    def hca_last_wqe_reached(self, qp: Mlx5Qp) -> None:
+        """A QP gone to ERR: if it takes its receives from an SRQ, the SRQ_LAST_WQE
+        event for it."""
+        if self._srq_of(qp) is not None:
+            self.hca_async_eqe(EQE_TYPE_SRQ_LAST_WQE, EQE_RSC_QP, qp.num)
 
     @traced
     def hca_flush(self, qp: Mlx5Qp) -> None:
@@ -1742,6 +1990,7 @@ class Mlx5Engine:
             struct.pack_into(">I", cqe, 24, src_qpn & 0xFFFFFFFF)
             struct.pack_into(">I", cqe, 36, imm)
             struct.pack_into(">I", cqe, 44, byte_cnt)
+            struct.pack_into(">Q", cqe, 48, self.hca.internal_timer())  # timestamp
             sop = (opcode & 0xFF) << 24 if kind == "req" else 0
             struct.pack_into(">I", cqe, 56, sop | qp.num)
         struct.pack_into(">H", cqe, 60, wqe_index & 0xFFFF)

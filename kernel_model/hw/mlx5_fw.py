@@ -45,11 +45,13 @@ import attrs
 from kernel_model.hw import (  # noqa: F401 - mlx5_fw_srq: the SRQ commands
     mlx5_caps,
     mlx5_fw_ctx,
+    mlx5_fw_dct,  # DCTs (Dynamically Connected targets)
     mlx5_fw_memic,
     mlx5_fw_odp,
     mlx5_fw_port,
     mlx5_fw_qp,
     mlx5_fw_srq,
+    mlx5_fw_wq,  # TIS, TIR, SQ, RQ (raw packet QPs)
 )
 from kernel_model.hw.mlx5_fw_cmd import (  # noqa: F401 - SYNDROMES, syndrome: the public face
     ADAPTER_PAGE,
@@ -202,10 +204,16 @@ class Firmware:
         self.cqs: dict = {}
         self.qps: dict = {}
         self.srqs: dict = {}    # srqn -> Mlx5Srq (mlx5_fw_srq.py)
+        self.dcts: dict = {}    # dctn -> Mlx5Dct (mlx5_fw_dct.py; QP numbers)
         self.xrcds: dict = {}   # xrcdn -> Mlx5Xrcd (mlx5_fw_srq.py)
         self.mkeys: dict = {}   # mkey index -> Mlx5Mkey
         self.memics: dict = {}  # BAR-relative start -> Mlx5Memic (mlx5_fw_memic.py)
         self.roce_addresses: dict = {}  # RoCE address (GID) index -> roce_addr_layout
+        self.tises: dict = {}   # tisn -> Mlx5Tis (mlx5_fw_wq.py)
+        self.tirs: dict = {}    # tirn -> Mlx5Tir
+        self.sqs: dict = {}     # sqn -> Mlx5Sq (numbered in the QP space)
+        self.rqs: dict = {}     # rqn -> Mlx5Rq
+        self.rqts: dict = {}    # rqtn -> Mlx5Rqt (an RSS indirection table of RQs)
         self._new_ids()
         self.vport = mlx5_fw_port.default_vport(self.hca)
 
@@ -224,10 +232,16 @@ class Firmware:
             "srq": IdAllocator(0x100, 1 << 24, lambda: 1 << self.cap("log_max_srq")),
             "xrcd": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_xrcd")),
             "mkey": IdAllocator(8, 1 << 24, lambda: 1 << self.cap("log_max_mkey")),
+            "tis": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_tis")),
+            "tir": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_tir")),
+            "rqt": IdAllocator(1, 1 << 24, lambda: 1 << self.cap("log_max_rqt")),
         }
 
     def tables(self) -> dict[str, dict]:
-        return {"QP": self.qps, "SRQ": self.srqs, "MKEY": self.mkeys, "CQ": self.cqs,
+        return {"TIR": self.tirs, "RQT": self.rqts, "RQ": self.rqs, "SQ": self.sqs,
+                "TIS": self.tises,
+                "QP": self.qps, "DCT": self.dcts, "SRQ": self.srqs, "MKEY": self.mkeys,
+                "CQ": self.cqs,
                 "EQ": self.eqs, "XRCD": self.xrcds,
                 "TD": self.tds, "PD": self.pds, "UAR": self.uars, "UCTX": self.uctxs,
                 "MEMIC": self.memics}

@@ -22,6 +22,7 @@ the context describes.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import TYPE_CHECKING
 
 from c_ext import U64Array
@@ -331,7 +332,7 @@ def create_qp(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     pas = MLX5_ADDR_OF("create_qp_in", in_, "pas")
     if nbytes:
         _check_pas(pas, qpc["log_page_size"], qpc["page_offset"], nbytes, "create_qp_pas")
-    qpn = fw.new_id("qp", fw.qps)
+    qpn = fw.new_id("qp", ChainMap(fw.qps, fw.dcts))   # DCTs share the numbers
     keep = qpc.copy()
     MLX5_SET("qpc", keep, "state", MLX5_QPC_STATE_RST)
     fw.qps[qpn] = Mlx5Qp(qpn, uid, keep, _copy_pas(pas), refs)
@@ -394,6 +395,8 @@ def create_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
         fw.mkeys[index].pg_access = True
         fw.mkeys[index].pf_absent = mlx5_fw_odp.mtt_absent(fw.mkeys[index].pas,
                                                             mlx5_fw_odp.mtt_entries(mkc))
+    elif mode == MLX5_MKC_ACCESS_MODE_KSM and MLX5_GET("create_mkey_in", in_, "pg_access"):
+        fw.mkeys[index].pg_access = True        # a null-mkey entry faults (implicit ODP)
     MLX5_SET("create_mkey_out", out, "mkey_index", index)
 
 

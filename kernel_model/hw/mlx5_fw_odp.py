@@ -27,6 +27,7 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_CMD_STAT_BAD_INP_LEN_ERR,
     MLX5_CMD_STAT_BAD_PARAM_ERR,
     MLX5_GET,
+    MLX5_MKC_ACCESS_MODE_KSM,
     MLX5_SET,
     IfcStruct,
 )
@@ -64,21 +65,29 @@ def emu_umr_update_xlt(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     or (zap) by entries with no present bit, after the DMA already through the mkey
     has drained; with `enable` the mkey's free bit cleared.  BAD_PARAM for a range
     beyond the mkey's table or an mkey not created with pg_access; BAD_INP_LEN when
-    the command carries fewer entries than it names."""
+    the command carries fewer entries than it names.  A KSM mkey's entries (the parent
+    of an implicit ODP MR) are 16-byte KSMs (reserved, key, address), and the driver
+    sends them even to zap (entries on the null mkey)."""
     index = MLX5_GET("emu_umr_update_xlt_in", in_, "mkey_index")
     mkey = fw.lookup(fw.mkeys, index, _uid(in_), "mkey", kernel_any=True)
     first = MLX5_GET("emu_umr_update_xlt_in", in_, "xlt_offset")
     n = MLX5_GET("emu_umr_update_xlt_in", in_, "xlt_nentries")
     zap = MLX5_GET("emu_umr_update_xlt_in", in_, "zap")
-    if not mkey.__dict__.get("pg_access") or first + n > mkey.pas.n:
+    # a KSM mkey's entries (implicit ODP's parent) are 16 bytes: two of the table's words
+    ksm = mkey.mkc["access_mode_4_2"] << 2 | mkey.mkc["access_mode_1_0"] == MLX5_MKC_ACCESS_MODE_KSM
+    w = 2 if ksm else 1
+    if not mkey.__dict__.get("pg_access") or (first + n) * w > mkey.pas.n:
         raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, "umr_update_xlt_range")
     src = MLX5_ADDR_OF("emu_umr_update_xlt_in", in_, "klm_pas_mtt")
-    if not zap and src.n < n:
+    if not zap and src.n < n * w:
         raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, "umr_update_xlt_entries")
     view = mkey.pas.view
-    for i in range(n):
-        view[first + i] = 0 if zap else src.view[i]
-    mkey.pf_absent = mtt_absent(mkey.pas, mtt_entries(mkey.mkc))
+    if zap:
+        view[first * w:(first + n) * w] = memoryview(bytes(8 * n * w)).cast("Q")
+    else:
+        view[first * w:(first + n) * w] = src.view[:n * w]
+    if not ksm:
+        mkey.pf_absent = mtt_absent(mkey.pas, mtt_entries(mkey.mkc))
     mkey.hw_cache = None
     if MLX5_GET("emu_umr_update_xlt_in", in_, "enable"):
         MLX5_SET("mkc", mkey.mkc, "free", 0)

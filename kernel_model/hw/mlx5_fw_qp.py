@@ -217,8 +217,8 @@ def _check(fw: Firmware, t: QpTransition, qp: Mlx5Qp, qpc: IfcStruct) -> None:
         return
     if not 1 <= qpc["mtu"] <= 5:  # IB_MTU_256 .. IB_MTU_4096
         raise _bad("init2rtr_qp_mtu")
-    if qp.qpc["st"] not in _CONNECTED:
-        return
+    if qp.qpc["st"] not in _CONNECTED or qp.qpc["st"] == MLX5_QPC_ST_DCI:
+        return                  # a DCI names its peer (a DCT) in every WQE instead
     if not qpc["remote_qpn"]:
         raise _bad("init2rtr_qp_remote_qpn")
     if fw.cap("port_type") == MLX5_CAP_PORT_TYPE_ETH:

@@ -89,6 +89,10 @@ MLX5_CMD_OP_SQERR2RTS_QP = 0x506
 MLX5_CMD_OP_2ERR_QP = 0x507
 MLX5_CMD_OP_2RST_QP = 0x50a
 MLX5_CMD_OP_QUERY_QP = 0x50b
+MLX5_CMD_OP_CREATE_DCT = 0x710
+MLX5_CMD_OP_DESTROY_DCT = 0x711
+MLX5_CMD_OP_DRAIN_DCT = 0x712
+MLX5_CMD_OP_QUERY_DCT = 0x713
 MLX5_CMD_OP_SQD_RTS_QP = 0x50c
 MLX5_CMD_OP_INIT2INIT_QP = 0x50e
 MLX5_CMD_OP_CREATE_SRQ = 0x700
@@ -109,12 +113,42 @@ MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN = 0x816
 MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN = 0x817
 MLX5_CMD_OP_ALLOC_XRCD = 0x80e
 MLX5_CMD_OP_DEALLOC_XRCD = 0x80f
+MLX5_CMD_OP_CREATE_TIR = 0x900
+MLX5_CMD_OP_DESTROY_TIR = 0x902
+MLX5_CMD_OP_CREATE_SQ = 0x904
+MLX5_CMD_OP_MODIFY_SQ = 0x905
+MLX5_CMD_OP_DESTROY_SQ = 0x906
+MLX5_CMD_OP_QUERY_SQ = 0x907
+MLX5_CMD_OP_CREATE_RQ = 0x908
+MLX5_CMD_OP_MODIFY_RQ = 0x909
+MLX5_CMD_OP_DESTROY_RQ = 0x90a
+MLX5_CMD_OP_QUERY_RQ = 0x90b
+MLX5_CMD_OP_CREATE_TIS = 0x912
+MLX5_CMD_OP_DESTROY_TIS = 0x914
+MLX5_CMD_OP_CREATE_RQT = 0x916
+MLX5_CMD_OP_DESTROY_RQT = 0x918
 MLX5_CMD_OP_CREATE_UCTX = 0xa04
 MLX5_CMD_OP_DESTROY_UCTX = 0xa06
+# query commands a DevX context may send as general commands (devx_is_general_cmd); the
+# emulated firmware implements only some of them
+MLX5_CMD_OP_QUERY_ISSI = 0x10a
+MLX5_CMD_OP_QUERY_VPORT_STATE = 0x750
+MLX5_CMD_OP_QUERY_ESW_VPORT_CONTEXT = 0x752
+MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT = 0x762
+MLX5_CMD_OP_QUERY_VNIC_ENV = 0x76f
+MLX5_CMD_OP_QUERY_VPORT_COUNTER = 0x770
+MLX5_CMD_OP_GET_DROPPED_PACKET_LOG = 0x80a
+MLX5_CMD_OP_NOP = 0x80d
+MLX5_CMD_OP_QUERY_CONG_STATUS = 0x822
+MLX5_CMD_OP_QUERY_CONG_PARAMS = 0x824
+MLX5_CMD_OP_QUERY_CONG_STATISTICS = 0x826
+MLX5_CMD_OP_QUERY_LAG = 0x842
 
 #: opcode -> "CREATE_QP" (what mlx5_command_str() prints)
 MLX5_CMD_NAMES: dict[int, str] = {v: k[len("MLX5_CMD_OP_"):] for k, v in dict(globals()).items()
                                   if k.startswith("MLX5_CMD_OP_")}
+# the valid range of general commands that work on no object
+MLX5_CMD_OP_GENERAL_START, MLX5_CMD_OP_GENERAL_END = 0xb00, 0xd00
 
 # -- command status (include/linux/mlx5/device.h) ------------------------------------
 MLX5_CMD_STAT_OK = 0x0
@@ -174,10 +208,20 @@ MLX5_QP_OPTPAR_SRA_MAX, MLX5_QP_OPTPAR_RRA_MAX, MLX5_QP_OPTPAR_PM_STATE = 1 << 8
 MLX5_QP_OPTPAR_RETRY_COUNT, MLX5_QP_OPTPAR_RNR_RETRY = 1 << 12, 1 << 13
 MLX5_QP_OPTPAR_ACK_TIMEOUT, MLX5_QP_OPTPAR_LAG_TX_AFF = 1 << 14, 1 << 15
 MLX5_QP_OPTPAR_PRI_PORT, MLX5_QP_OPTPAR_SRQN, MLX5_QP_OPTPAR_CQN_RCV = 1 << 16, 1 << 18, 1 << 19
+MLX5_QP_OPTPAR_DC_HS, MLX5_QP_OPTPAR_DC_KEY = 1 << 20, 1 << 21
 MLX5_QP_OPTPAR_COUNTER_SET_ID = 1 << 25
+# dctc.state (a DCT's life after CREATE_DCT)
+MLX5_DCTC_STATE_ACTIVE, MLX5_DCTC_STATE_DRAINING, MLX5_DCTC_STATE_DRAINED = 0, 1, 2
 # roce_addr_layout.roce_version / roce_l3_type (include/linux/mlx5/device.h)
 MLX5_ROCE_VERSION_1, MLX5_ROCE_VERSION_2 = 0, 2
 MLX5_ROCE_L3_TYPE_IPV4, MLX5_ROCE_L3_TYPE_IPV6 = 0, 1
+# the transport objects of a raw packet QP: SQ/RQ states, the WQ type, the RQ's memory,
+# a TIR's dispatch (mlx5_ifc.h enums)
+MLX5_SQC_STATE_RST, MLX5_SQC_STATE_RDY, MLX5_SQC_STATE_ERR = 0x0, 0x1, 0x3
+MLX5_RQC_STATE_RST, MLX5_RQC_STATE_RDY, MLX5_RQC_STATE_ERR = 0x0, 0x1, 0x3
+MLX5_WQ_TYPE_LINKED_LIST, MLX5_WQ_TYPE_CYCLIC = 0x0, 0x1
+MLX5_RQC_MEM_RQ_TYPE_MEMORY_RQ_INLINE, MLX5_RQC_MEM_RQ_TYPE_MEMORY_RQ_RMP = 0x0, 0x1
+MLX5_TIRC_DISP_TYPE_DIRECT, MLX5_TIRC_DISP_TYPE_INDIRECT = 0x0, 0x1
 
 # -- layouts -------------------------------------------------------------------------------
 # "name width" (bits); "name @type" a nested structure; "name []" a flexible
@@ -255,6 +299,13 @@ _TEXT: dict[str, str] = {
         xrcd 24, cqn_rcv 24, dbr_addr 64, q_key 32, rq_type 3, srqn_rmpn_xrqn 24, rmsn 24,
         hw_sq_wqebb_counter 16, sw_sq_wqebb_counter 16, hw_rq_counter 32, sw_rq_counter 32,
         cgs 1, cs_req 8, cs_res 8, dc_access_key 64, dbr_umem_valid 1""",
+    "dctc": """
+        state 4, user_index 24, ece 32, lag_tx_port_affinity 4, cs_res 8,
+        counter_set_id 8, atomic_mode 4, rre 1, rwe 1, rae 1, atomic_like_write_en 1,
+        latency_sensitive 1, rlky 1, free_ar 1, data_in_order 1, pd 24, mtu 3, tclass 8,
+        min_rnr_nak 5, cqn 24, srqn_xrqn 24, pkey_index 16, port 8, my_addr_index 8,
+        hop_limit 8, dc_access_key_violation_count 32, eth_prio 3, ecn 2, dscp 6,
+        flow_label 20, dc_access_key 64""",
     # EMU: one context for basic and XRC SRQs: srqc with xrc_srqc's user_index (the
     # CQE of an XRC SRQ's receive names it); see kernel_model/hw/mlx5_fw_srq.py
     "srqc": """
@@ -347,12 +398,56 @@ _TEXT: dict[str, str] = {
     "destroy_qp_in": "qpn 24", "destroy_qp_out": "",
     "query_qp_in": "qpc_ext 1, qpn 24",
     "query_qp_out": "opt_param_mask 32, ece 32, qpc @qpc, pas []",
+    "create_dct_in": "dct_context_entry @dctc", "create_dct_out": "dctn 24, ece 32",
+    "destroy_dct_in": "dctn 24", "destroy_dct_out": "",
+    "drain_dct_in": "dctn 24", "drain_dct_out": "",
+    "query_dct_in": "dctn 24", "query_dct_out": "dct_context_entry @dctc",
     "create_srq_in": "srq_context_entry @srqc, pas []", "create_srq_out": "srqn 24",
     "destroy_srq_in": "srqn 24", "destroy_srq_out": "",
     "query_srq_in": "srqn 24", "query_srq_out": "srq_context_entry @srqc, pas []",
     "arm_rq_in": "srq_number 24, lwm 16", "arm_rq_out": "",
     "alloc_xrcd_in": "", "alloc_xrcd_out": "xrcd 24",
     "dealloc_xrcd_in": "xrcd 24", "dealloc_xrcd_out": "",
+    # the transport objects (a raw packet QP's TIS, SQ, RQ, TIR).  # EMU: a WQ's PAS
+    # (wq.pas, the last field of the sqc/rqc that ends the command) is the command's own
+    # flexible array: IfcStruct sizes only a top-level one
+    "wq": """
+        wq_type 4, wq_signature 1, end_padding_mode 2, cd_slave 1, page_offset 5, lwm 16,
+        pd 24, uar_page 24, dbr_addr 64, hw_counter 32, sw_counter 32, log_wq_stride 4,
+        log_wq_pg_sz 5, log_wq_sz 5, dbr_umem_valid 1, wq_umem_valid 1""",
+    "sqc": """
+        rlky 1, cd_master 1, fre 1, flush_in_error_en 1, allow_multi_pkt_send_wqe 1,
+        min_wqe_inline_mode 3, state 4, reg_umr 1, allow_swp 1, hairpin 1, ts_format 2,
+        user_index 24, cqn 24, packet_pacing_rate_limit_index 16, tis_lst_sz 16,
+        tis_num_0 24, wq @wq""",
+    "rqc": """
+        rlky 1, delay_drop_en 1, scatter_fcs 1, vsd 1, mem_rq_type 4, state 4,
+        flush_in_error_en 1, hairpin 1, ts_format 2, user_index 24, cqn 24,
+        counter_set_id 8, rmpn 24, wq @wq""",
+    "tisc": """
+        strict_lag_tx_port_affinity 1, tls_en 1, lag_tx_port_affinity 4, prio 4,
+        transport_domain 24, underlay_qpn 24""",
+    "tirc": """
+        disp_type 4, tls_en 1, lro_timeout_period_usecs 16, lro_enable_mask 4,
+        lro_max_ip_payload_size 8, inline_rqn 24, rx_hash_symmetric 1,
+        tunneled_offload_en 1, indirect_table 24, rx_hash_fn 4, self_lb_block 2,
+        transport_domain 24""",
+    "create_tis_in": "ctx @tisc", "create_tis_out": "tisn 24",
+    "destroy_tis_in": "tisn 24", "destroy_tis_out": "",
+    "create_tir_in": "ctx @tirc", "create_tir_out": "tirn 24",
+    "destroy_tir_in": "tirn 24", "destroy_tir_out": "",
+    "create_sq_in": "ctx @sqc, pas []", "create_sq_out": "sqn 24",
+    "modify_sq_in": "sq_state 4, sqn 24, modify_bitmask 64, ctx @sqc", "modify_sq_out": "",
+    "destroy_sq_in": "sqn 24", "destroy_sq_out": "",
+    "query_sq_in": "sqn 24", "query_sq_out": "sq_context @sqc",
+    "create_rq_in": "ctx @rqc, pas []", "create_rq_out": "rqn 24",
+    "modify_rq_in": "rq_state 4, rqn 24, modify_bitmask 64, ctx @rqc", "modify_rq_out": "",
+    "destroy_rq_in": "rqn 24", "destroy_rq_out": "",
+    "query_rq_in": "rqn 24", "query_rq_out": "rq_context @rqc",
+    # EMU: rqtc.rq_num[] (u32 entries, 24-bit RQ numbers) is the command's flexible array
+    "rqtc": "rqt_max_size 16, rqt_actual_size 16",
+    "create_rqt_in": "rqt_context @rqtc, rq_num []", "create_rqt_out": "rqtn 24",
+    "destroy_rqt_in": "rqtn 24", "destroy_rqt_out": "",
     # the QP state transitions (the mailboxes of qpc.c modify_qp_mbox_alloc)
     "rst2init_qp_in": _MODIFY_QP_IN, "rst2init_qp_out": "ece 32",
     "init2init_qp_in": _MODIFY_QP_IN, "init2init_qp_out": "ece 32",
@@ -588,6 +683,147 @@ def cpu_to_be64(v: int) -> int:
 
 
 be64_to_cpu = cpu_to_be64
+
+
+# -- raw PRM mailboxes (DevX) ---------------------------------------------------------------
+# A DevX command arrives from user space as the raw big-endian bytes of the PRM layout
+# (fields packed MSB first within each dword, at the bit offsets of mlx5_ifc.h).  For the
+# layouts below the bit offsets are known, so a raw mailbox converts to and from an
+# IfcStruct.  PRM_LAYOUTS: typ -> (size in bits, {field: (bit offset, width)}); a nested
+# structure or union is (bit offset, "@typ").  # EMU: fields the model's layout has but
+# whose offset is not listed (cmd_hca_cap.ece_support) are not carried in a raw mailbox.
+PRM_LAYOUTS: dict[str, tuple[int, dict[str, tuple[int, int | str]]]] = {
+    "mbox_in": (0x40, dict(opcode=(0x0, 16), uid=(0x10, 16), op_mod=(0x30, 16))),
+    "mbox_out": (0x80, dict(status=(0x0, 8), syndrome=(0x20, 32))),
+    "query_hca_cap_in": (0x80, dict(opcode=(0x0, 16), uid=(0x10, 16), op_mod=(0x30, 16),
+                                    other_function=(0x40, 1), function_id=(0x50, 16))),
+    "query_hca_cap_out": (0x8080, dict(status=(0x0, 8), syndrome=(0x20, 32),
+                                       capability=(0x80, "@hca_cap_union"))),
+    "hca_cap_union": (0x8000, {}),  # a union: packed as the member the caller names
+    "cmd_hca_cap": (0x800, dict(
+        hca_cap_2=(0x20, 1), vhca_id=(0x30, 16), log_max_srq_sz=(0x80, 8),
+        log_max_qp_sz=(0x88, 8), event_cap=(0x90, 1), log_max_qp=(0x9b, 5),
+        log_max_srq=(0xab, 5), log_max_cq_sz=(0xc8, 8), log_max_cq=(0xdb, 5),
+        log_max_eq_sz=(0xe0, 8), relaxed_ordering_write=(0xe8, 1),
+        relaxed_ordering_read_pci_enabled=(0xe9, 1), log_max_mkey=(0xea, 6),
+        terminate_scatter_list_mkey=(0xf6, 1), repeated_mkey=(0xf7, 1),
+        dump_fill_mkey=(0xf8, 1), log_max_eq=(0xfc, 4), max_indirection=(0x100, 8),
+        fixed_buffer_size=(0x108, 1), log_max_mrw_sz=(0x109, 7), force_teardown=(0x110, 1),
+        fast_teardown=(0x111, 1), log_max_bsf_list_size=(0x112, 6),
+        umr_extended_translation_offset=(0x118, 1), null_mkey=(0x119, 1),
+        log_max_klm_list_size=(0x11a, 6), log_max_ra_req_dc=(0x12a, 6),
+        log_max_ra_res_dc=(0x13a, 6), log_max_ra_req_qp=(0x14a, 6),
+        log_max_ra_res_qp=(0x15a, 6), end_pad=(0x160, 1), cc_query_allowed=(0x161, 1),
+        cc_modify_allowed=(0x162, 1), start_pad=(0x163, 1), cache_line_128byte=(0x164, 1),
+        gid_table_size=(0x170, 16), out_of_seq_cnt=(0x180, 1), vport_counters=(0x181, 1),
+        retransmission_q_counters=(0x182, 1), debug=(0x183, 1), max_qp_cnt=(0x186, 10),
+        pkey_table_size=(0x190, 16), vport_group_manager=(0x1a0, 1), ib_virt=(0x1a2, 1),
+        eth_virt=(0x1a3, 1), ets=(0x1a5, 1), nic_flow_table=(0x1a6, 1),
+        eswitch_manager=(0x1a7, 1), device_memory=(0x1a8, 1), mcam_reg=(0x1a9, 1),
+        pcam_reg=(0x1aa, 1), local_ca_ack_delay=(0x1ab, 5), port_module_event=(0x1b0, 1),
+        port_type=(0x1b6, 2), num_ports=(0x1b8, 8), pps=(0x1c1, 1), log_max_msg=(0x1c3, 5),
+        max_tc=(0x1cc, 4), general_notification_event=(0x1d2, 1),
+        stat_rate_support=(0x1e0, 16), init2_lag_tx_port_affinity=(0x1f9, 1),
+        cqe_version=(0x1fc, 4), compact_address_vector=(0x200, 1),
+        ipoib_enhanced_offloads=(0x203, 1), ipoib_basic_offloads=(0x204, 1),
+        umr_fence=(0x20a, 2), drain_sigerr=(0x20f, 1), cmdif_checksum=(0x210, 2),
+        sigerr_cqe=(0x212, 1), wq_signature=(0x214, 1), sctr_data_cqe=(0x215, 1),
+        sho=(0x217, 1), tph=(0x218, 1), rf=(0x219, 1), dct=(0x21a, 1), qos=(0x21b, 1),
+        eth_net_offloads=(0x21c, 1), roce=(0x21d, 1), atomic=(0x21e, 1), cq_oi=(0x220, 1),
+        cq_resize=(0x221, 1), cq_moderation=(0x222, 1), cq_period_mode_modify=(0x223, 1),
+        cq_eq_remap=(0x226, 1), pg=(0x227, 1), block_lb_mc=(0x228, 1),
+        scqe_break_moderation=(0x22a, 1), cq_period_start_from_cqe=(0x22b, 1),
+        cd=(0x22c, 1), apm=(0x22e, 1), umr_ptr_rlkey=(0x230, 1), imaicl=(0x231, 1),
+        qp_packet_based=(0x232, 1), qkv=(0x236, 1), pkv=(0x237, 1), set_deth_sqpn=(0x238, 1),
+        xrc=(0x23c, 1), ud=(0x23d, 1), uc=(0x23e, 1), rc=(0x23f, 1), uar_4k=(0x240, 1),
+        uar_sz=(0x24a, 6), umem_uid_0=(0x252, 1), log_pg_sz=(0x258, 8), bf=(0x260, 1),
+        driver_version=(0x261, 1), pad_tx_eth_packet=(0x262, 1), mkey_by_name=(0x266, 1),
+        log_bf_reg_size=(0x26b, 5), lag_tx_port_affinity=(0x278, 1), lag_master=(0x27b, 1),
+        num_lag_ports=(0x27c, 4), max_wqe_sz_sq=(0x290, 16), max_wqe_sz_rq=(0x2b0, 16),
+        max_wqe_sz_sq_dc=(0x2d0, 16), max_qp_mcg=(0x2e7, 25), log_max_mcg=(0x318, 8),
+        log_max_transport_domain=(0x323, 5), log_max_pd=(0x32b, 5), log_max_xrcd=(0x33b, 5),
+        log_max_rq=(0x363, 5), log_max_sq=(0x36b, 5), log_max_tir=(0x373, 5),
+        log_max_tis=(0x37b, 5), basic_cyclic_rcv_wqe=(0x380, 1), log_max_rmp=(0x383, 5),
+        log_max_rqt=(0x38b, 5), log_max_rqt_size=(0x393, 5), log_max_tis_per_sq=(0x39b, 5),
+        roce_rw_supported=(0x3a1, 1), log_max_wq_sz=(0x3db, 5),
+        nic_vport_change_event=(0x3e0, 1), disable_local_lb_uc=(0x3e1, 1),
+        disable_local_lb_mc=(0x3e2, 1), log_max_vlan_list=(0x3eb, 5),
+        log_max_current_mc_list=(0x3f3, 5), log_max_current_uc_list=(0x3fb, 5),
+        general_obj_types=(0x400, 64), sq_ts_format=(0x440, 2), rq_ts_format=(0x442, 2),
+        steering_format_version=(0x444, 4), create_qp_start_hint=(0x448, 24),
+        log_max_uctx=(0x463, 5), log_max_umem=(0x46b, 5), max_num_eqs=(0x470, 16),
+        log_max_l2_table=(0x483, 5), log_uar_page_sz=(0x490, 16),
+        device_frequency_mhz=(0x4c0, 32), device_frequency_khz=(0x4e0, 32),
+        num_of_uars_per_page=(0x520, 32), log_max_atomic_size_qp=(0x580, 8),
+        log_max_atomic_size_dc=(0x598, 8), cqe_128_always=(0x5bd, 1),
+        cqe_compression=(0x5bf, 1), native_port_num=(0x608, 8), num_vhca_ports=(0x610, 8),
+        sw_owner_id=(0x61e, 1))),
+    "device_mem_cap": (0x800, dict(
+        memic=(0x0, 1), log_min_memic_alloc_size=(0x2b, 5),
+        log_max_memic_addr_alignment=(0x38, 8), memic_bar_start_addr=(0x40, 64),
+        memic_bar_size=(0x80, 32), max_memic_size=(0xa0, 32), memic_operations=(0x200, 32))),
+}
+
+
+def MLX5_ST_SZ_BYTES(typ: str) -> int:
+    """Mirrors MLX5_ST_SZ_BYTES(): the PRM size of a layout with known offsets."""
+    if typ not in PRM_LAYOUTS:
+        raise TypeError(f"MLX5_ST_SZ_BYTES: no PRM offsets for mlx5_ifc_{typ}_bits")
+    return PRM_LAYOUTS[typ][0] // 8
+
+
+def _prm_table(typ: str, unions: dict[str, str]) -> tuple[int, dict[str, tuple[int, int | str]]]:
+    if typ in UNIONS:
+        member = unions.get(typ)
+        if member is None or member not in UNIONS[typ]:
+            raise TypeError(f"prm: union {typ} needs one of its members, not {member!r}")
+        typ = member
+    if typ not in PRM_LAYOUTS:
+        raise TypeError(f"prm: no PRM offsets for mlx5_ifc_{typ}_bits")
+    return PRM_LAYOUTS[typ]
+
+
+def _prm_walk(typ: str, base: int, unions: dict[str, str], obj: IfcStruct | None = None):
+    """(bit offset, width, struct, field) of every scalar field of typ, nested ones too."""
+    _, table = _prm_table(typ, unions)
+    for name, (off, kind) in table.items():
+        if isinstance(kind, str):
+            sub = obj.subs[name] if obj is not None else None
+            yield from _prm_walk(kind[1:], base + off, unions, sub)
+        else:
+            yield base + off, kind, obj, name
+
+
+def prm_unpack(typ: str, raw: bytes, unions: dict[str, str] | None = None) -> IfcStruct:
+    """The IfcStruct a raw PRM mailbox of layout typ holds (what MLX5_GET reads from it).
+
+    `unions` names the member each union is read as ({"hca_cap_union": "cmd_hca_cap"}).
+    Bytes beyond a short buffer read 0, as in a zeroed mailbox; fields the model's
+    layout lacks (reserved bits included) are dropped."""
+    unions = unions or {}
+    obj = IfcStruct(typ)
+    value = int.from_bytes(bytes(raw).ljust(MLX5_ST_SZ_BYTES(typ), b"\0")[
+        :MLX5_ST_SZ_BYTES(typ)], "big")
+    nbits = PRM_LAYOUTS[typ][0]
+    for off, width, s, name in _prm_walk(typ, 0, unions, obj):
+        if name in LAYOUTS[s.typ]:
+            s.vals[name] = (value >> (nbits - off - width)) & ((1 << width) - 1)
+    return obj
+
+
+def prm_pack(obj: IfcStruct, unions: dict[str, str] | None = None) -> bytes:
+    """The raw PRM bytes of obj (MLX5_ST_SZ_BYTES long, big-endian, MSB first); the
+    inverse of prm_unpack for every field both the model and PRM_LAYOUTS know."""
+    unions = unions or {}
+    nbits = PRM_LAYOUTS[obj.typ][0] if obj.typ in PRM_LAYOUTS else 0
+    if not nbits:
+        raise TypeError(f"prm_pack: no PRM offsets for mlx5_ifc_{obj.typ}_bits")
+    value = 0
+    for off, width, s, name in _prm_walk(obj.typ, 0, unions, obj):
+        v = s.vals.get(name, 0)
+        if isinstance(v, int) and v:
+            value |= (v & ((1 << width) - 1)) << (nbits - off - width)
+    return value.to_bytes(nbits // 8, "big")
 
 
 # -- the command queue --------------------------------------------------------------------

@@ -52,6 +52,13 @@ IB_USER_VERBS_CMD_FLAG_EXTENDED = 0x80000000
 IB_USER_VERBS_EX_CMD_QUERY_DEVICE = IB_USER_VERBS_CMD_QUERY_DEVICE
 IB_USER_VERBS_EX_CMD_CREATE_CQ = IB_USER_VERBS_CMD_CREATE_CQ
 IB_USER_VERBS_EX_CMD_CREATE_QP = IB_USER_VERBS_CMD_CREATE_QP
+IB_USER_VERBS_EX_CMD_MODIFY_QP = IB_USER_VERBS_CMD_MODIFY_QP
+IB_USER_VERBS_CMD_THRESHOLD = 50
+IB_USER_VERBS_EX_CMD_CREATE_WQ = IB_USER_VERBS_CMD_THRESHOLD + 2
+IB_USER_VERBS_EX_CMD_MODIFY_WQ = IB_USER_VERBS_CMD_THRESHOLD + 3
+IB_USER_VERBS_EX_CMD_DESTROY_WQ = IB_USER_VERBS_CMD_THRESHOLD + 4
+IB_USER_VERBS_EX_CMD_CREATE_RWQ_IND_TBL = IB_USER_VERBS_CMD_THRESHOLD + 5
+IB_USER_VERBS_EX_CMD_DESTROY_RWQ_IND_TBL = IB_USER_VERBS_CMD_THRESHOLD + 6
 
 # enum ib_uverbs_ex_create_cq_flags
 IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION = 1 << 0
@@ -135,6 +142,16 @@ class ib_uverbs_query_port_resp(UStruct):
               ("subnet_timeout", "B"), ("init_type_reply", "B"), ("active_width", "B"),
               ("active_speed", "B"), ("phys_state", "B"), ("link_layer", "B"),
               ("flags", "B"), ("reserved", "B"))
+
+
+@uapi_struct
+class ib_uverbs_query_port_resp_ex(UStruct):
+    """struct ib_uverbs_query_port_resp_ex (UVERBS_METHOD_QUERY_PORT's answer): the
+    legacy response's fields (legacy_resp, flattened here), then port_cap_flags2 and,
+    since 6.1, active_speed_ex (the speed that no longer fits the legacy u8)."""
+
+    FIELDS = ib_uverbs_query_port_resp.FIELDS + (
+        ("port_cap_flags2", "H"), ("reserved_ex", "2s"), ("active_speed_ex", "I"))
 
 
 @uapi_struct
@@ -247,6 +264,14 @@ class ib_uverbs_comp_event_desc(UStruct):
 
 
 @uapi_struct
+class ib_uverbs_async_event_desc(UStruct):
+    """What read() of the async event file returns per event: the object's
+    user_handle (a port event: the port number) and the ib_event_type."""
+
+    FIELDS = (("element", "Q"), ("event_type", "I"), ("reserved", "I"))
+
+
+@uapi_struct
 class ib_uverbs_destroy_cq(UStruct):
     FIELDS = (("response", "Q"), ("cq_handle", "I"), ("reserved", "I"))
 
@@ -353,6 +378,60 @@ class ib_uverbs_destroy_srq_resp(UStruct):
     FIELDS = (("events_reported", "I"),)
 
 
+# -- work queues and RSS indirection tables (the extended commands) ------------------------
+@uapi_struct
+class ib_uverbs_ex_create_wq(UStruct):
+    FIELDS = (("comp_mask", "I"), ("wq_type", "I"), ("user_handle", "Q"), ("pd_handle", "I"),
+              ("cq_handle", "I"), ("max_wr", "I"), ("max_sge", "I"), ("create_flags", "I"),
+              ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_wq_resp(UStruct):
+    FIELDS = (("comp_mask", "I"), ("response_length", "I"), ("wq_handle", "I"),
+              ("max_wr", "I"), ("max_sge", "I"), ("wqn", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_destroy_wq(UStruct):
+    FIELDS = (("comp_mask", "I"), ("wq_handle", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_destroy_wq_resp(UStruct):
+    FIELDS = (("comp_mask", "I"), ("response_length", "I"), ("events_reported", "I"),
+              ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_modify_wq(UStruct):
+    FIELDS = (("attr_mask", "I"), ("wq_handle", "I"), ("wq_state", "I"),
+              ("curr_wq_state", "I"), ("flags", "I"), ("flags_mask", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_rwq_ind_table(UStruct):
+    """The fixed part; the u32 wq_handles[1 << log_ind_tbl_size] follow it."""
+
+    FIELDS = (("comp_mask", "I"), ("log_ind_tbl_size", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_create_rwq_ind_table_resp(UStruct):
+    FIELDS = (("comp_mask", "I"), ("response_length", "I"), ("ind_tbl_handle", "I"),
+              ("ind_tbl_num", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_destroy_rwq_ind_table(UStruct):
+    FIELDS = (("comp_mask", "I"), ("ind_tbl_handle", "I"))
+
+
+# enum ib_uverbs_wq_type; the largest indirection table (log2) a request may ask for
+IB_UVERBS_WQT_RQ = 0
+IB_USER_VERBS_MAX_LOG_IND_TBL_SIZE = 0x0000000d
+
+
 # -- XRC domains ----------------------------------------------------------------------
 @uapi_struct
 class ib_uverbs_open_xrcd(UStruct):
@@ -421,6 +500,18 @@ class ib_uverbs_modify_qp(UStruct):
               ("max_rd_atomic", "B"), ("max_dest_rd_atomic", "B"), ("min_rnr_timer", "B"),
               ("port_num", "B"), ("timeout", "B"), ("retry_cnt", "B"), ("rnr_retry", "B"),
               ("alt_port_num", "B"), ("alt_timeout", "B"), ("reserved", "2s"))
+
+
+@uapi_struct
+class ib_uverbs_ex_modify_qp(UStruct):
+    """The extended MODIFY_QP: the legacy request, then the rate limit."""
+
+    FIELDS = (("base", ib_uverbs_modify_qp), ("rate_limit", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class ib_uverbs_ex_modify_qp_resp(UStruct):
+    FIELDS = (("comp_mask", "I"), ("response_length", "I"))
 
 
 @uapi_struct

@@ -59,6 +59,17 @@ MLX5_IB_MMAP_CLOCK_INFO = 7
 MLX5_IB_MMAP_DEVICE_MEM = 8
 
 MLX5_IB_CLOCK_INFO_V1 = 0
+# struct mlx5_ib_clock_info's sign: the kernel is rewriting the page
+MLX5_IB_CLOCK_INFO_KERNEL_UPDATING = 1
+
+
+@uapi_struct
+class mlx5_ib_clock_info(UStruct):
+    """The clock-info page (MLX5_IB_MMAP_CLOCK_INFO, version 1): the timecounter that
+    converts device timestamps to nanoseconds, host-endian, written by mlx5_core."""
+
+    FIELDS = (("sign", "I"), ("resv", "I"), ("nsec", "Q"), ("cycles", "Q"), ("frac", "Q"),
+              ("mult", "I"), ("shift", "I"), ("mask", "Q"), ("overflow_period", "Q"))
 
 
 @uapi_struct
@@ -138,6 +149,29 @@ class mlx5_ib_create_qp_resp(UStruct):
     FIELDS = (("bfreg_index", "I"), ("ece_options", "I"), ("comp_mask", "I"), ("tirn", "I"),
               ("tisn", "I"), ("rqn", "I"), ("sqn", "I"), ("reserved1", "I"),
               ("tir_icm_addr", "Q"))
+
+
+@uapi_struct
+class mlx5_ib_create_wq(UStruct):
+    FIELDS = (("buf_addr", "Q"), ("db_addr", "Q"), ("rq_wqe_count", "I"),
+              ("rq_wqe_shift", "I"), ("user_index", "I"), ("flags", "I"), ("comp_mask", "I"),
+              ("single_stride_log_num_of_bytes", "I"), ("single_wqe_log_num_of_strides", "I"),
+              ("two_byte_shift_en", "I"))
+
+
+@uapi_struct
+class mlx5_ib_create_wq_resp(UStruct):
+    FIELDS = (("response_length", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class mlx5_ib_create_rwq_ind_tbl_resp(UStruct):
+    FIELDS = (("response_length", "I"), ("reserved", "I"))
+
+
+@uapi_struct
+class mlx5_ib_modify_wq(UStruct):
+    FIELDS = (("comp_mask", "I"), ("reserved", "I"))
 
 
 @uapi_struct

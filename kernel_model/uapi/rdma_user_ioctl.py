@@ -47,6 +47,12 @@ MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET = UVERBS_ID_DRIVER_NS + 2
 MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH = UVERBS_ID_DRIVER_NS + 3
 MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID = UVERBS_ID_DRIVER_NS + 4
 MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE = UVERBS_ID_DRIVER_NS
+# enum mlx5_ib_objects: MLX5_IB_OBJECT_DEVX (the first); enum mlx5_ib_devx_methods and
+# enum mlx5_ib_devx_other_attrs (the raw PRM mailboxes of a DevX general command)
+MLX5_IB_OBJECT_DEVX = UVERBS_ID_DRIVER_NS
+MLX5_IB_METHOD_DEVX_OTHER = UVERBS_ID_DRIVER_NS
+MLX5_IB_ATTR_DEVX_OTHER_CMD_IN = UVERBS_ID_DRIVER_NS
+MLX5_IB_ATTR_DEVX_OTHER_CMD_OUT = UVERBS_ID_DRIVER_NS + 1
 
 # mlx5_user_ioctl_cmds.h: enum mlx5_ib_std_types_methods (on UVERBS_OBJECT_DEVICE) and
 # enum mlx5_ib_query_port_attrs
@@ -72,3 +78,13 @@ class mlx5_ib_uapi_query_port(UStruct):
     FIELDS = (("flags", "Q"), ("vport", "H"), ("vport_vhca_id", "H"),
               ("esw_owner_vhca_id", "H"), ("rsvd0", "H"), ("vport_steering_icm_rx", "Q"),
               ("vport_steering_icm_tx", "Q"), ("reg_c0_value", "I"), ("reg_c0_mask", "I"))
+
+# mlx5_user_ioctl_cmds.h: importing objects into another context
+MLX5_IB_ATTR_QUERY_CONTEXT_RESP_UCTX = UVERBS_ID_DRIVER_NS   # on UVERBS_METHOD_QUERY_CONTEXT
+MLX5_IB_METHOD_PD_QUERY = UVERBS_ID_DRIVER_NS                # on UVERBS_OBJECT_PD
+MLX5_IB_ATTR_QUERY_PD_HANDLE = UVERBS_ID_DRIVER_NS
+MLX5_IB_ATTR_QUERY_PD_RESP_PDN = UVERBS_ID_DRIVER_NS + 1
+MLX5_IB_METHOD_DM_QUERY = UVERBS_ID_DRIVER_NS + 1            # on UVERBS_OBJECT_DM
+(MLX5_IB_ATTR_QUERY_DM_REQ_HANDLE, MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET,
+ MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX,
+ MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH) = range(UVERBS_ID_DRIVER_NS, UVERBS_ID_DRIVER_NS + 4)

@@ -186,3 +186,36 @@ def test_madvise_dontneed_under_the_responder_then_the_next_write_faults_again(l
     assert status(a.cq.poll_until(1)) == [(2, "SUCCESS")]
     assert resumes(b) > before                          # faulted in again, a new page
     assert b.mr.read(72, PAGE) == bytes(8) + pattern(64)
+
+
+def test_more_read_faults_than_the_cap_each_resolved_all_succeed(link):
+    """Each READ the responder takes ends its fault count: ODP_FAULT_CAP limits the
+    retries of one request, not the faults over the QP's life (rdma-core's
+    test_odp_rc_rdma_read drops the pages before each of 100 READs)."""
+    from kernel_model.hw.mlx5_engine import ODP_FAULT_CAP
+    from kernel_model.madvise import MADV_DONTNEED
+    a, b = link.a, link.b
+    for i in range(ODP_FAULT_CAP + 3):
+        b.mr.write(pattern(64, i))
+        assert b.p.madvise(b.mr.buf + PAGE, PAGE, MADV_DONTNEED) == 0   # b's 2nd page: gone
+        before = resumes(b)
+        a.qp.post_send(SendWR(wr_id=i, sg_list=[a.sge(0, 64)], opcode=v.IBV_WR_RDMA_READ,
+                              send_flags=SIG, remote_addr=b.mr.buf + PAGE, rkey=b.mr.rkey))
+        assert status(a.cq.poll_until(1)) == [(i, "SUCCESS")]
+        assert resumes(b) > before                          # it faulted, and was resumed
+        assert a.mr.read(64) == bytes(64)                   # a fresh zero page each time
+
+
+@pytest.mark.parametrize("kind", LINKS)
+def test_more_atomic_faults_than_the_cap_each_resolved_all_succeed(kind):
+    from kernel_model.hw.mlx5_engine import ODP_FAULT_CAP
+    from kernel_model.madvise import MADV_DONTNEED
+    from tests.flows.test_atomic_qpex_flow import ATOMIC_ACCESS, atomic_wr, make_pair
+    acc = ATOMIC_ACCESS | v.IBV_ACCESS_ON_DEMAND
+    a, b = make_pair(kind, a_mr=acc, b_mr=acc)
+    for i in range(ODP_FAULT_CAP + 3):
+        assert b.p.madvise(b.mr.buf, PAGE, MADV_DONTNEED) == 0
+        a.qp.post_send(atomic_wr(a, b, i, v.IBV_WR_ATOMIC_FETCH_AND_ADD, compare_add=5))
+        (wc,) = a.cq.poll_until(1)
+        assert v.ibv_wc_status_str(wc.status) == "SUCCESS"
+        assert a.word() == 0 and b.word() == 5              # a zero page each time, +5

@@ -47,11 +47,12 @@ def test_open_device_reproduces_the_seed_response(host):
     assert (r.comp_mask, r.response_length, r.cqe_version, r.cmds_supp_uhw,
             r.eth_min_inline, r.clock_info_versions, r.dump_fill_mkey) == \
         (3, 72, 1, 3, 2, 1, 1792)
-    # 8 UAR pages mapped at open, 32 bfs[] entries, bfreg 0 never BlueFlame
+    # 8 UAR pages mapped at open, 32 bfs[] entries, bfreg 0 never BlueFlame; and the
+    # two read-only clock pages (core clock, clock info: commands 5 and 7)
     assert len(ctx.uar) == 8 and len(ctx.bfs) == 32
-    uar_vmas = [vma for vma in p.mm.vmas if vma.vm_file is not None
-                and vma.vm_file.f_path == "/dev/infiniband/uverbs0"]
-    assert len(uar_vmas) == 8
+    uverbs_vmas = [vma for vma in p.mm.vmas if vma.vm_file is not None
+                   and vma.vm_file.f_path == "/dev/infiniband/uverbs0"]
+    assert sorted(vma.vm_pgoff >> 8 for vma in uverbs_vmas) == [0] * 8 + [5, 7]
     assert ctx.bfs[0].buf_size == 0 and ctx.bfs[24].buf_size == 256
     assert v.ibv_close_device(ctx) == 0
     p.exit(0)

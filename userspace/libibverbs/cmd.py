@@ -21,7 +21,14 @@ import os
 from typing import Any, TypeVar
 
 from kernel_model.trace import traced
+from kernel_model.uapi import ib_user_ioctl_cmds as ioc
 from kernel_model.uapi import ib_user_verbs as uv
+from kernel_model.uapi.ib_user_ioctl_cmds import (
+    UVERBS_ATTR_QUERY_PORT_PORT_NUM,
+    UVERBS_ATTR_QUERY_PORT_RESP,
+    UVERBS_METHOD_QUERY_PORT,
+    UVERBS_OBJECT_DEVICE,
+)
 from kernel_model.uapi.rdma_user_ioctl import (
     RDMA_VERBS_IOCTL,
     UVERBS_ATTR_F_MANDATORY,
@@ -29,6 +36,7 @@ from kernel_model.uapi.rdma_user_ioctl import (
     ib_uverbs_ioctl_hdr,
 )
 from kernel_model.uapi.ustruct import UStruct
+from userspace.libc import free, posix_memalign
 from userspace.libibverbs import verbs_types as v
 from userspace.libibverbs.cint import c_assign
 
@@ -87,10 +95,28 @@ def ibv_cmd_query_device(ctx: Any) -> uv.ib_uverbs_query_device_resp:
 
 
 @traced
-def ibv_cmd_query_port(ctx: Any, port_num: int) -> uv.ib_uverbs_query_port_resp:
-    return execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_PORT,
-                         uv.ib_uverbs_query_port(port_num=port_num),
-                         uv.ib_uverbs_query_port_resp, what="ibv_cmd_query_port")[0]
+def ibv_cmd_query_port(ctx: Any, port_num: int) -> uv.ib_uverbs_query_port_resp_ex:
+    """Mirrors ibv_cmd_query_port() (cmd_device.c): the ioctl UVERBS_METHOD_QUERY_PORT
+    into a response_ex; against a kernel without the method (ENOTTY, EPROTONOSUPPORT:
+    execute_ioctl_fallback's TRY_WRITE) the write command, whose answer leaves
+    port_cap_flags2 and active_speed_ex 0."""
+    size = uv.ib_uverbs_query_port_resp_ex.SIZE
+    buf = posix_memalign(ctx.proc, 8, size)
+    try:
+        execute_ioctl(ctx, UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT,
+                      [(UVERBS_ATTR_QUERY_PORT_PORT_NUM, port_num, "in"),
+                       (UVERBS_ATTR_QUERY_PORT_RESP, (buf, size), "ptr_out")],
+                      "ibv_cmd_query_port")
+        return uv.ib_uverbs_query_port_resp_ex.unpack(ctx.proc.load(buf, size))
+    except VerbsError as e:
+        if e.errno not in (errno.ENOTTY, errno.EPROTONOSUPPORT):
+            raise
+    finally:
+        free(ctx.proc, buf, size)
+    legacy = execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_PORT,
+                           uv.ib_uverbs_query_port(port_num=port_num),
+                           uv.ib_uverbs_query_port_resp, what="ibv_cmd_query_port")[0]
+    return uv.ib_uverbs_query_port_resp_ex.unpack(legacy.pack().ljust(size, b"\0"))
 
 
 @traced
@@ -292,12 +318,15 @@ def ibv_cmd_create_qp_ex2(ctx: Any, attr_ex: Any, req: uv.ib_uverbs_create_qp,
 
 
 @traced
-def ibv_cmd_create_srq(pd: Any, attr: Any, drv_req: UStruct, drv_resp_cls: type[UStruct]):
-    """Mirrors ibv_cmd_create_srq() (legacy CREATE_SRQ write): attr.attr gets the sizes
-    the kernel answered; returns (core response: handle, provider response)."""
+def ibv_cmd_create_srq(pd: Any, attr: Any, drv_req: UStruct, drv_resp_cls: type[UStruct],
+                       user_handle: int = 0):
+    """Mirrors ibv_cmd_create_srq() (legacy CREATE_SRQ write; user_handle names the SRQ
+    in its async events): attr.attr gets the sizes the kernel answered; returns
+    (core response: handle, provider response)."""
     a = attr.attr
     resp, drv = execute_write(pd.context, uv.IB_USER_VERBS_CMD_CREATE_SRQ,
-                              uv.ib_uverbs_create_srq(pd_handle=pd.handle, max_wr=a.max_wr,
+                              uv.ib_uverbs_create_srq(user_handle=user_handle,
+                                                      pd_handle=pd.handle, max_wr=a.max_wr,
                                                       max_sge=a.max_sge,
                                                       srq_limit=a.srq_limit),
                               uv.ib_uverbs_create_srq_resp, drv_req, drv_resp_cls,
@@ -308,12 +337,14 @@ def ibv_cmd_create_srq(pd: Any, attr: Any, drv_req: UStruct, drv_resp_cls: type[
 
 @traced
 def ibv_cmd_create_srq_ex(context: Any, srq: Any, attr: Any, drv_req: UStruct,
-                          drv_resp_cls: type[UStruct]):
+                          drv_resp_cls: type[UStruct], user_handle: int = 0):
     """Mirrors ibv_cmd_create_srq_ex() (the CREATE_XSRQ write): the SRQ type, its PD,
-    an XRC SRQ's domain and CQ; attr.attr gets the sizes the kernel answered and an
-    XRC SRQ its number (srq.srq_num).  Returns (core response, provider response)."""
+    an XRC SRQ's domain and CQ, the user_handle its async events name; attr.attr gets
+    the sizes the kernel answered and an XRC SRQ its number (srq.srq_num).  Returns
+    (core response, provider response)."""
     a = attr.attr
-    req = uv.ib_uverbs_create_xsrq(srq_type=attr.srq_type, pd_handle=attr.pd.handle,
+    req = uv.ib_uverbs_create_xsrq(user_handle=user_handle, srq_type=attr.srq_type,
+                                   pd_handle=attr.pd.handle,
                                    max_wr=a.max_wr, max_sge=a.max_sge, srq_limit=a.srq_limit)
     if attr.srq_type == uv.IB_UVERBS_SRQT_XRC:
         req.xrcd_handle, req.cq_handle = attr.xrcd.handle, attr.cq.handle
@@ -369,18 +400,22 @@ def ibv_cmd_query_srq(srq: Any, attr: Any) -> None:
 
 
 @traced
-def ibv_cmd_destroy_srq(srq: Any) -> None:
-    """Mirrors ibv_cmd_destroy_srq() (the write path): DESTROY_SRQ."""
-    execute_write(srq.context, uv.IB_USER_VERBS_CMD_DESTROY_SRQ,
-                  uv.ib_uverbs_destroy_srq(srq_handle=srq.handle),
-                  uv.ib_uverbs_destroy_srq_resp, what="ibv_cmd_destroy_srq")
+def ibv_cmd_destroy_srq(srq: Any) -> uv.ib_uverbs_destroy_srq_resp:
+    """Mirrors ibv_cmd_destroy_srq() (the write path): DESTROY_SRQ; the response counts
+    the async events the kernel reported for the SRQ (the caller waits for their
+    acknowledgement: verbs_async.ibv_destroy_wait_events)."""
+    return execute_write(srq.context, uv.IB_USER_VERBS_CMD_DESTROY_SRQ,
+                         uv.ib_uverbs_destroy_srq(srq_handle=srq.handle),
+                         uv.ib_uverbs_destroy_srq_resp, what="ibv_cmd_destroy_srq")[0]
 
 
 @traced
-def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> None:
-    execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
-                  uv.ib_uverbs_destroy_qp(qp_handle=qp_handle), uv.ib_uverbs_destroy_qp_resp,
-                  what="ibv_cmd_destroy_qp")
+def ibv_cmd_destroy_qp(ctx: Any, qp_handle: int) -> uv.ib_uverbs_destroy_qp_resp:
+    """Mirrors ibv_cmd_destroy_qp(): DESTROY_QP; the response counts the async events
+    the kernel reported for the QP (ibv_destroy_qp waits for their acknowledgement)."""
+    return execute_write(ctx, uv.IB_USER_VERBS_CMD_DESTROY_QP,
+                         uv.ib_uverbs_destroy_qp(qp_handle=qp_handle),
+                         uv.ib_uverbs_destroy_qp_resp, what="ibv_cmd_destroy_qp")[0]
 
 
 @traced
@@ -446,6 +481,28 @@ def ibv_cmd_modify_qp(qp: Any, attr: Any, attr_mask: int) -> None:
     if attr_mask & v.IBV_QP_ALT_PATH:
         cmd.alt_dest = _dest(attr.alt_ah_attr)
     execute_write(qp.context, uv.IB_USER_VERBS_CMD_MODIFY_QP, cmd, None, what="ibv_cmd_modify_qp")
+
+
+@traced
+def ibv_cmd_modify_qp_ex(qp: Any, attr: Any, attr_mask: int, drv_req: UStruct,
+                         drv_resp_cls: type[UStruct]) -> tuple[int, Any]:
+    """Mirrors ibv_cmd_modify_qp_ex(): the attributes attr_mask names (copy_modify_qp_fields)
+    in the extended MODIFY_QP, with the provider's request and response; returns
+    (the core response's response_length, the provider's response).
+    # EMU: the rate limit (IBV_QP_RATE_LIMIT) is not sent."""
+    cmd = uv.ib_uverbs_modify_qp(qp_handle=qp.handle, attr_mask=attr_mask)
+    for bit, name in _MODIFY_FIELDS:
+        if attr_mask & getattr(v, "IBV_QP_" + bit):
+            setattr(cmd, name, getattr(attr, name))
+    if attr_mask & v.IBV_QP_AV:
+        cmd.dest = _dest(attr.ah_attr)
+    if attr_mask & v.IBV_QP_ALT_PATH:
+        cmd.alt_dest = _dest(attr.alt_ah_attr)
+    R = uv.ib_uverbs_ex_modify_qp_resp
+    raw = execute_write_ex(qp.context, uv.IB_USER_VERBS_EX_CMD_MODIFY_QP,
+                           uv.ib_uverbs_ex_modify_qp(base=cmd), R.SIZE, "ibv_cmd_modify_qp_ex",
+                           drv_req, drv_resp_cls.SIZE)
+    return R.unpack(raw[:R.SIZE]).response_length, drv_resp_cls.unpack(raw[R.SIZE:])
 
 
 def _ah_from(dest: uv.ib_uverbs_qp_dest, ah: Any) -> None:
@@ -613,3 +670,40 @@ def execute_ioctl(ctx: Any, object_id: int, method_id: int,
             at = buf + ib_uverbs_ioctl_hdr.SIZE + i * ib_uverbs_attr.SIZE + 8
             out[attr_id] = int.from_bytes(proc.load(at, 8), "little")
     return out
+
+
+# -- importing a context and its objects (cmd_device.c, cmd_mr.c) ---------------------------
+@traced
+def ibv_cmd_query_context(ctx: Any, driver_attrs: list[tuple[int, Any, str]]) -> int:
+    """Mirrors ibv_cmd_query_context(): UVERBS_METHOD_QUERY_CONTEXT with the provider's
+    attributes linked in; sets ctx.num_comp_vectors and returns core_support."""
+    out = execute_ioctl(ctx, ioc.UVERBS_OBJECT_DEVICE, ioc.UVERBS_METHOD_QUERY_CONTEXT,
+                        [(ioc.UVERBS_ATTR_QUERY_CONTEXT_NUM_COMP_VECTORS, 0, "out4"),
+                         (ioc.UVERBS_ATTR_QUERY_CONTEXT_CORE_SUPPORT, 0, "out8"),
+                         *driver_attrs], "ibv_cmd_query_context")
+    ctx.num_comp_vectors = out[ioc.UVERBS_ATTR_QUERY_CONTEXT_NUM_COMP_VECTORS]
+    return out[ioc.UVERBS_ATTR_QUERY_CONTEXT_CORE_SUPPORT]
+
+
+@traced
+def ibv_cmd_alloc_async_fd(ctx: Any) -> None:
+    """Mirrors ibv_cmd_alloc_async_fd(): UVERBS_METHOD_ASYNC_EVENT_ALLOC; the new
+    file's fd (written back into the FD attribute) becomes ctx.async_fd."""
+    out = execute_ioctl(ctx, ioc.UVERBS_OBJECT_ASYNC_EVENT, ioc.UVERBS_METHOD_ASYNC_EVENT_ALLOC,
+                        [(ioc.UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE, 0, "idr")],
+                        "ibv_cmd_alloc_async_fd")
+    ctx.async_fd = out[ioc.UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE]
+
+
+@traced
+def ibv_cmd_query_mr(pd: Any, mr_handle: int) -> v.ibv_mr:
+    """Mirrors ibv_cmd_query_mr(): UVERBS_METHOD_QUERY_MR for lkey, rkey and length; the
+    MR is of type IBV_MR_TYPE_IMPORTED_MR, on `pd`, with no address (addr NULL)."""
+    out = execute_ioctl(pd.context, ioc.UVERBS_OBJECT_MR, ioc.UVERBS_METHOD_QUERY_MR,
+                        [(ioc.UVERBS_ATTR_QUERY_MR_HANDLE, mr_handle, "in8"),
+                         (ioc.UVERBS_ATTR_QUERY_MR_RESP_LKEY, 0, "out4"),
+                         (ioc.UVERBS_ATTR_QUERY_MR_RESP_RKEY, 0, "out4"),
+                         (ioc.UVERBS_ATTR_QUERY_MR_RESP_LENGTH, 0, "out8")], "ibv_cmd_query_mr")
+    return v.ibv_mr(pd.context, pd, 0, out[ioc.UVERBS_ATTR_QUERY_MR_RESP_LENGTH], mr_handle,
+                    out[ioc.UVERBS_ATTR_QUERY_MR_RESP_LKEY],
+                    out[ioc.UVERBS_ATTR_QUERY_MR_RESP_RKEY], v.IBV_MR_TYPE_IMPORTED_MR)

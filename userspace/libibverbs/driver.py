@@ -28,6 +28,7 @@ class verbs_context_ops:
     free_context: Any = None
     query_port: Any = None
     query_device_ex: Any = None
+    query_rt_values: Any = None
     alloc_pd: Any = None
     dealloc_pd: Any = None
     alloc_parent_domain: Any = None
@@ -68,6 +69,20 @@ class verbs_context_ops:
     memcpy_from_dm: Any = None
     reg_dm_mr: Any = None
     advise_mr: Any = None
+    # receive work queues and RSS indirection tables (wq.py)
+    create_wq: Any = None
+    modify_wq: Any = None
+    destroy_wq: Any = None
+    create_rwq_ind_table: Any = None
+    destroy_rwq_ind_table: Any = None
+    # sharing a context's objects (ibv_import_device / _pd / _mr / _dm)
+    import_context: Any = None
+    import_pd: Any = None
+    unimport_pd: Any = None
+    import_mr: Any = None
+    unimport_mr: Any = None
+    import_dm: Any = None
+    unimport_dm: Any = None
 
 
 # vendor id -> the registered provider's ops (init.c's driver_list)

@@ -33,14 +33,18 @@ import attrs
 from kernel_model.trace import traced
 from kernel_model.uapi import ib_user_ioctl_cmds as c
 from kernel_model.uapi.ib_user_verbs import ib_uverbs_gid_entry
+from kernel_model.uapi.stat import S_ISCHR, makedev
+from kernel_model.uapi.stat import stat as kstat
 from userspace.libc import O_CLOEXEC, O_RDONLY, O_RDWR, free, posix_memalign, read_sysfs
 from userspace.libibverbs.cmd import (
     CMD_BUF_SIZE,
     VerbsError,
     execute_ioctl,
+    ibv_cmd_alloc_async_fd,
     ibv_cmd_query_device,
 )
 from userspace.libibverbs.driver import load_drivers, verbs_context_ops  # noqa: F401
+from userspace.libibverbs.verbs_async import ibv_destroy_wait_events
 from userspace.libibverbs.verbs_cq import verbs_init_cq
 from userspace.libibverbs.verbs_types import (  # noqa: F401 - re-exported: verbs.h
     IBV_ACCESS_LOCAL_WRITE,
@@ -152,6 +156,7 @@ from userspace.libibverbs.verbs_types import (  # noqa: F401 - re-exported: verb
     ibv_srq_attr,
     ibv_srq_init_attr,
     ibv_srq_init_attr_ex,
+    ibv_values_ex,
     ibv_xrcd,
     ibv_xrcd_init_attr,
 )
@@ -184,10 +189,18 @@ def ibv_get_device_list(proc) -> list[ibv_device]:
                          _sysfs_int(proc, f"{base}/device/vendor"),
                          _sysfs_int(proc, f"{base}/device/device"),
                          int(guid.replace(":", ""), 16))
+        dev.sysfs_cdev = _sysfs_dev_t(proc, f"{base}/dev")
         dev.ops = load_drivers().get(dev.vendor_id)
         if dev.ops is not None:
             devices.append(dev)
     return devices
+
+
+def _sysfs_dev_t(proc, path: str) -> int:
+    """setup_sysfs_uverbs(): the node's "major:minor", as makedev() (0 if unreadable)."""
+    text = (read_sysfs(proc, path) or "").strip()
+    major, _, minor = text.partition(":")
+    return makedev(int(major), int(minor)) if major.isdigit() and minor.isdigit() else 0
 
 
 @traced
@@ -196,21 +209,103 @@ def ibv_get_device_name(device: ibv_device) -> str:
 
 
 @traced
-def ibv_open_device(proc, device: ibv_device) -> ibv_context:
+def ibv_open_device(proc, device: ibv_device, private_data: Any = None) -> ibv_context:
     """Mirrors ibv_open_device() -> verbs_open_device(): open the uverbs file,
-    then the provider's alloc_context (which issues GET_CONTEXT)."""
+    then the provider's alloc_context (which issues GET_CONTEXT).  private_data is
+    verbs_open_device's (mlx5dv_open_device passes its mlx5dv_context_attr)."""
     fd = proc.open(device.dev_path, O_RDWR | O_CLOEXEC)
     if fd < 0:
         raise VerbsError(-fd, f"ibv_open_device({device.name})")
     ctx = ibv_context(device, proc, fd, device.ops)
     try:
         ctx.cmd_buf = posix_memalign(proc, 4096, CMD_BUF_SIZE)
+        if private_data is not None:
+            return device.ops.alloc_context(ctx, private_data)
         return device.ops.alloc_context(ctx)
     except BaseException:
         if ctx.cmd_buf:
             free(proc, ctx.cmd_buf, CMD_BUF_SIZE)
         proc.close(fd)
         raise
+
+
+@traced
+def ibv_import_device(proc, cmd_fd: int) -> ibv_context:
+    """Mirrors ibv_import_device(): a second context on a command fd that already has
+    one (a dup() of another context's, or one handed over by another process).
+
+    fstat() finds the device: EINVAL for an fd that is not open or not a character
+    device, ENODEV for one no uverbs device of the list is (by its dev_t),
+    EOPNOTSUPP for a provider without import_context.  Up to there the fd stays the
+    caller's; from the provider's import_context on it is the context's: a failure
+    closes it, and ibv_close_device closes it with the context.  The imported context
+    gets an async event file of its own (ibv_cmd_alloc_async_fd)."""
+    buf = posix_memalign(proc, 8, kstat.SIZE)
+    try:
+        ret = proc.fstat(cmd_fd, buf)
+        st = kstat.unpack(proc.load(buf, kstat.SIZE)) if ret == 0 else None
+    finally:
+        free(proc, buf, kstat.SIZE)
+    if st is None or not S_ISCHR(st.st_mode):
+        raise VerbsError(errno.EINVAL, f"ibv_import_device({cmd_fd})")
+    device = next((d for d in ibv_get_device_list(proc) if d.sysfs_cdev == st.st_rdev), None)
+    if device is None:
+        raise VerbsError(errno.ENODEV, f"ibv_import_device({cmd_fd})")
+    if device.ops.import_context is None:
+        raise VerbsError(errno.EOPNOTSUPP, f"ibv_import_device({cmd_fd})")
+    ctx = ibv_context(device, proc, cmd_fd, device.ops)
+    try:
+        ctx.cmd_buf = posix_memalign(proc, 4096, CMD_BUF_SIZE)
+        ctx = device.ops.import_context(ctx)
+    except BaseException:           # the provider's uninit: verbs_uninit_context
+        if ctx.cmd_buf:
+            free(proc, ctx.cmd_buf, CMD_BUF_SIZE)
+        proc.close(cmd_fd)
+        raise
+    ctx.imported = True
+    try:
+        ibv_cmd_alloc_async_fd(ctx)
+    except VerbsError:
+        ibv_close_device(ctx)
+        raise
+    return ctx
+
+
+@traced
+def ibv_import_pd(ctx: ibv_context, pd_handle: int) -> ibv_pd:
+    """Mirrors ibv_import_pd(): the provider's import_pd - a PD object of this
+    library for a PD the command fd's context holds (the kernel object is shared)."""
+    return ctx.ops.import_pd(ctx, pd_handle)
+
+
+@traced
+def ibv_unimport_pd(pd: ibv_pd) -> None:
+    """Mirrors ibv_unimport_pd(): forget the imported PD; the kernel object stays."""
+    pd.context.ops.unimport_pd(pd)
+
+
+@traced
+def ibv_import_mr(pd: ibv_pd, mr_handle: int) -> ibv_mr:
+    """Mirrors ibv_import_mr(): the provider's import_mr (UVERBS_METHOD_QUERY_MR)."""
+    return pd.context.ops.import_mr(pd, mr_handle)
+
+
+@traced
+def ibv_unimport_mr(mr: ibv_mr) -> None:
+    """Mirrors ibv_unimport_mr(): forget the imported MR; the kernel object stays."""
+    mr.context.ops.unimport_mr(mr)
+
+
+@traced
+def ibv_import_dm(ctx: ibv_context, dm_handle: int):
+    """Mirrors ibv_import_dm(): the provider's import_dm (maps the DM's pages)."""
+    return ctx.ops.import_dm(ctx, dm_handle)
+
+
+@traced
+def ibv_unimport_dm(dm) -> None:
+    """Mirrors ibv_unimport_dm(): unmap the imported DM; the kernel object stays."""
+    dm.context.ops.unimport_dm(dm)
 
 
 @traced
@@ -543,7 +638,14 @@ def ibv_post_srq_recv(srq: ibv_srq, wr: Any, bad_wr: list | None = None) -> int:
 
 @traced
 def ibv_destroy_qp(qp: ibv_qp) -> int:
-    return _errno_of(qp.context.ops.destroy_qp, qp)
+    """Mirrors ibv_destroy_qp(): 0 or the errno; the wait for the QP's reported async
+    events to be acknowledged (EDEADLK: see verbs_async) once the provider is done."""
+    rc = _errno_of(qp.context.ops.destroy_qp, qp)
+    if rc == 0:
+        rc = _errno_of(lambda q: ibv_destroy_wait_events(q, "events_completed",
+                                                         q.events_reported,
+                                                         "ibv_destroy_qp"), qp)
+    return rc
 
 
 @traced
@@ -612,6 +714,17 @@ def ibv_query_device_ex(ctx: ibv_context, comp_mask: int = 0) -> ibv_device_attr
             if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
     return ibv_device_attr_ex(orig_attr=ibv_query_device(ctx))
+
+
+@traced
+def ibv_query_rt_values_ex(ctx: ibv_context, values: ibv_values_ex) -> int:
+    """Mirrors ibv_query_rt_values_ex() (verbs.h): the provider's query_rt_values on
+    `values` (struct ibv_values_ex: comp_mask in and out, raw_clock); 0 or an errno,
+    EOPNOTSUPP for a provider without the op."""
+    op = getattr(ctx.ops, "query_rt_values", None)
+    if op is None:
+        return errno.EOPNOTSUPP
+    return op(ctx, values)
 
 
 @traced

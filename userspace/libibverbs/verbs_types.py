@@ -66,6 +66,7 @@ class ibv_device:
     vendor_part_id: int
     node_guid: int
     ops: verbs_context_ops | None = None
+    sysfs_cdev: int = 0  # the uverbs node's dev_t, from its sysfs `dev` (makedev)
 
 
 @attrs.define(eq=False)
@@ -79,6 +80,7 @@ class ibv_context:
     cmd_buf: int = 0
     async_fd: int = -1
     num_comp_vectors: int = 0
+    imported: bool = False  # verbs_context priv->imported: made by ibv_import_device
 
 
 @attrs.define(eq=False)
@@ -342,6 +344,10 @@ class ibv_qp:
     state: int = IBV_QPS_RESET
     qp_ex: Any = None    # struct ibv_qp_ex when created with send ops (VERBS_QP_EX)
     srq: Any = None      # the SRQ it takes its receives from
+    events_completed: int = 0   # async events acknowledged (ibv_ack_async_event)
+    # EMU: DESTROY_QP's events_reported, kept for ibv_destroy_qp's wait (C's
+    # ibv_cmd_destroy_qp waits itself, holding the QP)
+    events_reported: int = 0
 
 
 # -- shared receive queues ----------------------------------------------------------------
@@ -470,6 +476,19 @@ class ibv_pci_atomic_caps:
     fetch_add: int = 0
     swap: int = 0
     compare_swap: int = 0
+
+
+# enum ibv_values_mask
+IBV_VALUES_MASK_RAW_CLOCK = 1 << 0
+
+
+@attrs.define(eq=False)
+class ibv_values_ex:
+    """Mirrors struct ibv_values_ex (ibv_query_rt_values_ex): comp_mask in (what to
+    read) and out (what was read); raw_clock is the struct timespec (tv_sec, tv_nsec)."""
+
+    comp_mask: int = 0
+    raw_clock: tuple[int, int] = (0, 0)
 
 
 @attrs.define(eq=False)

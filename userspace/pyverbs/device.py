@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
+import weakref
 from typing import Any
 
 import userspace.pyverbs.enums as e
+from userspace import libc
 from userspace.libibverbs import verbs as v
+from userspace.libibverbs import verbs_async as va
 from userspace.pyverbs.addr import GID
 from userspace.pyverbs.base import (
     PyverbsCM,
@@ -22,7 +25,6 @@ from userspace.pyverbs.base import (
     call,
     destroy,
     set_errno,
-    unsupported,
 )
 from userspace.pyverbs.host import current_process
 from userspace.pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
@@ -230,8 +232,8 @@ class Context(PyverbsCM):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         if kwargs.get("cmd_fd") is not None:
-            # EMU: ibv_import_device (sharing another process's context) is not modelled
-            raise unsupported("Failed to import device")
+            self._import(kwargs["cmd_fd"])
+            return
         name = kwargs.get("name")
         if name is None:
             raise PyverbsUserError("Device name must be provided")
@@ -245,6 +247,27 @@ class Context(PyverbsCM):
         self.ctx = call(f"Failed to open device {name}", v.ibv_open_device, self.proc, devs[0])
         self._created()
         self.logger.debug(f"Context: opened device {name}")
+
+    def _import(self, cmd_fd: int) -> None:
+        """Context(cmd_fd=...): ibv_import_device() of the command fd `cmd_fd` stands
+        for (see cmd_fd) - a second context on the same uverbs file, whose objects'
+        handles are valid in both.  Like the library, the context owns the fd from then
+        on: closing it closes the fd (also when the provider's import fails)."""
+        self.proc = current_process()
+        emu_fd = _emulated_dup(self.proc, cmd_fd)
+        try:
+            self.ctx = call("Failed to import device", v.ibv_import_device, self.proc, emu_fd)
+        except PyverbsRDMAError:
+            if emu_fd >= 0 and not _emulated_fd_open(self.proc, emu_fd):
+                os.close(cmd_fd)           # import_context failed: the library closed it
+            elif emu_fd >= 0:
+                self.proc.close(emu_fd)    # EMU: the dup stood for cmd_fd, which stays open
+            raise
+        self.device = self.ctx.device
+        self._fd_token = cmd_fd
+        _register_fd(cmd_fd, self)
+        self._created()
+        self.logger.debug(f"Context: imported device {self.device.name}")
 
     @property
     def context(self) -> Any:
@@ -269,11 +292,13 @@ class Context(PyverbsCM):
         this process that happens to have the emulated number."""
         if getattr(self, "_fd_token", None) is None:
             self._fd_token = os.memfd_create(f"uverbs-fd{self.ctx.cmd_fd}", os.MFD_CLOEXEC)
+            _register_fd(self._fd_token, self)
         return self._fd_token
 
     def _free(self) -> None:
         self.logger.debug("Closing Context")
         if getattr(self, "_fd_token", None) is not None:
+            _unregister_fd(self)
             os.close(self._fd_token)
             self._fd_token = None
         destroy("Failed to close device", v.ibv_close_device, self.ctx)
@@ -297,6 +322,18 @@ class Context(PyverbsCM):
         comp_mask = ex_input.comp_mask if ex_input is not None else 0
         return DeviceAttrEx(call(f"Failed to query EX device {self.name}",
                                  v.ibv_query_device_ex, self.ctx, comp_mask))
+
+    def get_pkey_index(self, port_num: int, pkey: int) -> int:
+        """ibv_get_pkey_index() of `pkey` given in host order (as the sysfs file shows
+        it; pyverbs passes htobe16(pkey)): its index, or PyverbsRDMAError when the
+        port's table lacks it."""
+        self._check_open("get_pkey_index")
+        be16 = int.from_bytes((pkey & 0xFFFF).to_bytes(2, "big"), "little")
+        idx = v.ibv_get_pkey_index(self.ctx, port_num, be16)
+        if idx == -1:
+            raise PyverbsRDMAError(f"Failed to get pkey index of pkey = {pkey} of port "
+                                   f"{port_num}")
+        return idx
 
     def query_pkey(self, port_num: int, index: int) -> int:
         """ibv_query_pkey(): the P_Key as its __be16 reads on the host; pyverbs'
@@ -334,11 +371,82 @@ class Context(PyverbsCM):
                                    f"{gid_index}", rc)
         return GIDEntry._from(entry)
 
-    def query_rt_values_ex(self, comp_mask: int = 0) -> Any:
-        raise unsupported("Failed to query rt values")
+    def query_rt_values_ex(self, comp_mask: int = e.IBV_VALUES_MASK_RAW_CLOCK
+                           ) -> tuple[int, int]:
+        """ibv_query_rt_values_ex(): (tv_sec, tv_nsec) of the raw clock (for mlx5, 0 and
+        the device clock's cycles); PyverbsRDMAError with the verb's errno, or without
+        one when the provider answered less than comp_mask asked."""
+        self._check_open("query_rt_values_ex")
+        val = v.ibv_values_ex(comp_mask=comp_mask)
+        rc = v.ibv_query_rt_values_ex(self.ctx, val)
+        if rc:
+            set_errno(rc)
+            raise PyverbsRDMAError("Failed to query real time values", rc)
+        if val.comp_mask != comp_mask:
+            raise PyverbsRDMAError("Failed to query real time values with requested comp_mask")
+        return val.raw_clock
 
-    def get_async_event(self) -> Any:
-        raise unsupported("Failed to get async event")
+    def get_async_event(self) -> AsyncEvent:
+        """ibv_get_async_event(): the next async event of the context (blocking unless
+        its async fd is O_NONBLOCK); PyverbsRDMAError with the read's errno."""
+        self._check_open("get_async_event")
+        event = AsyncEvent()
+        event.event = call("Failed to get async event", va.ibv_get_async_event, self.ctx)
+        return event
+
+
+# -- the command fds handed to the program ----------------------------------------------
+# EMU: the uverbs files are open in the emulated process; the descriptor pyverbs'
+# Context.cmd_fd gives the program is a memfd of this process standing for one of them
+# (see Context.cmd_fd).  os.dup() of it names the same memfd, so its inode (st_dev,
+# st_ino) says which emulated file a descriptor the program passes back stands for:
+# these are the open Contexts whose cmd_fd has that inode.
+_fd_holders: dict[tuple[int, int], list[Any]] = {}
+
+
+def _fd_key(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _register_fd(fd: int, ctx: Context) -> None:
+    key = _fd_key(fd)
+    if key is not None:
+        ctx._fd_key = key
+        _fd_holders.setdefault(key, []).append(weakref.ref(ctx))
+
+
+def _unregister_fd(ctx: Context) -> None:
+    key = getattr(ctx, "_fd_key", None)
+    refs = _fd_holders.get(key, [])
+    refs[:] = [r for r in refs if r() is not None and r() is not ctx]
+    if not refs:
+        _fd_holders.pop(key, None)
+
+
+def _emulated_dup(proc: Any, fd: int) -> int:
+    """The emulated process's dup() of the uverbs file `fd` stands for - the dup the
+    program made of the token, made now of what it stands for - or -1 when `fd` stands
+    for none (not open, not a token, or its contexts are closed): the emulated
+    process has no such fd, so ibv_import_device's fstat() fails (EINVAL)."""
+    key = _fd_key(fd)
+    for ref in _fd_holders.get(key, []) if key is not None else []:
+        holder = ref()
+        if holder is not None and not holder._closed and holder.proc is proc:
+            return proc.dup(holder.ctx.cmd_fd)
+    return -1
+
+
+def _emulated_fd_open(proc: Any, fd: int) -> bool:
+    """Whether the emulated process still has `fd` open (its fstat() succeeds)."""
+    buf = libc.posix_memalign(proc, 8, 144)
+    try:
+        return proc.fstat(fd, buf) == 0
+    finally:
+        libc.free(proc, buf, 144)
 
 
 class DM(PyverbsCM):
@@ -346,14 +454,20 @@ class DM(PyverbsCM):
     (MEMIC), mapped into the process; copy_to_dm/copy_from_dm load and store through
     the mapping (libmlx5's 4-byte rules: EINVAL unaligned, EFAULT out of range).
 
-    Importing a DM (handle=, ibv_import_dm) is EOPNOTSUPP: the face has no shared
-    contexts (Context(cmd_fd=...))."""
+    DM(context, handle=h) imports the DM of handle h of the context's command fd
+    (ibv_import_dm: its pages mapped again); closing it does not free the DM, which
+    stays its creator's; unimport() unmaps it."""
 
     def __init__(self, context: Context, dm_attr: Any = None, **kwargs: Any) -> None:
         super().__init__()
+        self._is_imported = False
         if kwargs.get("handle") is not None:
-            set_errno(errno.EOPNOTSUPP)
-            raise PyverbsRDMAError("Failed to import DM", errno.EOPNOTSUPP)
+            self.context = context
+            self.dm = call("Failed to import DM", v.ibv_import_dm, context.ctx, kwargs["handle"])
+            self._is_imported = True
+            context.add_ref(self)
+            self._created()
+            return
         device_attr = context.query_device_ex()
         if device_attr.max_dm_size <= 0:
             raise PyverbsUserError("Device doesn't support dm allocation")
@@ -369,10 +483,14 @@ class DM(PyverbsCM):
         return self.dm.handle
 
     def unimport(self) -> None:
-        raise unsupported("Failed to unimport DM")
+        """ibv_unimport_dm(), then close() (which leaves the DM to its creator)."""
+        self._check_open("DM.unimport")
+        v.ibv_unimport_dm(self.dm)
+        self.close()
 
     def _free(self) -> None:
-        destroy("Failed to free dm", v.ibv_free_dm, self.dm)
+        if not self._is_imported:
+            destroy("Failed to free dm", v.ibv_free_dm, self.dm)
 
     def copy_to_dm(self, dm_offset: int, data: bytes | str, length: int) -> None:
         """ibv_memcpy_to_dm(): 'Failed to copy to dm' with the errno."""
@@ -398,6 +516,39 @@ class AllocDmAttr(PyverbsObject):
         super().__init__()
         # the C struct's fields: size_t, uint32_t, uint64_t (a float length is truncated)
         self.length, self.log_align_req, self.comp_mask = int(length), log_align_req, comp_mask
+
+
+class AsyncEvent(PyverbsObject):
+    """Mirrors pyverbs' AsyncEvent: a struct ibv_async_event (Context.get_async_event
+    fills it); ack() is ibv_ack_async_event, which the destroy of its object waits for."""
+
+    def __init__(self, event_type: int = 0) -> None:
+        super().__init__()
+        self.event = va.ibv_async_event(None, event_type)
+
+    def ack(self) -> None:
+        va.ibv_ack_async_event(self.event)
+
+    @property
+    def event_type(self) -> int:
+        return self.event.event_type
+
+    def __str__(self) -> str:
+        return "{:<24}: {:<20}\n".format("Event Type", translate_event_type(self.event_type))
+
+
+def translate_event_type(event_type: int) -> str:
+    """pyverbs' name of an ibv_event_type (its QP_LAST_WQE_REACHED has a stray dot)."""
+    names = {getattr(e, n): n for n in (
+        "IBV_EVENT_CQ_ERR", "IBV_EVENT_QP_FATAL", "IBV_EVENT_QP_REQ_ERR",
+        "IBV_EVENT_QP_ACCESS_ERR", "IBV_EVENT_COMM_EST", "IBV_EVENT_SQ_DRAINED",
+        "IBV_EVENT_PATH_MIG", "IBV_EVENT_PATH_MIG_ERR", "IBV_EVENT_DEVICE_FATAL",
+        "IBV_EVENT_PORT_ACTIVE", "IBV_EVENT_PORT_ERR", "IBV_EVENT_LID_CHANGE",
+        "IBV_EVENT_PKEY_CHANGE", "IBV_EVENT_SM_CHANGE", "IBV_EVENT_SRQ_ERR",
+        "IBV_EVENT_SRQ_LIMIT_REACHED", "IBV_EVENT_CLIENT_REREGISTER",
+        "IBV_EVENT_GID_CHANGE", "IBV_EVENT_WQ_FATAL")}
+    names[e.IBV_EVENT_QP_LAST_WQE_REACHED] = ".IBV_EVENT_QP_LAST_WQE_REACHED"
+    return names.get(event_type, f"Unknown event_type ({event_type})")
 
 
 # -- translations, as pyverbs prints them -----------------------------------------------
@@ -442,7 +593,10 @@ def width_to_str(width: int) -> str:
     return _name({1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}, width)
 
 
-def speed_to_str(speed: int) -> str:
+def speed_to_str(active_speed: int, active_speed_ex: int = 0) -> str:
+    """The port's speed as text: active_speed_ex when the kernel gave one (rdma-core
+    v50+ takes both), else the legacy active_speed."""
+    speed = active_speed_ex or active_speed
     return _name({0: "0.0 Gbps", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "5.0 Gbps", 8: "10.0 Gbps",
                   16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps",
                   256: "200.0 Gbps"}, speed)

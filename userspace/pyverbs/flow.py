@@ -7,6 +7,8 @@ rdma-core tests report as a skip.  docs/pyverbs.md lists what is emulated.
 
 from __future__ import annotations
 
+from typing import Any
+
 from userspace.pyverbs.base import AttrStruct, NotEmulated
 
 
@@ -26,3 +28,12 @@ class FlowAttr(AttrStruct):
     """Mirrors pyverbs' FlowAttr."""
 
     _FIELDS = ('num_of_specs', 'flow_type', 'priority', 'port', 'flags')
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.specs: list = []   # the specs a Flow would match on, appended by the caller
+
+    @property
+    def type(self) -> int:
+        """ibv_flow_attr.type (the constructor's flow_type)."""
+        return self.flow_type

@@ -15,6 +15,10 @@ Configure it before the first verb, with environment variables or configure():
     PEERMEM_PYVERBS_RAM_MB=4096       emulated RAM in MiB (default 2048)
     PEERMEM_PYVERBS_PAGE_SIZE=4096    the machine's page size (4096, 16384, 65536)
     PEERMEM_PYVERBS_GPUS=1            NVIDIA GPUs (default 0)
+    PEERMEM_PYVERBS_AMD_GPUS=1        AMD GPUs with the amdgpu driver: their render nodes
+                                      /dev/dri/renderD128... are what pyverbs' DmaBuf
+                                      allocates from (default 1; 0: no render node, so
+                                      DmaBuf fails with ENOENT)
     PEERMEM_PYVERBS_PARAMS="mlx5_ib.dyn_uar=1 ib_core.ofed=25.4"
                                       module parameters, module.name=value
                                       (default mlx5_ib.dyn_uar=1; the variable replaces it)
@@ -36,9 +40,10 @@ CAP_LAST_CAP = 40  # linux/capability.h: CAP_CHECKPOINT_RESTORE
 # mlx5_ib.dyn_uar=1: the kernel of rdma-core v44's distribution (Debian bookworm, 6.1)
 # hands out UARs per object (v5.8+), as mlx5dv_devx_alloc_uar and the singleton NC UAR need
 DEFAULTS: dict[str, Any] = {"nr_hcas": 1, "ram_mb": 2048, "page_size": 4096, "nr_gpus": 0,
-                            "params": {"mlx5_ib": {"dyn_uar": 1}}}
+                            "nr_amd_gpus": 1, "params": {"mlx5_ib": {"dyn_uar": 1}}}
 _ENV = {"PEERMEM_PYVERBS_HCAS": "nr_hcas", "PEERMEM_PYVERBS_RAM_MB": "ram_mb",
-        "PEERMEM_PYVERBS_PAGE_SIZE": "page_size", "PEERMEM_PYVERBS_GPUS": "nr_gpus"}
+        "PEERMEM_PYVERBS_PAGE_SIZE": "page_size", "PEERMEM_PYVERBS_GPUS": "nr_gpus",
+        "PEERMEM_PYVERBS_AMD_GPUS": "nr_amd_gpus"}
 
 
 class Host:
@@ -50,8 +55,10 @@ class Host:
         self.machine: Machine = rdma_host(ram_size=config["ram_mb"] << 20,
                                           page_size=config["page_size"],
                                           nr_hcas=config["nr_hcas"], nr_gpus=config["nr_gpus"],
+                                          nr_amd_gpus=config.get("nr_amd_gpus", 0),
                                           name="pyverbs", modules=())
-        for mod in ("mlx5_core", "mlx5_ib") + (("nvidia",) if config["nr_gpus"] else ()):
+        for mod in ("mlx5_core", "mlx5_ib") + (("nvidia",) if config["nr_gpus"] else ()) + \
+                (("amdgpu",) if config.get("nr_amd_gpus", 0) else ()):
             if mod not in self.machine.modules:
                 self.machine.load_module(mod, **params.get(mod, {}))
         soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)

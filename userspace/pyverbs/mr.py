@@ -14,38 +14,65 @@ from typing import Any
 import userspace.pyverbs.enums as e
 from userspace import libc
 from userspace.libibverbs import verbs as v
-from userspace.pyverbs.base import PyverbsCM, call, destroy, set_errno, unsupported
+from userspace.pyverbs.base import PyverbsCM, call, destroy, set_errno
+from userspace.pyverbs.dmabuf import DmaBuf
 from userspace.pyverbs.pd import PD
-from userspace.pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
+from userspace.pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 from userspace.pyverbs.utils import rereg_error_to_str
 
 HUGE_PAGE_SIZE = 0x200000
+SIZE_MAX = (1 << 64) - 1
 
 
 class MR(PyverbsCM):
     """Mirrors pyverbs' MR: a buffer and its registration; close() frees both."""
 
+    _is_imported = False
+
     def __init__(self, creator: PD, length: int = 0, access: int = 0, address: int | None = None,
                  implicit: bool = False, **kwargs: Any) -> None:
         super().__init__()
-        if implicit or kwargs.get("handle") is not None:
-            raise unsupported("Failed to register an implicit MR" if implicit
-                              else "Failed to import MR")
+        if kwargs.get("handle") is not None:
+            self._import(creator, kwargs["handle"], address)
+            return
         self.pd = creator
         self.proc = creator.ctx.proc
-        self._owned = address is None
-        if address is None:
+        # implicit: ibv_reg_mr(pd, NULL, SIZE_MAX, access) - the whole address space;
+        # the buffer (given, or allocated when length > 0) is only what buf names
+        self._owned = address is None and (length > 0 or not implicit)
+        if self._owned:
             address = libc.posix_memalign(self.proc, resource.getpagesize(), max(length, 1))
-        self._buf, self._length = address, length
+        self._buf, self._length = address or 0, length
         try:
-            self.mr = call("Failed to register a MR", v.ibv_reg_mr, creator.pd, address, length,
-                           access)
+            if implicit:
+                self.mr = call("Failed to register a MR", v.ibv_reg_mr, creator.pd, 0,
+                               SIZE_MAX, access)
+            else:
+                self.mr = call("Failed to register a MR", v.ibv_reg_mr, creator.pd, address,
+                               length, access)
         except BaseException:
             if self._owned:
                 libc.free(self.proc, address, max(length, 1))
             raise
         creator.add_ref(self)
         self._created()
+
+    def _import(self, pd: PD, handle: int, address: int | None) -> None:
+        """MR(pd, handle=h, address=a): ibv_import_mr() of the MR of handle h of the PD's
+        context; its buffer is `a` (the imported MR has no address of its own) and its
+        length the kernel's.  Closing it does not deregister the MR."""
+        self.pd, self.proc = pd, pd.ctx.proc
+        self.mr = call("Failed to import MR", v.ibv_import_mr, pd.pd, handle)
+        self._is_imported, self._owned = True, False
+        self._buf, self._length = address or 0, self.mr.length
+        pd.add_ref(self)
+        self._created()
+
+    def unimport(self) -> None:
+        """ibv_unimport_mr(), then close() (the MR stays its creator's)."""
+        self._check_open("MR.unimport")
+        v.ibv_unimport_mr(self.mr)
+        self.close()
 
     @property
     def buf(self) -> int:
@@ -103,11 +130,10 @@ class MR(PyverbsCM):
             self.pd = pd
             pd.add_ref(self)
 
-    def unimport(self) -> None:
-        raise unsupported("Failed to unimport MR")
-
     def _free(self) -> None:
         self.logger.debug("Closing MR")
+        if self._is_imported:
+            return
         destroy("Failed to dereg MR", v.ibv_dereg_mr, self.mr)
         if self._owned:
             libc.free(self.proc, self._buf, max(self._length, 1))
@@ -194,12 +220,73 @@ class DMMR(MR):
 
 
 class DmaBufMR(MR):
-    """Mirrors pyverbs' DmaBufMR (ibv_reg_dmabuf_mr over a GPU's dma-buf): not yet."""
+    """Mirrors pyverbs' DmaBufMR: ibv_reg_dmabuf_mr(pd, offset, length, iova=offset, fd,
+    access) over `dmabuf` (a DmaBuf or a dma-buf fd); without one, a DmaBuf of
+    length + offset bytes on `gpu` (GTT with `gtt`) is allocated and closed with the
+    MR.  buf is 0 (the MR's addresses are its iova, the offset).  write/read map the
+    render node at the buffer's mmap offset (MAP_SHARED), copy, unmap."""
+
+    _IS_DMABUF_MR = True
 
     def __init__(self, pd: PD, length: int, access: int, dmabuf: Any = None, offset: int = 0,
                  gpu: int = 0, gtt: int = 0) -> None:
         PyverbsCM.__init__(self)
-        raise unsupported("Failed to register a dma-buf MR")
+        self.pd, self.proc = pd, pd.ctx.proc
+        self._owned, self._buf, self._length = False, 0, length
+        self._internal = dmabuf is None
+        if dmabuf is None:
+            dmabuf = DmaBuf(length + offset, gpu, gtt)
+        fd = dmabuf.fd if isinstance(dmabuf, DmaBuf) else dmabuf
+        try:
+            self.mr = call(f"Failed to register a dma-buf MR. length: {length}, access flags: "
+                           f"{access}", v.ibv_reg_dmabuf_mr, pd.pd, offset, length, offset, fd,
+                           access)
+        except BaseException:
+            if self._internal:
+                dmabuf.close()      # pyverbs' DmaBuf goes with the failed object
+            raise
+        self.dmabuf, self.offset = dmabuf, offset
+        pd.add_ref(self)
+        if isinstance(dmabuf, DmaBuf):
+            dmabuf.add_ref(self)
+        self._created()
+        self.logger.debug(f"Registered dma-buf ibv_mr. Length: {length}, access flags {access}")
+
+    def _map(self, length: int, off: int) -> int:
+        addr = self.proc.mmap(0, length + off, libc.PROT_READ | libc.PROT_WRITE,
+                              libc.MAP_SHARED, self.dmabuf.drm_fd, self.dmabuf.map_offset)
+        if addr < 0:
+            set_errno(-addr)
+            raise PyverbsError(f"Failed to map dma-buf of size {length}")
+        return addr
+
+    def write(self, data: str | bytes, length: int, offset: int = 0) -> None:
+        """Write `length` bytes of data at `offset` of the MR (its dma-buf)."""
+        self._check_open("DmaBufMR.write")
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        off = offset + self.offset
+        addr = self._map(length, off)
+        try:
+            self.proc.store(addr + off, raw[:length])
+        finally:
+            self.proc.munmap(addr, length + off)
+
+    def read(self, length: int, offset: int) -> bytes:
+        """Read `length` bytes at `offset` of the MR (its dma-buf)."""
+        self._check_open("DmaBufMR.read")
+        off = offset + self.offset
+        addr = self._map(length, off)
+        try:
+            return self.proc.load(addr + off, length)
+        finally:
+            self.proc.munmap(addr, length + off)
+
+    def _free(self) -> None:
+        self.logger.debug("Closing dma-buf MR")
+        destroy("Failed to dereg dma-buf MR", v.ibv_dereg_mr, self.mr)
+        if self._internal:
+            self.dmabuf.close()
+        self.dmabuf = None
 
 
 def mwtype2str(mw_type: int) -> str:

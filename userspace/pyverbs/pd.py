@@ -11,21 +11,27 @@ from userspace.pyverbs.base import (
     call,
     destroy,
     set_errno,
-    unsupported,
 )
 from userspace.pyverbs.device import Context
 from userspace.pyverbs.pyverbs_error import PyverbsRDMAError
 
 
 class PD(PyverbsCM):
-    """Mirrors pyverbs' PD: allocated on a Context, closed before it."""
+    """Mirrors pyverbs' PD: allocated on a Context, closed before it.  PD(ctx, handle=h)
+    imports the PD of handle h of the context's command fd (ibv_import_pd); closing it
+    does not deallocate the PD, which stays its creator's."""
+
+    _is_imported = False
 
     def __init__(self, creator: Context, **kwargs: Any) -> None:
         super().__init__()
-        if kwargs.get("handle") is not None:
-            raise unsupported("Failed to import PD")
         self.ctx = creator
-        self.pd = call("Failed to allocate PD", v.ibv_alloc_pd, creator.ctx)
+        if kwargs.get("handle") is not None:
+            self.pd = call("Failed to import PD", v.ibv_import_pd, creator.ctx,
+                           kwargs["handle"])
+            self._is_imported = True
+        else:
+            self.pd = call("Failed to allocate PD", v.ibv_alloc_pd, creator.ctx)
         self._created()
         creator.add_ref(self)
         self.logger.debug("PD: Allocated ibv_pd")
@@ -44,11 +50,15 @@ class PD(PyverbsCM):
         return rc
 
     def unimport(self) -> None:
-        raise unsupported("Failed to unimport PD")
+        """ibv_unimport_pd(), then close() (its objects first; the PD stays)."""
+        self._check_open("PD.unimport")
+        call("Failed to unimport PD", v.ibv_unimport_pd, self.pd)
+        self.close()
 
     def _free(self) -> None:
         self.logger.debug("Closing PD")
-        destroy("Failed to dealloc PD", v.ibv_dealloc_pd, self.pd)
+        if not self._is_imported:
+            destroy("Failed to dealloc PD", v.ibv_dealloc_pd, self.pd)
 
 
 def _pd_alloc(pd: v.ibv_pd, pd_context: ParentDomainContext, size: int, alignment: int,

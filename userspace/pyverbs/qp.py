@@ -184,7 +184,7 @@ class QP(PyverbsCM):
             else:
                 ctx = creator
             c_attr: v.ibv_qp_init_attr = init_attr.to_c_ex()
-            self.qp = call("Failed to create QP", v.ibv_create_qp_ex, ctx.ctx, c_attr)
+            self.qp = self._create_ex(ctx, c_attr)
             owner: PyverbsCM = init_attr.pd if init_attr.pd is not None else ctx
         elif isinstance(creator, PD):
             c_attr = init_attr.to_c()
@@ -206,6 +206,11 @@ class QP(PyverbsCM):
                 self.to_rts(qp_attr)
             else:
                 self.to_init(qp_attr)
+
+    def _create_ex(self, ctx: Context, c_attr: v.ibv_qp_init_attr_ex) -> v.ibv_qp:
+        """The create verb of a QPInitAttrEx QP (ibv_create_qp_ex; Mlx5QP's is
+        mlx5dv_create_qp)."""
+        return call("Failed to create QP", v.ibv_create_qp_ex, ctx.ctx, c_attr)
 
     @property
     def qp_num(self) -> int:

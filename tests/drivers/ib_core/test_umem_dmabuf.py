@@ -206,7 +206,7 @@ class MovingBuffer:
             put_page(pg)
 
 
-def test_move_notify_revokes_the_mkey_and_unmaps(host):
+def test_move_notify_zaps_the_mtt_and_unmaps_and_a_fault_maps_again(host):
     m, p = host
 
     def go():
@@ -215,12 +215,18 @@ def test_move_notify_revokes_the_mkey_and_unmaps(host):
         fd = dma_buf_fd(buf.dmabuf, 0)               # into the process's fd table
         mr = v.ibv_reg_dmabuf_mr(pd, 0, 4 * 4096, 0x100000, fd, RW)
         mkey = kernel_mr(m, mr.lkey)
-        assert buf.maps == 1 and not mkey.mkc["free"]
+        assert buf.maps == 1 and not mkey.mkc["free"] and not mkey.pf_absent
         mutex_lock(buf.dmabuf.resv)
         dma_buf_move_notify(buf.dmabuf)              # the exporter moves the buffer
         mutex_unlock(buf.dmabuf.resv)
-        assert mkey.mkc["free"] and buf.maps == 0   # revoked, the mapping given back
+        # zapped (entries not present: the next access faults), the mapping given back;
+        # the mkey stays on
+        assert mkey.pf_absent and buf.maps == 0 and not mkey.mkc["free"]
+        # a fault (here a prefetch: the same pagefault_mr) maps the buffer again
+        assert v.ibv_advise_mr(pd, 1, 1, [v.ibv_sge(0x100000, 4096, mr.lkey)]) == 0
+        assert buf.maps == 1 and not mkey.pf_absent
         v.ibv_dereg_mr(mr)
+        assert buf.maps == 0
         mutex_lock(buf.dmabuf.resv)
         dma_buf_move_notify(buf.dmabuf)              # no importer left to tell
         mutex_unlock(buf.dmabuf.resv)
@@ -332,8 +338,8 @@ def test_a_failed_export_holds_nothing(host):
 # -- registration racing a move: every interleaving, by the explorer ------------------------
 def _reg_while_the_exporter_moves() -> None:
     """One thread registers a dma-buf MR while the exporter moves the buffer.  Whatever
-    the interleaving, a live (not revoked) MR must not be built on a mapping from
-    before the move."""
+    the interleaving, an MR whose MTT is loaded must not be built on a mapping from
+    before the move (a move after the load zaps it)."""
     m = rdma_host(ram_size=32 << 20)
     m.load_module("mlx5_ib")
     p = m.spawn("app")
@@ -354,8 +360,11 @@ def _reg_while_the_exporter_moves() -> None:
     mr = reg.join()
     exporter.join()
     mkey = kernel_mr(m, mr.lkey)
-    if not mkey.mkc["free"]:                    # live: its mapping must postdate the move
+    assert not mkey.mkc["free"]
+    if not mkey.pf_absent:                      # loaded: its mapping must postdate the move
         assert buf.maps == 1 and moved == [0], (moved, buf.maps)
+    else:                                       # zapped by the move: nothing mapped
+        assert buf.maps == 0, (moved, buf.maps)
     p.run(v.ibv_dereg_mr, mr)
     p.run(p.close, fd)
     p.run(close_verbs, ctx, pd)

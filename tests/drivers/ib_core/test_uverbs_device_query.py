@@ -83,7 +83,8 @@ def test_ex_query_device_answers_the_base_and_the_extended_caps(ctx):
     assert resp.timestamp_mask == 0x7FFFFFFFFFFFFFFF
     # ODP (IB_ODP_SUPPORT, not implicit) for RC (SEND, RECV, WRITE, READ, ATOMIC,
     # SRQ_RECV) and XRC (all but RECV), none for UD
-    assert resp.odp_caps == uv.ib_uverbs_odp_caps(general_caps=1, rc_odp_caps=0x3F)
+    assert resp.odp_caps == uv.ib_uverbs_odp_caps(general_caps=3, rc_odp_caps=0x3F,  # +IMPLICIT
+                                              ud_odp_caps=1)                    # UD SEND
     assert resp.xrc_odp_caps == 0x3D
     assert resp.max_dm_size == 256 << 10            # max_memic_size
     assert resp.raw_packet_caps == (IB_RAW_PACKET_CAP_CVLAN_STRIPPING
@@ -265,7 +266,7 @@ def test_gid_ioctls_before_get_context_are_einval(m):
 
 
 def test_an_unknown_device_method_is_eprotonosupport(ctx):
-    assert gid_ioctl(ctx, ic.UVERBS_METHOD_QUERY_CONTEXT, []) == -errno.EPROTONOSUPPORT
+    assert gid_ioctl(ctx, ic.UVERBS_METHOD_INFO_HANDLES, []) == -errno.EPROTONOSUPPORT  # none here
 
 
 # -- the P_Key table -----------------------------------------------------------------------

@@ -124,7 +124,9 @@ def test_init_one_runs_the_stage_table_in_order():
     cmds = [(p.fields["command"], p.fields["status"]) for p in t.trace.points("mlx5_cmd")]
     assert cmds[:5] == [("ENABLE_HCA", 0), ("QUERY_HCA_CAP", 0), ("QUERY_HCA_CAP", 0),
                         ("SET_HCA_CAP", 0), ("INIT_HCA", 0)]
-    assert cmds[-3:] == [("ALLOC_UAR", 0), ("CREATE_EQ", 0), ("MODIFY_NIC_VPORT_CONTEXT", 0)]
+    # the async EQ, then the completion EQ
+    assert cmds[-4:] == [("ALLOC_UAR", 0), ("CREATE_EQ", 0), ("CREATE_EQ", 0),
+                         ("MODIFY_NIC_VPORT_CONTEXT", 0)]
     assert len(cmds) == len(m.hcas[0].fw.cmd_log)
 
 
@@ -134,8 +136,8 @@ def test_module_unload_removes_everything_in_reverse():
     pdev = hca.pdev
     before = len(hca.fw.cmd_log)
     m.unload_module("mlx5_core")
-    assert [c[0] for c in hca.fw.cmd_log[before:]] == [
-        "DESTROY_EQ", "DEALLOC_UAR", "TEARDOWN_HCA", "DISABLE_HCA"]
+    assert [c[0] for c in hca.fw.cmd_log[before:]] == [   # completion EQ, then async EQ
+        "DESTROY_EQ", "DESTROY_EQ", "DEALLOC_UAR", "TEARDOWN_HCA", "DISABLE_HCA"]
     assert pdev.driver is None and pdev.enable_cnt == 0 and not pdev.is_busmaster
     assert pdev.dev.driver_data is None and auxiliary_bus(m).devices == []
     assert hca.fw.state == "disabled" and hca.fw.leaked == [] and m.pci_drivers == []

@@ -10,7 +10,9 @@ import pytest
 
 from drivers.mlx5_ib.odp import (
     MLX5_EVENT_TYPE_PAGE_FAULT,
+    implicit_get_child_mr,
     mlx5_ib_pf_eq,
+    mlx5r_deref_odp_mkey,
     pagefault_single_data_segment,
 )
 from kernel_model.hw.mlx5_ifc import (
@@ -79,10 +81,57 @@ def test_the_page_fault_eq_is_made_once_and_goes_at_remove(m, app):
     assert len(fw(m).eqs) == n
 
 
-def test_implicit_odp_is_einval(m, app):
+def test_implicit_odp_with_an_iova_is_einval(m, app):
     p, ctx, pd = app
-    assert errno_of(v.ibv_reg_mr, pd, 0, (1 << 64) - 1, ODP) == errno.EINVAL
-    assert "implicit ODP" in last_error(p)
+    assert errno_of(v.ibv_reg_mr_iova, pd, 0, (1 << 64) - 1, K4, ODP) == errno.EINVAL
+    assert "implicit MR with an iova" in last_error(p)
+
+
+def test_implicit_odp_children_come_and_go(m, app):
+    """The first fault in a slice makes its child (an ODP MTT mkey among the ODP mkeys);
+    munmap of every page the child mapped destroys it from a work; dereg takes the
+    parent and the children left, every DMA mapping given back."""
+    from kernel_model.workqueue import flush_workqueue, system_wq
+    p, ctx, pd = app
+    dev = m.hcas[0].pdev.dev
+    n = dev.nr_dma_mappings
+    imr = p.run(v.ibv_reg_mr, pd, 0, (1 << 64) - 1, ODP)
+    parent = ib_dev(m).odp_mkeys[imr.lkey >> 8]
+    assert parent.is_odp_implicit and parent.implicit_children == {}
+    addr = fresh(p, 2)
+    assert v.ibv_advise_mr(pd, PREFETCH_WRITE, FLUSH, [sge(addr, 2 * K4, imr.lkey)]) == 0
+    [(idx, child)] = parent.implicit_children.items()
+    assert idx == addr >> 30 and child.parent is parent and child.umem.npages_mapped == 2
+    key = child.lkey
+    assert ib_dev(m).odp_mkeys[child.lkey >> 8] is child and dev.nr_dma_mappings == n + 2
+    assert p.munmap(addr, K4) == 0 and parent.implicit_children      # one page left
+    assert p.munmap(addr + K4, K4) == 0 and not parent.implicit_children
+    with p.kernel():
+        flush_workqueue(system_wq(m))
+    assert key >> 8 not in fw(m).mkeys and key >> 8 not in ib_dev(m).odp_mkeys  # child freed
+    again = fresh(p, 1)
+    assert v.ibv_advise_mr(pd, PREFETCH_WRITE, FLUSH, [sge(again, K4, imr.lkey)]) == 0
+    assert p.run(v.ibv_dereg_mr, imr) == 0
+    assert dev.nr_dma_mappings == n and ib_dev(m).odp_mkeys == {}
+    assert imr.lkey >> 8 not in fw(m).mkeys
+
+
+def test_a_child_made_twice_keeps_the_first(m, app):
+    """Two faults racing to make the same slice's child: the loser's goes, both use the
+    winner's, each with a reference (mlx5r_deref_odp_mkey drops it)."""
+    p, ctx, pd = app
+    imr = p.run(v.ibv_reg_mr, pd, 0, (1 << 64) - 1, ODP)
+    parent = ib_dev(m).odp_mkeys[imr.lkey >> 8]
+    n, maps = len(fw(m).mkeys), m.hcas[0].pdev.dev.nr_dma_mappings
+    with p.kernel():
+        first = implicit_get_child_mr(parent, 5)
+        again = implicit_get_child_mr(parent, 5)
+        assert again is first and first.odp_users == 2 and len(fw(m).mkeys) == n + 1
+        assert parent.implicit_children == {5: first}
+        mlx5r_deref_odp_mkey(first)
+        mlx5r_deref_odp_mkey(again)
+    assert first.odp_users == 0 and m.hcas[0].pdev.dev.nr_dma_mappings == maps
+    assert p.run(v.ibv_dereg_mr, imr) == 0 and len(fw(m).mkeys) == n - 1
 
 
 def test_dereg_unmaps_every_faulted_page(m, app):
@@ -214,6 +263,12 @@ def test_update_xlt_errors(m, app):
     assert plain_mk.pg_access and not plain_mk.pf_absent
     assert xlt(odp.lkey, 0, 1, 0, zap=1) == 0
     assert fw(m).mkeys[odp.lkey >> 8].pf_absent
+    # a KSM mkey (an implicit MR's parent): 16-byte entries, two of the table's words
+    imr = p.run(v.ibv_reg_mr, pd, 0, (1 << 64) - 1, ODP)
+    last = (1 << 17) - 1
+    assert xlt(imr.lkey, last, 2, 4) == MLX5_CMD_STAT_BAD_PARAM_ERR     # beyond the KSMs
+    assert xlt(imr.lkey, last, 1, 1) == MLX5_CMD_STAT_BAD_INP_LEN_ERR   # half an entry
+    assert xlt(imr.lkey, last, 1, 2) == 0                               # one whole entry
 
 
 def test_pf_eq_object_repr():

@@ -366,7 +366,7 @@ def _bad_ucmd(p, case):
     ("dirty tail", errno.EINVAL, "unknown trailing request bytes"),
     ("reserved", errno.EINVAL, "reserved field set"),
     ("unknown flag", errno.EINVAL, "unknown flags 0x1000"),
-    ("dct flag", errno.EOPNOTSUPP, "not supported"),
+    ("dct flag", errno.EINVAL, "a DCT needs an SRQ"),   # the flag makes it a DCT
     ("default uidx on v1", errno.EINVAL, "uidx 0xffffff"),
     ("uidx over 24 bits", errno.EINVAL, "uidx 0x1000000"),
     ("rq shift 33", errno.EINVAL, "rq_wqe_shift 33"),

@@ -31,7 +31,8 @@ def test_query_device_ex_has_pyverbs_shape(ctx):
     odp = attr.odp_caps
     assert isinstance(odp, d.ODPCaps)
     assert (odp.general_caps, odp.rc_odp_caps, odp.uc_odp_caps, odp.ud_odp_caps,
-            odp.xrc_odp_caps) == (e.IBV_ODP_SUPPORT, 0x3F, 0, 0, 0x3D)   # RC, XRC ODP
+            odp.xrc_odp_caps) == (e.IBV_ODP_SUPPORT | e.IBV_ODP_SUPPORT_IMPLICIT, 0x3F, 0,
+                                  e.IBV_ODP_SUPPORT_SEND, 0x3D)   # RC, XRC, UD send ODP
     assert "ODP General caps" in str(odp)
     assert isinstance(attr.tso_caps, d.TSOCaps) and attr.tso_caps.max_tso == 0
     assert attr.rss_caps.supported_qpts == 1 << e.IBV_QPT_RAW_PACKET

@@ -14,11 +14,11 @@ import userspace.pyverbs.enums as e
 from userspace.pyverbs import host, mem_alloc
 from userspace.pyverbs.addr import GID, AHAttr, GlobalRoute
 from userspace.pyverbs.cq import CQ
+from userspace.pyverbs.flow import Flow, FlowAttr
 from userspace.pyverbs.mr import MR
 from userspace.pyverbs.pd import PD
 from userspace.pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 from userspace.pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from userspace.pyverbs.wq import WQ, WQInitAttr
 from userspace.pyverbs.wr import SGE, RecvWR, SendWR
 
 
@@ -185,10 +185,10 @@ def test_a_modify_with_a_bad_mask_fails_with_the_errno():
 
 def test_a_feature_not_emulated_fails_with_eopnotsupp_but_its_attrs_build():
     with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
-        attr = WQInitAttr(wq_pd=pd, max_wr=8)
-        assert attr.wq_pd is pd and attr.max_wr == 8 and attr.comp_mask == 0
+        attr = FlowAttr(num_of_specs=1, port=1)
+        assert attr.port == 1 and attr.num_of_specs == 1 and attr.flags == 0
         with pytest.raises(PyverbsRDMAError) as ei:
-            WQ(ctx, attr)
+            Flow(pd, attr)
     assert ei.value.error_code == errno.EOPNOTSUPP
 
 

@@ -29,12 +29,11 @@ def fw():
 def test_the_device_reports_rc_odp():
     with d.Context(name="mlx5_0") as ctx:
         odp = ctx.query_device_ex().odp_caps
-        assert odp.general_caps & e.IBV_ODP_SUPPORT
-        assert not odp.general_caps & e.IBV_ODP_SUPPORT_IMPLICIT
+        assert odp.general_caps == e.IBV_ODP_SUPPORT | e.IBV_ODP_SUPPORT_IMPLICIT
         want = (e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_WRITE | e.IBV_ODP_SUPPORT_READ
                 | e.IBV_ODP_SUPPORT_ATOMIC | e.IBV_ODP_SUPPORT_SRQ_RECV)
         assert odp.rc_odp_caps == want | e.IBV_ODP_SUPPORT_RECV
-        assert odp.xrc_odp_caps == want and odp.ud_odp_caps == 0
+        assert odp.xrc_odp_caps == want and odp.ud_odp_caps == e.IBV_ODP_SUPPORT_SEND
 
 
 def test_an_odp_mr_pins_nothing_and_its_mkey_faults():
@@ -54,10 +53,48 @@ def test_an_odp_mr_pins_nothing_and_its_mkey_faults():
         assert mr.lkey >> 8 not in fw().mkeys
 
 
-def test_implicit_odp_is_refused():
+def test_implicit_mr_without_on_demand_is_einval():
     with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
-        with pytest.raises(PyverbsRDMAError):
-            MR(pd, 0, ODP, implicit=True)
+        with pytest.raises(PyverbsRDMAError) as ei:
+            MR(pd, 0, LW, implicit=True)
+        assert ei.value.error_code == errno.EINVAL
+
+
+def test_an_implicit_mr_sends_from_any_buffer_and_prefetches():
+    """MR(pd, n, ODP, address=a, implicit=True): ibv_reg_mr(pd, NULL, SIZE_MAX) - one key
+    for the whole address space (buf is only a); sync and async prefetch make the slice's
+    child ahead of the HCA; a send then lands with no page fault."""
+    with d.Context(name="mlx5_0") as ctx, PD(ctx) as pd:
+        cq = CQ(ctx, 16, None, None, 0)
+        a, b = _rc_pair(ctx, pd, cq)
+        plain = MR(pd, 3 * 4096, LW)
+        imr = MR(pd, 4096, ODP, address=plain.buf, implicit=True)
+        assert imr.buf == plain.buf and imr.length == 4096
+        mk = fw().mkeys[imr.lkey >> 8]
+        assert mk.mkc["access_mode_1_0"] == 3 and mk.mkc["length64"]      # KSM, whole space
+        sg = [SGE(plain.buf, 64, imr.lkey)]
+        assert pd.advise_mr(e._IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                            e._IBV_ADVISE_MR_FLAG_FLUSH, sg) == 0
+        assert pd.advise_mr(e._IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, 0,     # asynchronous
+                            [SGE(plain.buf + 4096, 64, imr.lkey)]) == 0
+        for _ in range(50):                                  # the async prefetch's work runs
+            cq.poll(1)
+        plain.write(b"one key, any buffer", 19)
+        n = [c[0] for c in fw().cmd_log].count("PAGE_FAULT_RESUME")
+        b.post_recv(RecvWR(wr_id=1, num_sge=1, sg=[SGE(plain.buf + 4096, 64, imr.lkey)]))
+        a.post_send(SendWR(wr_id=2, num_sge=1, sg=[SGE(plain.buf, 19, imr.lkey)],
+                           send_flags=e.IBV_SEND_SIGNALED))
+        wcs = []
+        for _ in range(10_000):
+            wcs += cq.poll(2)[1]
+            if len(wcs) == 2:
+                break
+        assert sorted((w.wr_id, w.status) for w in wcs) == [(1, e.IBV_WC_SUCCESS),
+                                                            (2, e.IBV_WC_SUCCESS)]
+        assert plain.read(19, 4096) == b"one key, any buffer"
+        assert [c[0] for c in fw().cmd_log].count("PAGE_FAULT_RESUME") == n
+        imr.close()
+        assert imr.lkey >> 8 not in fw().mkeys
 
 
 def test_a_send_between_odp_mrs_faults_and_lands():

@@ -100,6 +100,7 @@ SYNDROME_TO_STATUS = {0x01: IBV_WC_LOC_LEN_ERR, 0x02: IBV_WC_LOC_QP_OP_ERR,
 # enum ibv_wc_opcode and flags
 IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ = 0, 1, 2
 IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM = 128, 129
+IBV_WC_DRIVER2 = 136            # a raw WQE's completion (mlx5dv_wr_raw_wqe)
 IBV_WC_GRH, IBV_WC_WITH_IMM, IBV_WC_WITH_INV = 1 << 0, 1 << 1, 1 << 3
 MLX5_OPCODE_UMR, MLX5_CQE_RESP_SEND_INV = 0x25, 4
 IBV_WC_COMP_SWAP, IBV_WC_FETCH_ADD = 3, 4
@@ -121,6 +122,15 @@ def _find_qp(cq: Any, rsn: int) -> Any:
     return next((qp for qp in table.values() if qp.qp_num == rsn), None)
 
 
+def _null_wrid(cq: Any, wq: Any, idx: int) -> None:
+    """A CQE naming a queue the QP does not have (wqe_cnt 0: an XRC target's, a CQE the
+    process forged in its own ring): C reads wq->wrid[idx] through a NULL wrid - the
+    process's own SIGSEGV, which this load of that address raises (found by peermem
+    fuzz: a zeroed CQE after MADV_DONTNEED of the ring named an XRC target QP)."""
+    if not wq.wqe_cnt:
+        cq.context.proc.load(8 * (idx & 0xFFFF), 8)
+
+
 def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
     """Mirrors mlx5_parse_cqe(): fill one work completion; False on a CQE
     naming no known QP (CQ_POLL_ERR)."""
@@ -133,9 +143,15 @@ def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
         else qp.qp_num
     wc.wc_flags = 0
     wqe_ctr = struct.unpack_from(">H", raw, 60)[0]
-    if opcode in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR) and not is_xsrq:
+    if opcode in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR) and is_xsrq:
+        # EMU: a requester CQE naming an XRC SRQ (only a ring the process scribbled on
+        # has one): libmlx5 would read the SRQ's memory as a QP's; here the poll fails
+        # as for an unknown QP (CQ_POLL_ERR)
+        return False
+    if opcode in (MLX5_CQE_REQ, MLX5_CQE_REQ_ERR):
         wq = qp.sq
         idx = wqe_ctr & (wq.wqe_cnt - 1)
+        _null_wrid(cq, wq, idx)
         wc.wr_id = wq.wrid[idx]
         wq.tail = wq.wqe_head[idx] + 1
     elif is_xsrq or qp.srq is not None:   # handle_responder: the SRQ's WQE, back on its list
@@ -144,6 +160,7 @@ def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
         mlx5_free_srq_wqe(srq, wqe_ctr & (srq.max - 1))
     else:
         wq = qp.rq
+        _null_wrid(cq, wq, wq.tail & (wq.wqe_cnt - 1))
         wc.wr_id = wq.wrid[wq.tail & (wq.wqe_cnt - 1)]
         wq.tail += 1
     if opcode in (MLX5_CQE_REQ_ERR, MLX5_CQE_RESP_ERR):
@@ -160,6 +177,8 @@ def _parse_cqe(cq: Any, raw: bytes, wc: Any) -> bool:
         wc.opcode = REQ_OPCODE_TO_WC.get(sop, IBV_WC_SEND)
         if sop == MLX5_OPCODE_UMR:       # handle_good_req: BIND_MW or LOCAL_INV, as posted
             wc.opcode = wq.wr_data[idx]
+        if wq.wr_data[idx] == IBV_WC_DRIVER2:     # handle_good_req: a raw WQE
+            wc.opcode = IBV_WC_DRIVER2
         wc.byte_len = byte_cnt if wc.opcode == IBV_WC_RDMA_READ else 0
         if wc.opcode in (IBV_WC_COMP_SWAP, IBV_WC_FETCH_ADD):
             wc.byte_len = 8          # handle_good_req: an atomic returns 8 bytes

@@ -52,8 +52,14 @@ from userspace.providers.mlx5.buf import (
     mlx5_alloc_prefered_buf,
     mlx5_free_actual_buf,
 )
+from userspace.providers.mlx5.clock import (
+    _mlx5dv_get_clock_info,
+    mlx5dv_clock_info,
+    mlx5dv_ts_to_ns,
+)
 from userspace.providers.mlx5.cq import (
     CQE_OP_OWN,
+    IBV_WC_DRIVER2,
     IBV_WC_GRH,
     IBV_WC_RECV,
     IBV_WC_RECV_RDMA_WITH_IMM,
@@ -71,6 +77,7 @@ from userspace.providers.mlx5.cq import (
 from userspace.providers.mlx5.wqsize import roundup_pow_of_two
 
 MLX5_CQ_ARM_DB = 1
+MLX5_CQ_FLAGS_RAW_WQE = 1 << 7
 MLX5_CQ_DOORBELL = 0x20
 MLX5_CQ_DB_REQ_NOT_SOL = 1 << 24
 MLX5_CQ_DB_REQ_NOT = 0 << 24
@@ -103,6 +110,10 @@ def _next_cqe(cq: Any) -> int:
     if not _parse_cqe(cq, raw, wc):
         return errno.EINVAL           # CQ_POLL_ERR: a CQE naming no QP of this context
     cq.cur_cqe = raw
+    # mlx5_parse_lazy_cqe: a raw WQE's completion reads as IBV_WC_DRIVER2
+    cq.flags &= ~MLX5_CQ_FLAGS_RAW_WQE
+    if raw[CQE_OP_OWN] >> 4 == MLX5_CQE_REQ and wc.opcode == IBV_WC_DRIVER2:
+        cq.flags |= MLX5_CQ_FLAGS_RAW_WQE
     cq.wr_id, cq.status = wc.wr_id, wc.status
     cq.cur_vendor_err = wc.vendor_err
     return 0
@@ -125,6 +136,18 @@ def mlx5_start_poll(cq: Any, attr: Any) -> int:
 
 
 @traced
+def mlx5_start_poll_clock_update(cq: Any, attr: Any) -> int:
+    """Mirrors mlx5_start_poll()'s clock_update variant (a CQ with the wall-clock
+    timestamp): after taking a CQE, _mlx5dv_get_clock_info() into cq.last_clock_info,
+    its errno the poll's."""
+    ret = mlx5_start_poll(cq, attr)
+    if not ret:
+        cq.last_clock_info = mlx5dv_clock_info()
+        ret = _mlx5dv_get_clock_info(cq.context, cq.last_clock_info)
+    return ret
+
+
+@traced
 def mlx5_next_poll(cq: Any) -> int:
     """Mirrors mlx5_next_poll(): the next CQE, or ENOENT."""
     return _next_cqe(cq)
@@ -132,9 +155,9 @@ def mlx5_next_poll(cq: Any) -> int:
 
 @traced
 def mlx5_end_poll(cq: Any) -> None:
-    """Mirrors mlx5_end_poll(): the consumer index to the doorbell record."""
+    """Mirrors mlx5_end_poll(): the consumer index to the doorbell record.  The last
+    CQE stays current (C's cq->cqe64 is not reset: a reader after the poll sees it)."""
     update_cons_index(cq)
-    cq.cur_cqe = None
 
 
 def _be32(raw: bytes, off: int) -> int:
@@ -147,6 +170,8 @@ def mlx5_cq_read_wc_opcode(cq: Any) -> int:
     raw = cq.cur_cqe
     op = raw[CQE_OP_OWN] >> 4
     if op == MLX5_CQE_REQ:
+        if cq.flags & MLX5_CQ_FLAGS_RAW_WQE:
+            return IBV_WC_DRIVER2
         return REQ_OPCODE_TO_WC.get(_be32(raw, CQE_SOP_DROP_QPN) >> 24, 0)
     if op == MLX5_CQE_RESP_WR_IMM:
         return IBV_WC_RECV_RDMA_WITH_IMM
@@ -202,8 +227,14 @@ def mlx5_cq_read_wc_dlid_path_bits(cq: Any) -> int:
 
 
 def mlx5_cq_read_wc_completion_ts(cq: Any) -> int:
-    """The CQE's timestamp.  # EMU: the engine writes none (0)."""
+    """Mirrors mlx5_cq_read_wc_completion_ts(): the CQE's timestamp (device clock)."""
     return struct.unpack_from(">Q", cq.cur_cqe, CQE_TIMESTAMP)[0]
+
+
+def mlx5_cq_read_wc_completion_wallclock_ns(cq: Any) -> int:
+    """Mirrors mlx5_cq_read_wc_completion_wallclock_ns(): the CQE's timestamp in
+    nanoseconds, by the clock info the poll read (mlx5dv_ts_to_ns)."""
+    return mlx5dv_ts_to_ns(cq.last_clock_info, mlx5_cq_read_wc_completion_ts(cq))
 
 
 def mlx5_cq_read_wc_cvlan(cq: Any) -> int:
@@ -236,18 +267,20 @@ _READERS = ((IBV_WC_EX_WITH_BYTE_LEN, "read_byte_len", mlx5_cq_read_wc_byte_len)
 
 def mlx5_cq_fill_pfns(cq: Any, attr: Any, mctx: Any) -> int:
     """Mirrors mlx5_cq_fill_pfns(): the poll calls and the readers wc_flags asks for;
-    EOPNOTSUPP for the wall-clock timestamp without real-time timestamps or the clock
-    info page (the model has neither)."""
+    EOPNOTSUPP for the wall-clock timestamp without the clock-info page.  A wall-clock
+    CQ polls with the clock-update start_poll."""
     cq.start_poll, cq.next_poll, cq.end_poll = mlx5_start_poll, mlx5_next_poll, mlx5_end_poll
+    if attr.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK:
+        cq.start_poll = mlx5_start_poll_clock_update
     cq.read_opcode, cq.read_vendor_err = mlx5_cq_read_wc_opcode, mlx5_cq_read_wc_vendor_err
     cq.read_wc_flags = mlx5_cq_read_wc_flags
     for bit, name, fn in _READERS:
         if attr.wc_flags & bit:
             setattr(cq, name, fn)
     if attr.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK:
-        if not getattr(mctx, "clock_info_page", 0):
+        if not mctx.clock_info_page:
             return errno.EOPNOTSUPP
-        cq.read_completion_wallclock_ns = mlx5_cq_read_wc_completion_ts
+        cq.read_completion_wallclock_ns = mlx5_cq_read_wc_completion_wallclock_ns
     return 0
 
 

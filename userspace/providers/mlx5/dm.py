@@ -1,5 +1,6 @@
 """Mirrors rdma-core providers/mlx5/verbs.c: device memory (mlx5_alloc_dm, mlx5_free_dm,
-mlx5_memcpy_to_dm, mlx5_memcpy_from_dm, mlx5_reg_dm_mr) - MEMIC only.
+mlx5_memcpy_to_dm, mlx5_memcpy_from_dm, mlx5_reg_dm_mr, mlx5_import_dm,
+mlx5_unimport_dm) - MEMIC only.
 
 mlx5_alloc_dm: EINVAL for a comp_mask bit or a length above the context's
 max_dm_size (ibv_query_device_ex's, kept at open), and for any failure of the
@@ -27,6 +28,11 @@ from kernel_model.uapi.mlx5_abi import MLX5_IB_MMAP_DEVICE_MEM
 from kernel_model.uapi.rdma_user_ioctl import (
     MLX5_IB_ATTR_ALLOC_DM_RESP_PAGE_INDEX,
     MLX5_IB_ATTR_ALLOC_DM_RESP_START_OFFSET,
+    MLX5_IB_ATTR_QUERY_DM_REQ_HANDLE,
+    MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH,
+    MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX,
+    MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET,
+    MLX5_IB_METHOD_DM_QUERY,
 )
 from userspace.libc import MAP_SHARED, PROT_READ, PROT_WRITE
 from userspace.libibverbs.cmd import VerbsError, execute_ioctl
@@ -80,18 +86,50 @@ def mlx5_alloc_dm(ctx, length: int, log_align_req: int, comp_mask: int = 0) -> m
     except VerbsError as e:
         raise ProviderError(errno.EINVAL, f"mlx5_alloc_dm: {e.strerror}") from None
     dm = mlx5_dm(ctx, out[c.UVERBS_ATTR_ALLOC_DM_HANDLE], length)
-    page_idx = out[MLX5_IB_ATTR_ALLOC_DM_RESP_PAGE_INDEX] & 0xFFFF
-    # set_command(MLX5_IB_MMAP_DEVICE_MEM) + set_extended_index(page_idx)
-    offset = ((page_idx >> 8) << 16) | (MLX5_IB_MMAP_DEVICE_MEM << MLX5_IB_MMAP_CMD_SHIFT) \
-        | (page_idx & 0xFF)
-    va = ctx.proc.mmap(0, act_size, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.cmd_fd,
-                       page_size * offset)
+    va = dm_mmap(ctx, out[MLX5_IB_ATTR_ALLOC_DM_RESP_PAGE_INDEX] & 0xFFFF, act_size)
     if va < 0:
         _cmd_free_dm(dm)
         raise ProviderError(errno.ENOMEM, f"mlx5_alloc_dm: mmap failed ({-va})")
     dm.mmap_va, dm.mmap_len = va, act_size
     dm.start_va = va + (out[MLX5_IB_ATTR_ALLOC_DM_RESP_START_OFFSET] & (page_size - 1))
     return dm
+
+
+def dm_mmap(ctx, page_idx: int, act_size: int) -> int:
+    """Mirrors dm_mmap(): map the DM's pages from the command fd at the DEVICE_MEM
+    offset of page_idx (set_command + set_extended_index); the address or -errno."""
+    offset = ((page_idx >> 8) << 16) | (MLX5_IB_MMAP_DEVICE_MEM << MLX5_IB_MMAP_CMD_SHIFT) \
+        | (page_idx & 0xFF)
+    return ctx.proc.mmap(0, act_size, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.cmd_fd,
+                         ctx.page_size * offset)
+
+
+@traced
+def mlx5_import_dm(ctx, dm_handle: int) -> mlx5_dm:
+    """Mirrors mlx5_import_dm(): MLX5_IB_METHOD_DM_QUERY for where the DM behind the
+    handle is (the kernel's errors: ENOENT for a handle the fd's context does not hold,
+    EINVAL for one of another type), then its pages mapped as mlx5_alloc_dm maps them
+    (ENOMEM if that fails).  The copies then reach the same on-chip memory."""
+    out = execute_ioctl(ctx, c.UVERBS_OBJECT_DM, MLX5_IB_METHOD_DM_QUERY, [
+        (MLX5_IB_ATTR_QUERY_DM_REQ_HANDLE, dm_handle, "in8"),
+        (MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET, 0, "out8"),
+        (MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX, 0, "out4"),
+        (MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH, 0, "out8")], "mlx5_import_dm")
+    length = out[MLX5_IB_ATTR_QUERY_DM_RESP_LENGTH]
+    act_size = -(-length // ctx.page_size) * ctx.page_size
+    va = dm_mmap(ctx, out[MLX5_IB_ATTR_QUERY_DM_RESP_PAGE_INDEX] & 0xFFFF, act_size)
+    if va < 0:
+        raise ProviderError(errno.ENOMEM, f"mlx5_import_dm: mmap failed ({-va})")
+    dm = mlx5_dm(ctx, dm_handle, length, mmap_va=va, mmap_len=act_size)
+    dm.start_va = va + (out[MLX5_IB_ATTR_QUERY_DM_RESP_START_OFFSET] & (ctx.page_size - 1))
+    return dm
+
+
+@traced
+def mlx5_unimport_dm(dm: mlx5_dm) -> None:
+    """Mirrors mlx5_unimport_dm(): unmap the pages; the kernel's DM stays."""
+    dm.context.proc.munmap(dm.mmap_va, dm.mmap_len)
+    dm.mmap_va = dm.start_va = 0
 
 
 def _cmd_free_dm(dm: mlx5_dm) -> None:

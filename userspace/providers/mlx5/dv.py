@@ -27,7 +27,10 @@ import attrs
 
 from kernel_model.trace import traced
 from kernel_model.uapi.ib_user_ioctl_cmds import UVERBS_OBJECT_DEVICE
-from kernel_model.uapi.mlx5_abi import MLX5_IB_ALLOC_UCONTEXT_RESP_MASK_REAL_TIME_TS
+from kernel_model.uapi.mlx5_abi import (
+    MLX5_IB_ALLOC_UCONTEXT_RESP_MASK_REAL_TIME_TS,
+    mlx5_ib_clock_info,
+)
 from kernel_model.uapi.rdma_user_ioctl import (
     MLX5_IB_ATTR_QUERY_PORT,
     MLX5_IB_ATTR_QUERY_PORT_PORT_NUM,
@@ -37,6 +40,12 @@ from kernel_model.uapi.rdma_user_ioctl import (
 from userspace.libc import free, posix_memalign
 from userspace.libibverbs.cmd import VerbsError, execute_ioctl
 from userspace.libibverbs.verbs import ibv_open_device
+from userspace.providers.mlx5.clock import (  # noqa: F401 - mlx5dv.h
+    _mlx5dv_get_clock_info,
+    mlx5dv_clock_info,
+    mlx5dv_ts_to_ns,
+)
+from userspace.providers.mlx5.devx import _mlx5dv_devx_general_cmd
 from userspace.providers.mlx5.errors import ProviderError
 from userspace.providers.mlx5.mlx5 import mlx5_context
 from userspace.providers.mlx5.uar import (
@@ -45,7 +54,7 @@ from userspace.providers.mlx5.uar import (
     mlx5_bf,
     mlx5_insert_dyn_uuars,
 )
-from userspace.providers.mlx5.verbs import mlx5_ctx_ops
+from userspace.providers.mlx5.verbs import mlx5_create_qp_ex, mlx5_ctx_ops
 
 # mlx5dv.h: enum mlx5dv_context_attr_flags
 MLX5DV_CONTEXT_FLAGS_DEVX = 1 << 0
@@ -67,6 +76,7 @@ MLX5DV_CONTEXT_MASK_SIGNATURE_OFFLOAD = 1 << 10
 MLX5DV_CONTEXT_MASK_DCI_STREAMS = 1 << 11
 MLX5DV_CONTEXT_MASK_WR_MEMCPY_LENGTH = 1 << 12
 MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
+MLX5DV_CONTEXT_MASK_MAX_DC_RD_ATOM = 1 << 14
 # the masks answered unconditionally (the value may be zero)
 _ALWAYS_ANSWERED = (MLX5DV_CONTEXT_MASK_CQE_COMPRESION | MLX5DV_CONTEXT_MASK_SWP
                     | MLX5DV_CONTEXT_MASK_STRIDING_RQ | MLX5DV_CONTEXT_MASK_TUNNEL_OFFLOADS
@@ -74,7 +84,8 @@ _ALWAYS_ANSWERED = (MLX5DV_CONTEXT_MASK_CQE_COMPRESION | MLX5DV_CONTEXT_MASK_SWP
                     | MLX5DV_CONTEXT_MASK_FLOW_ACTION_FLAGS | MLX5DV_CONTEXT_MASK_DC_ODP_CAPS
                     | MLX5DV_CONTEXT_MASK_SIGNATURE_OFFLOAD
                     | MLX5DV_CONTEXT_MASK_WR_MEMCPY_LENGTH
-                    | MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD)
+                    | MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD
+                    | MLX5DV_CONTEXT_MASK_MAX_DC_RD_ATOM)
 
 
 @attrs.define
@@ -133,6 +144,10 @@ class mlx5dv_context:
     dci_streams_caps: mlx5dv_dci_streams_caps = attrs.Factory(mlx5dv_dci_streams_caps)
     max_wr_memcpy_length: int = 0
     crypto_caps: int = 0
+    # what get_hca_general_caps learnt (QUERY_HCA_CAP through a DevX general command);
+    # 0 for a context without DevX
+    max_dc_rd_atom: int = 0
+    max_dc_init_rd_atom: int = 0
 
 
 @attrs.define(eq=False)
@@ -172,13 +187,7 @@ def mlx5dv_open_device(proc: Any, device: Any, attr: mlx5dv_context_attr) -> mlx
         raise ProviderError(errno.EOPNOTSUPP, "mlx5dv_open_device: not an mlx5 device")
     if attr.flags & ~MLX5DV_CONTEXT_FLAGS_DEVX:
         raise ProviderError(errno.EINVAL, f"mlx5_alloc_context: flags {attr.flags:#x}")
-    if attr.flags & MLX5DV_CONTEXT_FLAGS_DEVX:
-        # EMU: DevX (the mlx5dv_devx_* object commands) is not emulated, so a context that
-        # insists on DevX fails as on a kernel that refuses the DEVX user context with
-        # EOPNOTSUPP (mlx5_ib_devx_create's stub); without the flag the open asks for DEVX
-        # and falls back, as rdma-core does.
-        raise ProviderError(errno.EOPNOTSUPP, "mlx5_alloc_context: DEVX context not supported")
-    return ibv_open_device(proc, device)
+    return ibv_open_device(proc, device, attr)
 
 
 @traced
@@ -203,10 +212,40 @@ def mlx5dv_query_device(ctx: Any, attrs_out: mlx5dv_context) -> int:
     out = asked & _ALWAYS_ANSWERED
     if asked & MLX5DV_CONTEXT_MASK_DYN_BFREGS:
         attrs_out.max_dynamic_bfregs = ctx.num_dyn_bfregs
-    # CLOCK_INFO_UPDATE, HCA_CORE_CLOCK, NUM_LAG_PORTS: answered only when the context
-    # mapped the clock-info page / the core clock or learnt the LAG ports (DevX); it did not
+    if asked & MLX5DV_CONTEXT_MASK_MAX_DC_RD_ATOM:
+        attrs_out.max_dc_rd_atom = ctx.max_dc_rd_atom
+        attrs_out.max_dc_init_rd_atom = ctx.max_dc_init_rd_atom
+    if asked & MLX5DV_CONTEXT_MASK_NUM_LAG_PORTS and ctx.num_lag_ports:
+        attrs_out.num_lag_ports = ctx.num_lag_ports
+        out |= MLX5DV_CONTEXT_MASK_NUM_LAG_PORTS
+    # CLOCK_INFO_UPDATE, HCA_CORE_CLOCK: answered only when the context mapped the
+    # clock-info page / the core clock (hca_core_clock: the mapped timer's address)
+    if asked & MLX5DV_CONTEXT_MASK_CLOCK_INFO_UPDATE and ctx.clock_info_page:
+        attrs_out.max_clock_info_update_nsec = mlx5_ib_clock_info.unpack(
+            ctx.proc.load(ctx.clock_info_page, mlx5_ib_clock_info.SIZE)).overflow_period
+        out |= MLX5DV_CONTEXT_MASK_CLOCK_INFO_UPDATE
+    if asked & MLX5DV_CONTEXT_MASK_HCA_CORE_CLOCK and ctx.hca_core_clock:
+        attrs_out.hca_core_clock = ctx.hca_core_clock
+        out |= MLX5DV_CONTEXT_MASK_HCA_CORE_CLOCK
     attrs_out.comp_mask = out
     return 0
+
+
+@traced
+def mlx5dv_get_clock_info(ctx: Any, clock_info: mlx5dv_clock_info) -> int:
+    """Mirrors mlx5dv_get_clock_info(): EOPNOTSUPP for a context that is not mlx5's,
+    else _mlx5dv_get_clock_info (EINVAL without the clock-info page, EBUSY)."""
+    if not isinstance(ctx, mlx5_context):
+        return errno.EOPNOTSUPP
+    return _mlx5dv_get_clock_info(ctx, clock_info)
+
+
+def mlx5dv_devx_general_cmd(ctx: Any, in_: int, inlen: int, out: int, outlen: int) -> int:
+    """Mirrors mlx5dv_devx_general_cmd(): EOPNOTSUPP without the mlx5 dv ops (not an
+    mlx5 context), else the provider's general command (devx.py); 0 or the errno."""
+    if not isinstance(ctx, mlx5_context):
+        return errno.EOPNOTSUPP
+    return _mlx5dv_devx_general_cmd(ctx, in_, inlen, out, outlen)
 
 
 @traced
@@ -278,6 +317,39 @@ def mlx5dv_query_port(ctx: Any, port_num: int) -> tuple[int, mlx5_ib_uapi_query_
         return e.errno, None
     finally:
         free(ctx.proc, buf, size)
+
+
+@traced
+def mlx5dv_create_qp(context: Any, qp_attr: Any, mlx5_qp_attr: Any) -> Any:
+    """Mirrors mlx5dv_create_qp() -> _mlx5dv_create_qp(): EOPNOTSUPP for a context that
+    is not mlx5's; else create_qp with the mlx5dv_qp_init_attr (dc.py), after the
+    checks mlx5_create_qp_ex makes on the verbs attributes."""
+    mctx = _check_mlx5(context, "mlx5dv_create_qp")
+    return mlx5_create_qp_ex(mctx, qp_attr, mlx5_qp_attr)
+
+
+def mlx5dv_wr_set_dc_addr(qpx: Any, ah: Any, remote_dctn: int, remote_dc_key: int) -> None:
+    """Mirrors mlx5dv_wr_set_dc_addr(): the DCI's setter (EOPNOTSUPP on another QP:
+    the C op pointer is NULL there)."""
+    _dv_op(qpx, "wr_set_dc_addr")(qpx, ah, remote_dctn, remote_dc_key)
+
+
+def mlx5dv_wr_set_dc_addr_stream(qpx: Any, ah: Any, remote_dctn: int, remote_dc_key: int,
+                                 stream_id: int) -> None:
+    """Mirrors mlx5dv_wr_set_dc_addr_stream()."""
+    _dv_op(qpx, "wr_set_dc_addr_stream")(qpx, ah, remote_dctn, remote_dc_key, stream_id)
+
+
+def mlx5dv_wr_raw_wqe(qpx: Any, wqe: bytes) -> None:
+    """Mirrors mlx5dv_wr_raw_wqe() (a QP created with dv send ops)."""
+    _dv_op(qpx, "wr_raw_wqe")(qpx, wqe)
+
+
+def _dv_op(qpx: Any, name: str) -> Any:
+    op = qpx.ops.get(name) if qpx is not None else None
+    if op is None:
+        raise ProviderError(errno.EOPNOTSUPP, f"mlx5dv_{name}: the QP has no {name} op")
+    return op
 
 
 def mlx5dv_unsupported(ctx: Any, fn: str) -> int:

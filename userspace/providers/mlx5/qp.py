@@ -30,6 +30,8 @@ carries the rkey to invalidate there.
 # EMU: the per-queue and per-register pthread spinlocks are not modelled (a
 # thread can be preempted only at the MMIO write); no signature or fence
 # operations.  The ibv_wr_* interface is in qp_ex.py.
+# EMU: a RAW_PACKET QP's send WQE gets no Ethernet segment (set_eth_seg's inline L2
+# headers): the device model has no raw packet data path to read one.
 """
 
 from __future__ import annotations
@@ -85,8 +87,10 @@ def mlx5_init_qp_indices(qp: Any) -> None:
 
 
 def mlx5_get_send_wqe(qp: Any, n: int) -> int:
-    """The user address of send basic block n (sq_start + n * 64)."""
-    return qp.buf + qp.sq.offset + (n << 6)
+    """The user address of send basic block n (sq_start + n * 64; a RAW_PACKET QP's
+    sq_start is its own SQ buffer, sq_buf)."""
+    sq_start = qp.sq_buf if getattr(qp, "sq_buf", 0) else qp.buf + qp.sq.offset
+    return sq_start + (n << 6)
 
 
 def mlx5_wq_overflow(wq: Any, nreq: int) -> bool:

@@ -23,7 +23,8 @@ the same wrap at its end.
 
 # EMU: each WQE is assembled here and stored into the ring when its last setter
 # finishes it (C writes each segment into the ring as it goes; the ring's bytes
-# after wr_complete are the same).  No mlx5dv_qp_ex ops, no TSO / raw packet QPs.
+# after wr_complete are the same).  Of the mlx5dv_qp_ex ops only the DC address
+# setters and the raw WQE; no TSO / raw packet QPs.
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ MLX5_SUPPORTED_SEND_OPS_FLAGS_UC = (
     | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW)
 
 WQE_REQ_SETTERS_UD_XRC_DC = 2
+IBV_QPT_DRIVER = 0xFF
+# mlx5dv.h: mlx5dv_qp_init_attr's comp_mask bits, dc_type and dv send ops the ops read
+MLX5DV_QP_INIT_ATTR_MASK_DC, MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS = 1 << 1, 1 << 2
+MLX5DV_DCTYPE_DCI = 2
+MLX5DV_QP_EX_WITH_RAW_WQE, MLX5DV_QP_EX_WITH_MEMCPY = 1 << 3, 1 << 4
+MLX5DV_QP_EX_ALL = (1 << 5) - 1     # MR interleaved, MR list, mkey configure, raw WQE, memcpy
+IBV_WC_DRIVER2 = 136
 IBV_QPS_RESET, IBV_QPS_RTS = 0, 3
 DATAGRAM_SEG = 48
 XRC_SEG = 16          # sizeof(struct mlx5_wqe_xrc_seg)
@@ -220,7 +228,7 @@ def _transport(qpx: mlx5_qp_ex) -> bytes:
     """The datagram segment's room in a UD WQE (filled by wr_set_ud_addr), the XRC
     segment's in an XRC send WQE (wr_set_xrc_srqn)."""
     qp_type = qpx.qp_base.qp_type
-    if qp_type == IBV_QPT_UD:
+    if qp_type in (IBV_QPT_UD, IBV_QPT_DRIVER):       # a DCI's names the DCT
         return bytes(DATAGRAM_SEG)
     return bytes(XRC_SEG) if qp_type == IBV_QPT_XRC_SEND else b""
 
@@ -323,7 +331,7 @@ def mlx5_send_wr_local_inv(qpx: mlx5_qp_ex, invalidate_rkey: int) -> None:
 def _finish(qpx: mlx5_qp_ex) -> None:
     """RC/UC: the data setter finishes the WQE; UD and XRC: the second of their two
     setters."""
-    if qpx.qp_base.qp_type not in (IBV_QPT_UD, IBV_QPT_XRC_SEND) or \
+    if qpx.qp_base.qp_type not in (IBV_QPT_UD, IBV_QPT_XRC_SEND, IBV_QPT_DRIVER) or \
             qpx.cur_setters_cnt == WQE_REQ_SETTERS_UD_XRC_DC - 1:
         _common_wqe_finalize(qpx)
     else:
@@ -398,6 +406,54 @@ def mlx5_send_wr_set_xrc_srqn(qpx: mlx5_qp_ex, remote_srqn: int) -> None:
     _finish(qpx)
 
 
+def mlx5_send_wr_set_dc_addr(qpx: mlx5_qp_ex, ah: Any, remote_dctn: int,
+                             remote_dc_key: int) -> None:
+    """Mirrors mlx5_send_wr_set_dc_addr(): the AH's address vector into the datagram
+    segment, with the DCT number (and the extended-AV bit) and the 64-bit DC key."""
+    if qpx.wqe is not None:
+        seg = bytearray(set_datagram_seg(_UdWr(ah, remote_dctn, 0)))
+        struct.pack_into(">Q", seg, 0, u64(remote_dc_key))
+        qpx.wqe[16:16 + DATAGRAM_SEG] = seg
+    _finish(qpx)
+
+
+def mlx5_send_wr_set_dc_addr_stream(qpx: mlx5_qp_ex, ah: Any, remote_dctn: int,
+                                    remote_dc_key: int, stream_id: int) -> None:
+    """Mirrors mlx5_send_wr_set_dc_addr_stream(): the stream id into the control
+    segment's dci_stream_channel_id (bytes 8-9), then mlx5_send_wr_set_dc_addr."""
+    if qpx.wqe is not None:
+        struct.pack_into(">H", qpx.wqe, 8, stream_id & 0xFFFF)
+    mlx5_send_wr_set_dc_addr(qpx, ah, remote_dctn, remote_dc_key)
+
+
+def mlx5_wr_raw_wqe(qpx: mlx5_qp_ex, wqe: bytes) -> None:
+    """Mirrors mlx5_wr_raw_wqe(): the caller's WQE (its ctrl segment's ds 16-byte
+    units) copied into the send queue as it is, but for the WQE index, which becomes
+    the queue's; its completion reads as IBV_WC_DRIVER2 (wr_data).  A full queue is
+    ENOMEM at wr_complete.
+    # EMU: the WQE comes as bytes, not as a pointer into the process's memory."""
+    qp = qpx.qp_base
+    qpx.wqe = None
+    if mlx5_wq_overflow(qp.sq, qpx.nreq):               # raw_wqe_init
+        _set_err(qpx, errno.ENOMEM)
+        return
+    idx = qp.sq.cur_post & (qp.sq.wqe_cnt - 1)
+    qp.sq.wrid[idx] = u64(qpx.wr_id)
+    qp.sq.wqe_head[idx] = qp.sq.head + qpx.nreq
+    qp.sq.wr_data[idx] = IBV_WC_DRIVER2
+    qp.fm_cache = 0
+    ds = wqe[7] & 0x3F
+    buf = bytearray(wqe[:ds * 16])
+    buf += bytes(ds * 16 - len(buf))
+    word = struct.unpack_from(">I", buf, 0)[0] & 0xFF0000FF
+    struct.pack_into(">I", buf, 0, word | (qp.sq.cur_post & 0xFFFF) << 8)
+    _store_ring(qp, idx, bytes(buf) + bytes(-len(buf) % MLX5_SEND_WQE_BB))
+    qpx.cur_ctrl = bytes(buf[:16])
+    qpx.cur_size = ds
+    qpx.nreq += 1
+    qp.sq.cur_post += -(-ds // 4)                       # __wqe_finalize
+
+
 @attrs.define
 class _UdWr:
     """The wr.ud fields set_datagram_seg reads."""
@@ -426,25 +482,46 @@ _BY_TYPE = {IBV_QPT_RC: (MLX5_SUPPORTED_SEND_OPS_FLAGS_RC, _RC_BUILDERS),
             IBV_QPT_UC: (MLX5_SUPPORTED_SEND_OPS_FLAGS_UC, _UC_BUILDERS),
             IBV_QPT_UD: (MLX5_SUPPORTED_SEND_OPS_FLAGS_UD,
                          {**_UD_BUILDERS, "wr_set_ud_addr": mlx5_send_wr_set_ud_addr}),
+            IBV_QPT_DRIVER: (MLX5_SUPPORTED_SEND_OPS_FLAGS_RC,         # ..._DCI: a DCI's
+                             {**_RC_BUILDERS, "wr_set_dc_addr": mlx5_send_wr_set_dc_addr,
+                              "wr_set_dc_addr_stream": mlx5_send_wr_set_dc_addr_stream}),
             IBV_QPT_XRC_SEND: (MLX5_SUPPORTED_SEND_OPS_FLAGS_XRC,
                                {**{k: v for k, v in _RC_BUILDERS.items() if k != "wr_send_inv"},
                                 "wr_set_xrc_srqn": mlx5_send_wr_set_xrc_srqn})}
 
 
-def mlx5_qp_fill_wr_pfns(qp: Any, send_ops_flags: int) -> int:
+def mlx5_qp_fill_wr_pfns(qp: Any, send_ops_flags: int, mlx5_attr: Any = None) -> int:
     """Mirrors mlx5_qp_fill_wr_pfns(): 0 with qp.qp_ex's ops filled for the QP's
     type, or EOPNOTSUPP - atomics asked of a device without them, an op outside
-    the type's supported set, a type libmlx5 has no builders for here (EMU: raw
-    packet and DC QPs are not modelled)."""
+    the type's supported set, dv send ops (mlx5_attr's, with
+    MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS) libmlx5 does not know or the type does
+    not take (an IBV_QPT_DRIVER QP is a DCI: the RC ops, raw WQE and memcpy, and the
+    DC address setters), a type libmlx5 has no builders for here (EMU: raw packet
+    QPs are not modelled here; the dv ops' builders - MR interleaved / list, mkey
+    configure, raw WQE, memcpy - are not filled in)."""
     if not qp.atomics_enabled and send_ops_flags & (IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                                                     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD):
         return errno.EOPNOTSUPP
+    mlx5_ops = mlx5_attr.send_ops_flags if mlx5_attr is not None and \
+        mlx5_attr.comp_mask & MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS else 0
+    if mlx5_ops & ~MLX5DV_QP_EX_ALL:
+        return errno.EOPNOTSUPP
     by_type = _BY_TYPE.get(qp.qp_type)
+    if qp.qp_type == IBV_QPT_DRIVER:
+        if mlx5_attr is None or not mlx5_attr.comp_mask & MLX5DV_QP_INIT_ATTR_MASK_DC or \
+                mlx5_attr.dc_init_attr.dc_type != MLX5DV_DCTYPE_DCI:
+            return errno.EOPNOTSUPP
+        if mlx5_ops & ~(MLX5DV_QP_EX_WITH_RAW_WQE | MLX5DV_QP_EX_WITH_MEMCPY):
+            return errno.EOPNOTSUPP
+    elif qp.qp_type != IBV_QPT_RC and mlx5_ops & ~MLX5DV_QP_EX_WITH_RAW_WQE:
+        return errno.EOPNOTSUPP
     if by_type is None or send_ops_flags & ~by_type[0]:
         return errno.EOPNOTSUPP
     qpx = mlx5_qp_ex(qp)
     qpx.ops.update(wr_start=mlx5_send_wr_start, wr_complete=mlx5_send_wr_complete,
                    wr_abort=mlx5_send_wr_abort, **by_type[1], **_SETTERS)
+    if mlx5_ops:
+        qpx.ops["wr_raw_wqe"] = mlx5_wr_raw_wqe
     qp.qp_ex = qpx
     return 0
 

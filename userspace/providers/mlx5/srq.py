@@ -43,6 +43,7 @@ from kernel_model.uapi.mlx5_abi import mlx5_ib_create_srq, mlx5_ib_create_srq_re
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs.cint import u32, u64
 from userspace.libibverbs.cmd import VerbsError
+from userspace.libibverbs.verbs_async import ibv_destroy_wait_events, verbs_obj_handle
 from userspace.libibverbs.verbs_types import (
     IBV_SRQ_INIT_ATTR_TYPE,
     IBV_SRQT_BASIC,
@@ -174,7 +175,8 @@ def mlx5_create_srq(pd: Any, attr: ibv_srq_init_attr) -> mlx5_srq:
                                      flags=MLX5_SRQ_FLAG_SIGNATURE if srq.wq_sig else 0)
             a.max_sge = srq.max_gs
             a.max_wr = srq.max - 1
-            resp, dresp = c.ibv_cmd_create_srq(pd, attr, drv, mlx5_ib_create_srq_resp)
+            resp, dresp = c.ibv_cmd_create_srq(pd, attr, drv, mlx5_ib_create_srq_resp,
+                                               verbs_obj_handle(srq))
         except BaseException:
             mlx5_free_db_pd(ctx, srq.db, pd, srq.custom_db)
             raise
@@ -234,7 +236,8 @@ def mlx5_create_xrc_srq(ctx: Any, attr: ibv_srq_init_attr_ex) -> mlx5_srq:
             undo.append(lambda: ctx.uidx_table.pop(srq.uidx, None))
         drv.uidx = srq.uidx
         a.max_wr = srq.max - 1
-        resp, dresp = c.ibv_cmd_create_srq_ex(ctx, srq, attr, drv, mlx5_ib_create_srq_resp)
+        resp, dresp = c.ibv_cmd_create_srq_ex(ctx, srq, attr, drv, mlx5_ib_create_srq_resp,
+                                              verbs_obj_handle(srq))
     except BaseException:
         for fn in reversed(undo):
             fn()
@@ -317,11 +320,15 @@ def mlx5_get_srq_num(srq: mlx5_srq) -> int:
 @traced
 def mlx5_destroy_srq(srq: mlx5_srq) -> None:
     """Mirrors mlx5_destroy_srq(): DESTROY_SRQ (EBUSY while a QP uses it: nothing
-    freed), then the doorbell record and the ring."""
-    c.ibv_cmd_destroy_srq(srq)
+    freed; ibv_cmd_destroy_srq waits for the async events it reported to be
+    acknowledged - here after the frees, see verbs_async), then the doorbell record
+    and the ring."""
+    resp = c.ibv_cmd_destroy_srq(srq)
     ctx = srq.context
     if srq.srq_type == IBV_SRQT_XRC and ctx.uidx_table.get(srq.uidx) is srq:
         del ctx.uidx_table[srq.uidx]               # mlx5_clear_uidx
     mlx5_free_db_pd(ctx, srq.db, srq.pd, srq.custom_db)
     mlx5_free_actual_buf(ctx, srq.pd, srq.buf, srq.buf_size, srq.buf_type,
                          MLX5DV_RES_TYPE_SRQ)
+    ibv_destroy_wait_events(srq, "events_completed", resp.events_reported,
+                            "ibv_destroy_srq")

@@ -17,8 +17,11 @@ import attrs
 
 from kernel_model.trace import traced
 from kernel_model.uapi import ib_user_verbs as uv
+from kernel_model.uapi.ib_user_ioctl_cmds import UVERBS_OBJECT_PD
 from kernel_model.uapi.mlx5_abi import (
     MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX,
+    MLX5_QP_FLAG_DCI_STREAM,
+    MLX5_QP_FLAG_SCATTER_CQE,
     MLX5_QP_FLAG_SIGNATURE,
     MLX5_QP_FLAG_UAR_PAGE_INDEX,
     mlx5_ib_alloc_pd_resp,
@@ -27,12 +30,18 @@ from kernel_model.uapi.mlx5_abi import (
     mlx5_ib_create_qp,
     mlx5_ib_create_qp_resp,
 )
+from kernel_model.uapi.rdma_user_ioctl import (
+    MLX5_IB_ATTR_QUERY_PD_HANDLE,
+    MLX5_IB_ATTR_QUERY_PD_RESP_PDN,
+    MLX5_IB_METHOD_PD_QUERY,
+)
 from userspace.libc import free, posix_memalign
 from userspace.libibverbs import cmd as c
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.cint import s32, u32
 from userspace.libibverbs.cmd import VerbsError
 from userspace.libibverbs.driver import verbs_context_ops, verbs_register_driver
+from userspace.libibverbs.verbs_async import verbs_obj_handle
 from userspace.libibverbs.verbs_cq import ibv_destroy_cq_wait, verbs_cq_handle
 from userspace.libibverbs.verbs_types import (
     IBV_CQ_INIT_ATTR_MASK_FLAGS,
@@ -78,23 +87,39 @@ from userspace.providers.mlx5.buf import (
     mlx5_free_db_pd,
     to_mparent_domain,
 )
+from userspace.providers.mlx5.clock import mlx5_query_rt_values
 from userspace.providers.mlx5.cq import mlx5_cq_clean, mlx5_poll_cq
 from userspace.providers.mlx5.cq_ext import mlx5_arm_cq, mlx5_cq_event, mlx5_cq_fill_pfns
+from userspace.providers.mlx5.dc import (
+    MLX5DV_DCTYPE_DCT,
+    MLX5DV_QP_INIT_ATTR_MASK_DC,
+    MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS,
+    create_dct,
+    create_qp_dv_attr,
+    modify_dct,
+)
 from userspace.providers.mlx5.dm import (
     mlx5_alloc_dm,
     mlx5_free_dm,
+    mlx5_import_dm,
     mlx5_memcpy_from_dm,
     mlx5_memcpy_to_dm,
     mlx5_reg_dm_mr,
+    mlx5_unimport_dm,
 )
 from userspace.providers.mlx5.mlx5 import (
     MLX5_VENDOR_ID,
     mlx5_alloc_context,
     mlx5_context,
     mlx5_free_context,
+    mlx5_import_context,
 )
 from userspace.providers.mlx5.qp import mlx5_init_qp_indices, mlx5_post_recv, mlx5_post_send
-from userspace.providers.mlx5.qp_ex import mlx5_qp_fill_wr_pfns, set_qp_operational_state
+from userspace.providers.mlx5.qp_ex import (
+    MLX5DV_QP_EX_WITH_MEMCPY,
+    mlx5_qp_fill_wr_pfns,
+    set_qp_operational_state,
+)
 from userspace.providers.mlx5.srq import (
     mlx5_close_xrcd,
     mlx5_create_srq,
@@ -111,6 +136,13 @@ from userspace.providers.mlx5.uar import (
     mlx5_bf,
     mlx5_get_qp_uar,
     mlx5_put_qp_uar,
+)
+from userspace.providers.mlx5.wq import (
+    mlx5_create_rwq_ind_table,
+    mlx5_create_wq,
+    mlx5_destroy_rwq_ind_table,
+    mlx5_destroy_wq,
+    mlx5_modify_wq,
 )
 from userspace.providers.mlx5.wqsize import (
     create_qp_buf_sizes,
@@ -163,6 +195,7 @@ class mlx5_cq(ibv_cq_ex):
     parent_domain: Any = None      # IBV_CQ_INIT_ATTR_MASK_PD: its allocators made the CQ
     custom_db: bool = False        # the doorbell record came from those allocators
     buf_type: int = MLX5_ALLOC_TYPE_ANON
+    last_clock_info: Any = None    # the wall-clock poll's mlx5dv_clock_info (clock.py)
 
 
 @attrs.define(eq=False)
@@ -253,6 +286,28 @@ def mlx5_free_pd(pd: mlx5_pd) -> None:
     if getattr(pd, "refcount", 1) > 1:   # (a bare ibv_pd has no parent domains)
         raise VerbsError(errno.EBUSY, "mlx5_free_pd: a parent domain uses the PD")
     c.ibv_cmd_dealloc_pd(pd.context, pd.handle)
+
+
+@traced
+def mlx5_import_pd(ctx, pd_handle: int) -> mlx5_pd:
+    """Mirrors mlx5_import_pd(): MLX5_IB_METHOD_PD_QUERY for the PDN of the PD behind
+    the handle (ENOENT for a handle the fd's context does not hold, EINVAL for one of
+    another type); a new mlx5_pd on this context with that handle."""
+    out = c.execute_ioctl(ctx, UVERBS_OBJECT_PD, MLX5_IB_METHOD_PD_QUERY,
+                          [(MLX5_IB_ATTR_QUERY_PD_HANDLE, pd_handle, "in8"),
+                           (MLX5_IB_ATTR_QUERY_PD_RESP_PDN, 0, "out4")], "mlx5_import_pd")
+    return mlx5_pd(ctx, pd_handle, pdn=out[MLX5_IB_ATTR_QUERY_PD_RESP_PDN])
+
+
+@traced
+def mlx5_unimport_pd(pd: mlx5_pd) -> None:
+    """Mirrors mlx5_unimport_pd() -> _mlx5_free_pd(pd, unimport): the library's PD goes,
+    the kernel's stays (no DEALLOC_PD).  A parent domain is EINVAL and a PD a parent
+    domain still uses EBUSY - rdma-core asserts on both (the call is void)."""
+    if to_mparent_domain(pd) is not None:
+        raise VerbsError(errno.EINVAL, "mlx5_unimport_pd: a parent domain")
+    if getattr(pd, "refcount", 1) > 1:
+        raise VerbsError(errno.EBUSY, "mlx5_unimport_pd: a parent domain uses the PD")
 
 
 #: the comp_mask bits mlx5_alloc_parent_domain takes
@@ -355,6 +410,17 @@ def mlx5_bind_mw(qp: Any, mw: ibv_mw, mw_bind: Any) -> int:
 def mlx5_dereg_mr(mr: ibv_mr) -> None:
     """Mirrors mlx5_dereg_mr()."""
     c.ibv_cmd_dereg_mr(mr.context, mr.handle)
+
+
+@traced
+def mlx5_import_mr(pd: ibv_pd, mr_handle: int) -> ibv_mr:
+    """Mirrors mlx5_import_mr(): ibv_cmd_query_mr (UVERBS_METHOD_QUERY_MR)."""
+    return c.ibv_cmd_query_mr(pd, mr_handle)
+
+
+@traced
+def mlx5_unimport_mr(mr: ibv_mr) -> None:
+    """Mirrors mlx5_unimport_mr(): only the library's MR is freed."""
 
 
 @traced
@@ -527,9 +593,11 @@ MLX5_CREATE_QP_PASSED_COMP_MASK = (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
 
 
 @traced
-def mlx5_create_qp_ex(context: mlx5_context, attr: ibv_qp_init_attr_ex) -> mlx5_qp:
+def mlx5_create_qp_ex(context: mlx5_context, attr: ibv_qp_init_attr_ex,
+                      mlx5_qp_attr: Any = None) -> mlx5_qp:
     """Mirrors mlx5_create_qp_ex(), the create_qp_ex op: create_qp(context, attr,
-    NULL).  A comp_mask bit libmlx5 does not know is EINVAL; without a PD (or an
+    NULL) - or, for mlx5dv_create_qp (dv.py), with its struct mlx5dv_qp_init_attr.
+    A comp_mask bit libmlx5 does not know is EINVAL; without a PD (or an
     XRCD) there is nothing to create the QP on: EINVAL.
 
     An XRC receive QP is made in attr.xrcd (IBV_QP_INIT_ATTR_XRCD) and has no
@@ -551,7 +619,7 @@ def mlx5_create_qp_ex(context: mlx5_context, attr: ibv_qp_init_attr_ex) -> mlx5_
                         send_ops_flags=attr.send_ops_flags, xrcd=xrcd,
                         create_flags=attr.create_flags, source_qpn=attr.source_qpn,
                         max_tso_header=attr.max_tso_header)
-    return create_qp(context, attrx)
+    return create_qp(context, attrx, mlx5_qp_attr)
 
 
 @traced
@@ -572,8 +640,18 @@ def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None
                  wq_sig=mlx5_env.qp_sig_enabled(proc.environ), srq=attr.srq)
     qp.sq_signal_bits = MLX5_WQE_CTRL_CQ_UPDATE if attr.sq_sig_all else 0
     qp.atomics_enabled = bool(mctx.atomic_cap)
-    if attr.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS:
-        ret = mlx5_qp_fill_wr_pfns(qp, attr.send_ops_flags)
+    # the mlx5dv_qp_init_attr part (dc.py): vendor flags, DCI / DCT
+    mlx5_create_flags = create_qp_dv_attr(mctx, attr, qp, mlx5_qp_attr)
+    if qp.dc_type == MLX5DV_DCTYPE_DCT:
+        return create_dct(mctx, attr, mlx5_qp_attr, qp, mlx5_create_flags, _alloc_uidx)
+    dv_ops = mlx5_qp_attr is not None and \
+        mlx5_qp_attr.comp_mask & MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS
+    if attr.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS or dv_ops:
+        if mlx5_qp_attr is not None and mlx5_qp_attr.comp_mask & MLX5DV_QP_INIT_ATTR_MASK_DC:
+            mlx5_create_flags &= ~MLX5_QP_FLAG_SCATTER_CQE   # not on the DC data path
+        ret = mlx5_qp_fill_wr_pfns(qp, attr.send_ops_flags, mlx5_qp_attr)
+        if not ret and dv_ops and mlx5_qp_attr.send_ops_flags & MLX5DV_QP_EX_WITH_MEMCPY:
+            ret = errno.EOPNOTSUPP   # qp_init_wr_memcpy: the context has no DMA MMO caps
         if ret:
             raise VerbsError(ret, "create_qp: send_ops_flags "
                              f"{attr.send_ops_flags:#x} not supported on this QP type")
@@ -602,6 +680,11 @@ def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None
         drv = mlx5_ib_create_qp(buf_addr=qp.buf, db_addr=qp.db, sq_wqe_count=qp.sq.wqe_cnt,
                                 rq_wqe_count=qp.rq.wqe_cnt, rq_wqe_shift=qp.rq.wqe_shift,
                                 uidx=qp.uidx, ece_options=0, sq_buf_addr=qp.sq_buf)
+        drv.flags = mlx5_create_flags
+        if mlx5_create_flags & MLX5_QP_FLAG_DCI_STREAM:
+            streams = mlx5_qp_attr.dc_init_attr.dci_streams
+            drv.log_num_concurent = streams.log_num_concurent
+            drv.log_num_errored = streams.log_num_errored
         if qp.wq_sig:  # create_qp(): the kernel sizes the RQ and sets the QPC by this flag
             drv.flags |= MLX5_QP_FLAG_SIGNATURE
         if not mctx.bfs:  # dynamic UARs: the library picks the register
@@ -611,6 +694,7 @@ def create_qp(context: mlx5_context, attr: _InitAttrEx, mlx5_qp_attr: Any = None
                 drv.bfreg_index = bf.page_id
                 drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX
         req = uv.ib_uverbs_create_qp(
+            user_handle=verbs_obj_handle(qp),
             pd_handle=attr.xrcd.handle if attr.xrcd is not None else pd.handle,
             send_cq_handle=attr.send_cq.handle if attr.send_cq else 0,
             recv_cq_handle=attr.recv_cq.handle if attr.recv_cq else 0,
@@ -696,7 +780,7 @@ def mlx5_destroy_qp(qp: mlx5_qp) -> None:
     given the same user index or QPN never sees them; then give back the UAR, the
     user index, the doorbell record and the buffer."""
     mctx = _to_mctx(qp.context)
-    c.ibv_cmd_destroy_qp(mctx, qp.handle)
+    qp.events_reported = c.ibv_cmd_destroy_qp(mctx, qp.handle).events_reported
     rsn = qp.uidx if mctx.cqe_version else qp.qp_num
     mlx5_cq_clean(qp.recv_cq, rsn, qp.srq)
     if qp.send_cq is not qp.recv_cq:
@@ -704,6 +788,8 @@ def mlx5_destroy_qp(qp: mlx5_qp) -> None:
     if not mctx.bfs:
         mlx5_put_qp_uar(mctx, qp.bf)
     mctx.uidx_table.pop(qp.uidx, None)
+    if qp.dc_type == MLX5DV_DCTYPE_DCT:       # a DCT has no buffers
+        return
     mlx5_free_db_pd(mctx, qp.db, qp.pd, qp.custom_db)
     if qp.sq_buf:
         free(mctx.proc, qp.sq_buf, qp.sq_buf_size)
@@ -727,6 +813,9 @@ def mlx5_modify_qp(qp: mlx5_qp, attr: ibv_qp_attr, attr_mask: int) -> None:
     the CQs lose the QP's unpolled completions (mlx5_cq_clean, by user index or
     QPN), the queues start over empty and the doorbell record is zeroed."""
     mctx = _to_mctx(qp.context)
+    if qp.dc_type == MLX5DV_DCTYPE_DCT:
+        modify_dct(qp, attr, attr_mask)
+        return
     c.ibv_cmd_modify_qp(qp, attr, attr_mask)
     if not attr_mask & IBV_QP_STATE:
         return
@@ -764,6 +853,7 @@ def read_dbrec(qp: mlx5_qp) -> tuple[int, int]:
 mlx5_ctx_ops = verbs_context_ops(
     alloc_context=mlx5_alloc_context, free_context=mlx5_free_context,
     query_port=mlx5_query_port, query_device_ex=mlx5_query_device_ex,
+    query_rt_values=mlx5_query_rt_values,
     alloc_pd=mlx5_alloc_pd, dealloc_pd=mlx5_free_pd,
     alloc_parent_domain=mlx5_alloc_parent_domain,
     reg_mr=mlx5_reg_mr, rereg_mr=mlx5_rereg_mr, dereg_mr=mlx5_dereg_mr,
@@ -780,7 +870,13 @@ mlx5_ctx_ops = verbs_context_ops(
     post_srq_recv=mlx5_post_srq_recv, open_xrcd=mlx5_open_xrcd, close_xrcd=mlx5_close_xrcd,
     post_send=mlx5_post_send, post_recv=mlx5_post_recv, poll_cq=mlx5_poll_cq,
     alloc_dm=mlx5_alloc_dm, free_dm=mlx5_free_dm, memcpy_to_dm=mlx5_memcpy_to_dm,
-    memcpy_from_dm=mlx5_memcpy_from_dm, reg_dm_mr=mlx5_reg_dm_mr, advise_mr=mlx5_advise_mr)
+    memcpy_from_dm=mlx5_memcpy_from_dm, reg_dm_mr=mlx5_reg_dm_mr, advise_mr=mlx5_advise_mr,
+    create_wq=mlx5_create_wq, modify_wq=mlx5_modify_wq, destroy_wq=mlx5_destroy_wq,
+    create_rwq_ind_table=mlx5_create_rwq_ind_table,
+    destroy_rwq_ind_table=mlx5_destroy_rwq_ind_table,
+    import_context=mlx5_import_context, import_pd=mlx5_import_pd, unimport_pd=mlx5_unimport_pd,
+    import_mr=mlx5_import_mr, unimport_mr=mlx5_unimport_mr, import_dm=mlx5_import_dm,
+    unimport_dm=mlx5_unimport_dm)
 
 # PROVIDER_DRIVER(mlx5, mlx5_dev_ops): loading the provider offers it for the vendor's
 # devices (its hca_table); libibverbs finds it through that table, never by name

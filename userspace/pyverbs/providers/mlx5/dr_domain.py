@@ -7,10 +7,10 @@ rdma-core tests report as a skip.  docs/pyverbs.md lists what is emulated.
 
 from __future__ import annotations
 
-from userspace.pyverbs.base import AttrStruct
+from userspace.pyverbs.base import NotEmulated
 
 
-class DrDomain(AttrStruct):
-    """Mirrors pyverbs' DrDomain."""
+class DrDomain(NotEmulated):
+    """Mirrors pyverbs' DrDomain (mlx5dv_dr_domain_create): not emulated."""
 
-    _FIELDS = ('context', 'domain_type')
+    _VERB = "create DrDomain"

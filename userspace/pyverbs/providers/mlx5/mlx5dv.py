@@ -3,18 +3,22 @@
 Emulated, on the project's libmlx5 (userspace/providers/mlx5/dv.py):
 
 * Mlx5Context(Mlx5DVContextAttr, name=...): mlx5dv_open_device, a Context whose
-  open passes the mlx5dv context flags.  MLX5DV_CONTEXT_FLAGS_DEVX fails with
-  EOPNOTSUPP: DevX is not emulated.
+  open passes the mlx5dv context flags (MLX5DV_CONTEXT_FLAGS_DEVX: a DevX context).
+* Mlx5Context.devx_general_cmd(): mlx5dv_devx_general_cmd on raw PRM mailboxes (the
+  kernel's MLX5_IB_METHOD_DEVX_OTHER; the queries the emulated firmware answers).
 * Mlx5Context.query_mlx5_device(): mlx5dv_query_device (Mlx5DVContext).
 * Mlx5UAR(ctx, flags): mlx5dv_devx_alloc_uar / mlx5dv_devx_free_uar (the BF and NC
   types, through the kernel's UAR object).
-* Mlx5QP / Mlx5CQ: mlx5dv_create_qp / mlx5dv_create_cq check their dv attributes as
-  libmlx5 does (EINVAL), then need the extended QP / CQ, which succeed only with
-  nothing an mlx5-specific attribute asks of the HCA (else EOPNOTSUPP).
+* Mlx5QP: mlx5dv_create_qp (userspace/providers/mlx5/dc.py): libmlx5's checks of the dv
+  attributes (EINVAL / EOPNOTSUPP), mlx5 create flags, dv send ops, and DC QPs - DCIs
+  (wr_set_dc_addr) and DCTs, through the kernel's DCI QPs and the firmware's DCTs.
+* Mlx5CQ: mlx5dv_create_cq checks its dv attributes as libmlx5 does (EINVAL), then
+  needs the extended CQ, which succeeds only with nothing an mlx5-specific attribute
+  asks of the HCA (else EOPNOTSUPP).
 * Mlx5Context.query_mlx5_port(): mlx5dv_query_port (the kernel's
   MLX5_IB_METHOD_QUERY_PORT).
 * The other static calls (reserved QPNs, crypto login, clock info, LAG port, UDP
-  source port, DevX commands) exist with pyverbs' signatures and fail with
+  source port, DevX EQN query) exist with pyverbs' signatures and fail with
   EOPNOTSUPP, as libmlx5 does on a kernel or device without the feature.
 
 DevX objects, UMEMs, EQs, VAR, packet pacing, DM operation addresses and raw WQEs
@@ -25,14 +29,16 @@ report as a skip.  docs/pyverbs.md lists what is emulated.
 from __future__ import annotations
 
 import errno
+import struct
 import weakref
 from typing import Any
 
 import attrs
 
 import userspace.pyverbs.providers.mlx5.mlx5_enums as dve
+from userspace import libc
 from userspace.libibverbs import verbs as v
-from userspace.providers.mlx5 import dv
+from userspace.providers.mlx5 import dc, dv
 from userspace.pyverbs import enums as e
 from userspace.pyverbs.base import (
     AttrStruct,
@@ -41,7 +47,6 @@ from userspace.pyverbs.base import (
     PyverbsObject,
     call,
     set_errno,
-    unsupported,
 )
 from userspace.pyverbs.cq import CQEX, CqInitAttrEx
 from userspace.pyverbs.device import Context
@@ -146,7 +151,7 @@ _DV_FIELDS = frozenset(("version", "flags", "cqe_comp_caps", "sw_parsing_caps",
                         "striding_rq_caps", "tunnel_offloads_caps", "max_dynamic_bfregs",
                         "max_clock_info_update_nsec", "flow_action_flags", "dc_odp_caps",
                         "crypto_caps", "num_lag_ports", "dci_streams_caps",
-                        "max_wr_memcpy_length"))
+                        "max_wr_memcpy_length", "max_dc_rd_atom", "max_dc_init_rd_atom"))
 
 # what query_mlx5_device() asks for when the caller leaves comp_mask at -1 (pyverbs' list)
 _DEFAULT_QUERY_MASK = (dve.MLX5DV_CONTEXT_MASK_CQE_COMPRESION | dve.MLX5DV_CONTEXT_MASK_SWP
@@ -158,7 +163,8 @@ _DEFAULT_QUERY_MASK = (dve.MLX5DV_CONTEXT_MASK_CQE_COMPRESION | dve.MLX5DV_CONTE
                        | dve.MLX5DV_CONTEXT_MASK_FLOW_ACTION_FLAGS
                        | dve.MLX5DV_CONTEXT_MASK_DCI_STREAMS
                        | dve.MLX5DV_CONTEXT_MASK_WR_MEMCPY_LENGTH
-                       | dve.MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD)
+                       | dve.MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD
+                       | dve.MLX5DV_CONTEXT_MASK_MAX_DC_RD_ATOM)
 
 
 class Mlx5Context(Context):
@@ -237,13 +243,34 @@ class Mlx5Context(Context):
 
     @staticmethod
     def device_timestamp_to_ns(ctx: Context, device_timestamp: int) -> int:
-        """mlx5dv_get_clock_info(): the context mapped no clock-info page: EOPNOTSUPP."""
-        raise _fail("Failed to get the clock info",
-                    dv.mlx5dv_unsupported(ctx.ctx, "mlx5dv_get_clock_info"))
+        """mlx5dv_get_clock_info() then mlx5dv_ts_to_ns(): the device timestamp in
+        nanoseconds; PyverbsRDMAError with get_clock_info's errno (EOPNOTSUPP: not an
+        mlx5 context, EINVAL: no clock-info page mapped, EBUSY)."""
+        clock_info = dv.mlx5dv_clock_info()
+        rc = dv.mlx5dv_get_clock_info(ctx.ctx, clock_info)
+        if rc:
+            raise _fail("Failed to get the clock info", rc)
+        return dv.mlx5dv_ts_to_ns(clock_info, device_timestamp)
 
     def devx_general_cmd(self, in_: Any, outlen: int) -> bytes:
-        raise _fail("DevX general command failed",
-                    dv.mlx5dv_unsupported(self.ctx, "mlx5dv_devx_general_cmd"))
+        """mlx5dv_devx_general_cmd(): bytes(in_) as the input mailbox (malloc'ed and
+        copied, as pyverbs' _prepare_devx_inbox), outlen bytes of output mailbox; the
+        output bytes, or PyverbsRDMAError with the errno (EREMOTEIO for a firmware
+        status, EINVAL for a command that is not general, ...)."""
+        self._check_open("devx_general_cmd")
+        in_bytes = bytes(in_)
+        proc = self.proc
+        in_at = libc.posix_memalign(proc, 8, max(len(in_bytes), 1))
+        out_at = libc.posix_memalign(proc, 8, max(outlen, 1))
+        try:
+            proc.store(in_at, in_bytes)
+            rc = dv.mlx5dv_devx_general_cmd(self.ctx, in_at, len(in_bytes), out_at, outlen)
+            if rc:
+                raise _fail("DevX general command failed", rc)
+            return bytes(proc.load(out_at, outlen)) if outlen else b""
+        finally:
+            libc.free(proc, in_at, max(len(in_bytes), 1))
+            libc.free(proc, out_at, max(outlen, 1))
 
     def devx_query_eqn(self, vector: int) -> int:
         raise _fail("Failed to query EQN", dv.mlx5dv_unsupported(self.ctx, "mlx5dv_devx_query_eqn"))
@@ -299,58 +326,103 @@ class Mlx5UAR(PyverbsCM):
 
 
 class Mlx5DVQPInitAttr(PyverbsObject):
-    """Mirrors pyverbs' Mlx5DVQPInitAttr (struct mlx5dv_qp_init_attr)."""
+    """Mirrors pyverbs' Mlx5DVQPInitAttr (struct mlx5dv_qp_init_attr): the DC init
+    attributes are copied in - the DCI streams with MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS,
+    else the DCT access key (a union in C)."""
 
-    def __init__(self, comp_mask: int = 0, create_flags: int = 0, dc_init_attr: Any = None,
-                 send_ops_flags: int = 0) -> None:
+    def __init__(self, comp_mask: int = 0, create_flags: int = 0,
+                 dc_init_attr: Mlx5DVDCInitAttr | None = None, send_ops_flags: int = 0) -> None:
         super().__init__()
         self.comp_mask, self.create_flags, self.send_ops_flags = \
             comp_mask, create_flags, send_ops_flags
-        self.dc_type = getattr(dc_init_attr, "dc_type", 0) if dc_init_attr else 0
-        self.dct_access_key = getattr(dc_init_attr, "dct_access_key", 0) if dc_init_attr else 0
-        self.dci_streams = getattr(dc_init_attr, "dci_streams", None) if dc_init_attr else None
+        self.dc_type = self.dct_access_key = 0
+        self.dci_streams = Mlx5DCIStreamInitAttr()
+        if dc_init_attr is not None:
+            self.dc_type = dc_init_attr.dc_type
+            if comp_mask & dve.MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS:
+                self.dci_streams = Mlx5DCIStreamInitAttr(
+                    dc_init_attr.dci_streams.log_num_concurent,
+                    dc_init_attr.dci_streams.log_num_errored)
+            else:
+                self.dct_access_key = dc_init_attr.dct_access_key
+
+    def to_c(self) -> dc.mlx5dv_qp_init_attr:
+        streams = dc.mlx5dv_dci_streams(self.dci_streams.log_num_concurent,
+                                        self.dci_streams.log_num_errored)
+        return dc.mlx5dv_qp_init_attr(
+            self.comp_mask, self.create_flags,
+            dc.mlx5dv_dc_init_attr(self.dc_type, self.dct_access_key, streams),
+            self.send_ops_flags)
 
     def __str__(self) -> str:
         return (_FMT.format("Comp mask", qp_comp_mask_to_str(self.comp_mask))
                 + _FMT.format("Create flags", qp_create_flags_to_str(self.create_flags))
-                + _FMT.format("DC type", dc_type_to_str(self.dc_type))
+                + "DC init attr:\n"
+                + _FMT.format("  DC type", dc_type_to_str(self.dc_type))
+                + _FMT.format("  DCI Stream log_num_concurent",
+                              self.dci_streams.log_num_concurent)
+                + _FMT.format("  DCI Stream log_num_errored", self.dci_streams.log_num_errored)
+                + _FMT.format("  DCT access key", self.dct_access_key)
                 + _FMT.format("Send ops flags", send_ops_flags_to_str(self.send_ops_flags)))
 
 
-# mlx5dv.h: the mlx5dv_qp_init_attr comp_mask bits libmlx5 knows
-_DV_QP_COMP_MASK = (dve.MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS
-                    | dve.MLX5DV_QP_INIT_ATTR_MASK_DC
-                    | dve.MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS
-                    | dve.MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS)
+#: pyverbs' Mlx5QP._get_comp_mask(): the attributes of each DC transition
+_DC_MASKS = {
+    dve.MLX5DV_DCTYPE_DCT: {e.IBV_QPS_INIT: e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                            | e.IBV_QP_ACCESS_FLAGS,
+                            e.IBV_QPS_RTR: e.IBV_QP_AV | e.IBV_QP_PATH_MTU
+                            | e.IBV_QP_MIN_RNR_TIMER},
+    dve.MLX5DV_DCTYPE_DCI: {e.IBV_QPS_INIT: e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT,
+                            e.IBV_QPS_RTR: e.IBV_QP_PATH_MTU,
+                            e.IBV_QPS_RTS: e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
+                            | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN
+                            | e.IBV_QP_MAX_QP_RD_ATOMIC},
+}
 
 
 class Mlx5QP(QPEx):
-    """Mirrors pyverbs' Mlx5QP (mlx5dv_create_qp).
-
-    Unknown comp_mask bits are EINVAL (create_qp's check_comp_mask); DC, DCI streams,
-    mlx5 create flags and mlx5 send ops need HCA features the emulated stack lacks:
-    EOPNOTSUPP.  Without them the QP is the extended QP (QPEx) of the same attributes.
-    """
+    """Mirrors pyverbs' Mlx5QP: mlx5dv_create_qp (libmlx5's checks and errnos: dc.py),
+    DC QPs (IBV_QPT_DRIVER: a DCI sends to DCTs it names per WR with wr_set_dc_addr; a
+    DCT receives into its SRQ and gets its number at RTR) moved with the DC
+    transitions' attributes; the new post-send API of the QP type."""
 
     def __init__(self, context: Context, init_attr: QPInitAttrEx,
                  dv_init_attr: Mlx5DVQPInitAttr | None = None) -> None:
         self.dc_type = dv_init_attr.dc_type if dv_init_attr else 0
-        mask = dv_init_attr.comp_mask if dv_init_attr else 0
-        msg = (f"Failed to create MLX5 QP.\nQPInitAttrEx attributes:\n{init_attr}\n"
-               f"MLX5DVQPInitAttr:\n{dv_init_attr}")
-        if mask & ~_DV_QP_COMP_MASK:
-            PyverbsCM.__init__(self)
-            raise _fail(msg, errno.EINVAL)
-        dc_bits = dve.MLX5DV_QP_INIT_ATTR_MASK_DC | dve.MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS
-        wanted = (mask & dc_bits
-                  or mask & dve.MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS
-                  and dv_init_attr.create_flags
-                  or mask & dve.MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS
-                  and dv_init_attr.send_ops_flags)
-        if wanted:
-            PyverbsCM.__init__(self)
-            raise unsupported(msg)
+        self._dv_attr = dv_init_attr
+        self._msg = (f"Failed to create MLX5 QP.\nQPInitAttrEx attributes:\n{init_attr}\n"
+                     f"MLX5DVQPInitAttr:\n{dv_init_attr}")
         super().__init__(context, init_attr)
+
+    def _create_ex(self, ctx: Context, c_attr: Any) -> Any:
+        """mlx5dv_create_qp() with the dv attributes (NULL without)."""
+        dv_attr = self._dv_attr.to_c() if self._dv_attr is not None else None
+        return call(self._msg, dv.mlx5dv_create_qp, ctx.ctx, c_attr, dv_attr)
+
+    def _move(self, qp_attr: Any, state: int, masks: dict[int, int]) -> None:
+        if not self.dc_type:
+            super()._move(qp_attr, state, masks)
+            return
+        qp_attr.qp_state = state
+        self.modify(qp_attr, _DC_MASKS[self.dc_type][state] | e.IBV_QP_STATE)
+
+    def wr_raw_wqe(self, wqe: Wqe) -> None:
+        """mlx5dv_wr_raw_wqe(): the WQE as it is, into the send queue."""
+        self._check_open("Mlx5QP.wr_raw_wqe")
+        call("Failed to wr_raw_wqe", dv.mlx5dv_wr_raw_wqe, self._qpx(), wqe.to_bytes())
+
+    def wr_set_dc_addr(self, ah: Any, remote_dctn: int, remote_dc_key: int) -> None:
+        """mlx5dv_wr_set_dc_addr(): the DCT this WR goes to (DCI only)."""
+        self._check_open("Mlx5QP.wr_set_dc_addr")
+        call("Failed to wr_set_dc_addr", dv.mlx5dv_wr_set_dc_addr, self._qpx(), ah.ah,
+             remote_dctn, remote_dc_key)
+
+    def wr_set_dc_addr_stream(self, ah: Any, remote_dctn: int, remote_dc_key: int,
+                              stream_id: int) -> None:
+        """mlx5dv_wr_set_dc_addr_stream(): as wr_set_dc_addr, on a DCI stream."""
+        self._check_open("Mlx5QP.wr_set_dc_addr_stream")
+        call("Failed to wr_set_dc_addr_stream", dv.mlx5dv_wr_set_dc_addr_stream,
+             self._qpx(), ah.ah, remote_dctn, remote_dc_key, stream_id)
 
     @staticmethod
     def query_lag_port(qp: Any) -> tuple[int, int]:
@@ -508,16 +580,33 @@ class Mlx5Cqe64(AttrStruct):
     _FIELDS = ('addr',)
 
 
-class Mlx5DCIStreamInitAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DCIStreamInitAttr."""
+class Mlx5DCIStreamInitAttr(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DCIStreamInitAttr (struct mlx5dv_dci_streams)."""
 
-    _FIELDS = ('log_num_concurent', 'log_num_errored')
+    def __init__(self, log_num_concurent: int = 0, log_num_errored: int = 0) -> None:
+        super().__init__()
+        self.log_num_concurent, self.log_num_errored = log_num_concurent, log_num_errored
+
+    def __str__(self) -> str:
+        return (_FMT.format("DCI Stream log_num_concurent", self.log_num_concurent)
+                + _FMT.format("DCI Stream log_num_errored", self.log_num_errored))
 
 
-class Mlx5DVDCInitAttr(AttrStruct):
-    """Mirrors pyverbs' Mlx5DVDCInitAttr."""
+class Mlx5DVDCInitAttr(PyverbsObject):
+    """Mirrors pyverbs' Mlx5DVDCInitAttr (struct mlx5dv_dc_init_attr): a DCI unless
+    dc_type says DCT."""
 
-    _FIELDS = ('dc_type', 'dct_access_key', 'dci_streams')
+    def __init__(self, dc_type: int = dve.MLX5DV_DCTYPE_DCI, dct_access_key: int = 0,
+                 dci_streams: Mlx5DCIStreamInitAttr | None = None) -> None:
+        super().__init__()
+        self.dc_type, self.dct_access_key = dc_type, dct_access_key
+        self.dci_streams = Mlx5DCIStreamInitAttr(
+            dci_streams.log_num_concurent, dci_streams.log_num_errored) \
+            if dci_streams is not None else Mlx5DCIStreamInitAttr()
+
+    def __str__(self) -> str:
+        return (_FMT.format("DC type", dc_type_to_str(self.dc_type))
+                + _FMT.format("DCT access key", self.dct_access_key) + str(self.dci_streams))
 
 
 class Mlx5VfioAttr(AttrStruct):
@@ -526,28 +615,107 @@ class Mlx5VfioAttr(AttrStruct):
     _FIELDS = ()
 
 
-class Wqe(AttrStruct):
-    """Mirrors pyverbs' Wqe."""
+class WqeSeg(PyverbsCM):
+    """Mirrors pyverbs' WqeSeg: one WQE segment in its wire (PRM, big-endian) format.
+    # EMU: the segment's bytes live here, not in a calloc'ed C struct."""
 
-    _FIELDS = ('segments', 'addr')
+    SIZE = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segment = bytearray(self.SIZE)
+        self._created()
+
+    @classmethod
+    def sizeof(cls) -> int:
+        return cls.SIZE
+
+    def _get(self, fmt: str, off: int) -> int:
+        return struct.unpack_from(fmt, self.segment, off)[0]
+
+    def _set(self, fmt: str, off: int, val: int) -> None:
+        struct.pack_into(fmt, self.segment, off, int(val) & ((1 << struct.calcsize(fmt) * 8) - 1))
+
+    def _free(self) -> None:
+        pass
 
 
-class WqeCtrlSeg(AttrStruct):
-    """Mirrors pyverbs' WqeCtrlSeg."""
+class WqeCtrlSeg(WqeSeg):
+    """Mirrors pyverbs' WqeCtrlSeg (struct mlx5_wqe_ctrl_seg, mlx5dv_set_ctrl_seg)."""
 
-    _FIELDS = ('pi', 'opcode', 'opmod', 'qp_num', 'fm_ce_se', 'ds', 'signature', 'imm')
+    SIZE = 16
+
+    def __init__(self, pi: int = 0, opcode: int = 0, opmod: int = 0, qp_num: int = 0,
+                 fm_ce_se: int = 0, ds: int = 0, signature: int = 0, imm: int = 0) -> None:
+        super().__init__()
+        self.set_ctrl_seg(pi, opcode, opmod, qp_num, fm_ce_se, ds, signature, imm)
+
+    def set_ctrl_seg(self, pi: int, opcode: int, opmod: int, qp_num: int, fm_ce_se: int,
+                     ds: int, signature: int, imm: int) -> None:
+        """mlx5dv_set_ctrl_seg()."""
+        self.opmod_idx_opcode = (opmod & 0xFF) << 24 | (pi & 0xFFFF) << 8 | opcode & 0xFF
+        self.qpn_ds = (qp_num & 0xFFFFFF) << 8 | ds & 0x3F
+        self.fm_ce_se, self.signature = fm_ce_se, signature
+        self._set(">I", 12, imm)      # imm is stored as given (already big-endian in C)
+
+    opmod_idx_opcode = property(lambda self: self._get(">I", 0),
+                                lambda self, val: self._set(">I", 0, val))
+    qpn_ds = property(lambda self: self._get(">I", 4), lambda self, val: self._set(">I", 4, val))
+    signature = property(lambda self: self.segment[8],
+                         lambda self, val: self._set("B", 8, val))
+    fm_ce_se = property(lambda self: self.segment[11], lambda self, val: self._set("B", 11, val))
+    imm = property(lambda self: self._get(">I", 12), lambda self, val: self._set(">I", 12, val))
+
+    def __str__(self) -> str:
+        return (_FMT.format("opcode", self.opmod_idx_opcode) + _FMT.format("qpn_ds", self.qpn_ds)
+                + _FMT.format("signature", self.signature)
+                + _FMT.format("fm_ce_se", self.fm_ce_se) + _FMT.format("imm", self.imm))
 
 
-class WqeDataSeg(AttrStruct):
-    """Mirrors pyverbs' WqeDataSeg."""
+class WqeDataSeg(WqeSeg):
+    """Mirrors pyverbs' WqeDataSeg (struct mlx5_wqe_data_seg, mlx5dv_set_data_seg)."""
 
-    _FIELDS = ('length', 'lkey', 'addr')
+    SIZE = 16
+
+    def __init__(self, length: int = 0, lkey: int = 0, addr: int = 0) -> None:
+        super().__init__()
+        self.set_data_seg(length, lkey, addr)
+
+    def set_data_seg(self, length: int, lkey: int, addr: int) -> None:
+        self.byte_count, self.lkey, self.addr = length, lkey, addr
+
+    byte_count = property(lambda self: self._get(">I", 0),
+                          lambda self, val: self._set(">I", 0, val))
+    lkey = property(lambda self: self._get(">I", 4), lambda self, val: self._set(">I", 4, val))
+    addr = property(lambda self: self._get(">Q", 8), lambda self, val: self._set(">Q", 8, val))
+
+    def __str__(self) -> str:
+        return (_FMT.format("byte_count", self.byte_count) + _FMT.format("lkey", self.lkey)
+                + _FMT.format("addr", self.addr))
 
 
-class WqeSeg(AttrStruct):
-    """Mirrors pyverbs' WqeSeg."""
+class Wqe(PyverbsCM):
+    """Mirrors pyverbs' Wqe: one or more segments (WqeSeg, or bytes in PRM format) one
+    after the other.
+    # EMU: the WQE is its bytes; `address` is 0 unless the caller gave one."""
 
-    _FIELDS = ()
+    def __init__(self, segments: list, addr: int = 0) -> None:
+        super().__init__()
+        self.segments = segments
+        self.is_user_addr = bool(addr)
+        self._addr = addr
+        self._created()
+
+    @property
+    def address(self) -> int:
+        return self._addr
+
+    def to_bytes(self) -> bytes:
+        return b"".join(bytes(s.segment) if isinstance(s, WqeSeg) else bytes(s)
+                        for s in self.segments)
+
+    def _free(self) -> None:
+        pass
 
 
 # -- the translations pyverbs prints with --------------------------------------------------
