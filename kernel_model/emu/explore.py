@@ -226,7 +226,9 @@ def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
             if verdict is None:
                 text = str(e)
                 check = "warn" if "WARNING" in text else "leak"
-                verdict = (check, text.splitlines()[0] if text else type(e).__name__)
+                # the whole report: each leaked object with where it was made, the WARN
+                # with its message (a first line alone says only "1 leak(s):")
+                verdict = (check, text or type(e).__name__)
     SCHED.abandon()
     SCHED.failed.clear()
     return verdict

@@ -295,3 +295,25 @@ def test_spinning_again_after_a_yield_costs_a_preemption():
     runs = list(explore_dfs(spin_until_set, bound=2, max_schedules=1000))
     assert all(r.failure is None for r in runs)
     assert len(runs) < 100 and max(len(r.points) for r in runs) <= len(run.points) + 4
+
+
+def test_a_leak_verdict_keeps_the_whole_report():
+    """The leak check's report is the verdict's detail, every line of it: the leaked
+    pin with its page and where the page was made, not only "N leak(s):"."""
+    from c_ext import U64Array
+    from kernel_model.gup import FOLL_WRITE, pin_user_pages_fast
+
+    def program() -> None:
+        m = Machine(ram_size=16 << 20, name="leaky")
+        p = m.spawn("leaker")
+        a = p.mmap(0, m.page_size)
+        with p.kernel():
+            assert pin_user_pages_fast(a, 1, FOLL_WRITE, U64Array(1)) == 1
+
+    f = run_once(program, Recording([])).failure
+    assert f.check == "leak"
+    lines = f.detail.splitlines()
+    assert lines[0] == "leaky: 2 leak(s):" and len(lines) == 3
+    assert "refcount 1 pincount 1" in f.detail and "do_anonymous_page" in f.detail
+    assert "nr_foll_pin_acquired 1 != nr_foll_pin_released 0" in f.detail
+    assert str(f).startswith("leak: leaky: 2 leak(s):\n  pfn ")
