@@ -40,6 +40,7 @@ of the search (`[shard0of4]` ...), so pytest-xdist runs them in parallel.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,34 @@ def race_report(failure: Any, program: Callable[[], Any], nodeid: str, depth: in
             f"replay: pytest '{nodeid}' --peermem-replay '{failure.schedule}'")
 
 
+#: each race test's one-line summary, for the terminal summary: (nodeid, line)
+_RACE_RUNS = pytest.StashKey[list]()
+
+
+def race_summary(runs: int, distinct: int, opts: dict[str, Any], seconds: float) -> str:
+    """What a race test's exploration did: the schedules it ran, the strategy with its
+    bound (dfs) or seed and depth (pct, random), the shard, and the time."""
+    strategy = opts.get("strategy", "dfs")
+    if strategy == "dfs":
+        how = f"bound {opts.get('bound', 2)}"
+    else:
+        how = f"seed {opts.get('seed', 0)}" + \
+            (f", depth {opts.get('depth', 3)}" if strategy == "pct" else "")
+    shard = opts.get("shard", (0, 1))
+    part = f", shard {shard[0] + 1}/{shard[1]}" if shard[1] > 1 else ""
+    return (f"{runs} schedule(s) explored ({distinct} distinct), {strategy}, {how}{part}, "
+            f"in {seconds:.1f} s")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """A section listing every race test: how much of the search it ran, and how long."""
+    runs = terminalreporter.config.stash.get(_RACE_RUNS, [])
+    if runs:
+        terminalreporter.section("peermem race tests")
+        for nodeid, line in runs:
+            terminalreporter.write_line(f"{nodeid}: {line}")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run a `race`-marked test's body under the explorer instead of once."""
@@ -121,12 +150,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         pyfuncitem.obj(**args)
     marker_replay = opts.pop("replay", None)
     schedule = pyfuncitem.config.getoption("peermem_replay") or marker_replay
+    t0 = time.monotonic()
     if schedule is not None:
         failure = replay(program, schedule).failure
+        line = f"replayed schedule {schedule!r} in {time.monotonic() - t0:.1f} s"
     else:
-        failure = explore(program, **opts).failure
+        ex = explore(program, **opts)
+        failure = ex.failure
+        line = race_summary(ex.runs, len(ex.schedules), opts, time.monotonic() - t0)
+    verdict = "no failure" if failure is None else f"FAILED ({failure.check})"
+    pyfuncitem.config.stash.setdefault(_RACE_RUNS, []).append(
+        (pyfuncitem.nodeid, f"{line}: {verdict}"))
     if failure is not None:
-        pytest.fail(race_report(failure, program, pyfuncitem.nodeid), pytrace=False)
+        pytest.fail(race_report(failure, program, pyfuncitem.nodeid) + f"\n{line}",
+                    pytrace=False)
     return True
 
 

@@ -118,3 +118,26 @@ def test_a_ladder_cannot_revoke_memory_its_client_never_takes_away(peermem_ladde
     assert not lad.mr.closed                       # nothing was undone by the refusal
     lad.teardown()
     assert lad.mr.closed and not lad.proc.alive    # and the leak check runs after
+
+
+def test_each_race_test_says_what_it_explored(racy):
+    """The terminal summary lists every race test: schedules run (and distinct), the
+    strategy with its bound or seed, the time, and the verdict; a failing test's report
+    ends with the same line."""
+    res = racy.runpytest_inprocess("-p", "no:randomly", "-q")
+    out = res.stdout.str()
+    assert "peermem race tests" in out
+    calm = re.search(r"test_racy.py::test_no_preemption_no_bug: (\d+) schedule\(s\) explored "
+                     r"\((\d+) distinct\), dfs, bound 0, in [\d.]+ s: no failure", out)
+    assert calm and calm.group(1) == calm.group(2), out
+    assert re.search(r"test_racy.py::test_racy: \d+ schedule\(s\) explored \(\d+ distinct\), "
+                     r"dfs, bound 1, in [\d.]+ s: FAILED \(assertion\)", out)
+    assert re.search(r"test_racy.py::test_racy_pct: \d+ schedule\(s\) explored .*pct, seed 1, "
+                     r"depth 3, in [\d.]+ s: FAILED \(assertion\)", out)
+    assert re.search(r"--peermem-replay '[^']+'\n\d+ schedule\(s\) explored", out)
+
+
+def test_a_replayed_race_test_says_which_schedule(racy):
+    res = racy.runpytest_inprocess("-q", "test_racy.py::test_racy", "--peermem-replay", "0")
+    assert "test_racy.py::test_racy: replayed schedule '0' in " in res.stdout.str()
+    assert ": no failure" in res.stdout.str()
