@@ -49,7 +49,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kernel_model.emu.machine import GiB, Machine, MiB
 
@@ -351,16 +351,24 @@ def _explore(args: argparse.Namespace) -> int:
         return 1
     t0 = time.perf_counter()
     last = [t0]
+    tty = sys.stderr.isatty()
+    shown = [False]
 
     def progress(ex) -> None:
         now = time.perf_counter()
-        if now - last[0] >= 2.0:
-            last[0] = now
-            print(f"  ... {ex.runs} schedules ({len(ex.schedules)} distinct, up to "
-                  f"{ex.decisions} decision points), {ex.runs / (now - t0):.0f}/s, "
-                  f"failures: {int(ex.failure is not None)}", file=sys.stderr)
+        if now - last[0] < (PROGRESS_TTY_S if tty else PROGRESS_EVERY_S):
+            return
+        last[0] = now
+        line = explore_progress_line(ex, args.strategy, now - t0, args.max_schedules)
+        if tty:  # one line, rewritten in place
+            print("\r" + line + "\x1b[K", end="", file=sys.stderr, flush=True)
+            shown[0] = True
+        else:    # CI: plain periodic lines
+            print(line, file=sys.stderr, flush=True)
     ex = explore(program, args.strategy, bound=args.bound, max_schedules=args.max_schedules,
                  seed=args.seed, shard=args.shard, progress=progress)
+    if shown[0]:
+        print(file=sys.stderr)
     took = time.perf_counter() - t0
     part = f" shard {args.shard[0]}/{args.shard[1]}" if args.shard[1] > 1 else ""
     print(f"{args.strategy}{part}: {ex.runs} schedules ({len(ex.schedules)} distinct, up to "
@@ -373,6 +381,28 @@ def _explore(args: argparse.Namespace) -> int:
     print(interleaving(program, ex.failure.schedule, depth=args.depth))
     print(f"replay: {replay_cmd.format(ex.failure.schedule)}  (add --trace for the whole trace)")
     return 1
+
+
+#: how often `peermem explore` reports its progress: on a terminal (one line rewritten
+#: in place) and otherwise (CI logs: a plain line each time)
+PROGRESS_TTY_S, PROGRESS_EVERY_S = 0.5, 10.0
+
+
+def explore_progress_line(ex: Any, strategy: str, elapsed: float,
+                          max_schedules: int | None = None) -> str:
+    """One progress line: schedules run, the total (exact for pct and random; for DFS a
+    lower bound, runs + the frontier of prefixes still to run, each at least one
+    schedule), the rate, the time left (a lower bound for DFS), failures so far."""
+    rate = ex.runs / elapsed if elapsed > 0 else 0.0
+    left, exact = ex.frontier, strategy != "dfs"
+    if strategy == "dfs" and max_schedules is not None and \
+            ex.runs + left >= max_schedules:   # the cap ends it first: exact
+        left, exact = max_schedules - ex.runs, True
+    at_least = "" if exact else ">= "
+    total = f"{at_least}{ex.runs + left}"
+    eta = f"{at_least}{left / rate:.0f} s left" if rate else "? s left"
+    return (f"explore: {ex.runs} of {total} schedules ({len(ex.schedules)} distinct), "
+            f"{rate:.0f}/s, {eta}, failures: {int(ex.failure is not None)}")
 
 
 def _fuzz(args: argparse.Namespace) -> int:

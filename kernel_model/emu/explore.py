@@ -147,6 +147,9 @@ class Run:
     schedule: str
     points: list[Point]
     failure: Failure | None
+    #: a DFS's schedule prefixes still to run after this one (its frontier); None for
+    #: strategies whose total is known up front
+    frontier: int | None = None
 
 
 def _preemptions(points: list[Point]) -> int:
@@ -294,9 +297,6 @@ def explore_dfs(program: Program, bound: int = 2, max_schedules: int | None = No
     while stack and (max_schedules is None or done < max_schedules):
         prefix = stack.pop()
         run = run_once(program, Recording(prefix))
-        if prefix or index == 0:
-            done += 1
-            yield run
         pts = run.points
         npre = _preemptions(pts[:len(prefix)])
         children: list[list[int]] = []
@@ -311,7 +311,11 @@ def explore_dfs(program: Program, bound: int = 2, max_schedules: int | None = No
             npre += p.preempts
         if not prefix:
             children = children[index::count]
-        stack.extend(children)
+        stack.extend(children)             # before the yield: the frontier is known
+        if prefix or index == 0:
+            done += 1
+            run.frontier = len(stack)
+            yield run
 
 
 def explore_random(program: Program, seed: int = 0, max_schedules: int = 100,
@@ -358,6 +362,9 @@ class Exploration:
     schedules: set[str] = attrs.Factory(set)
     failure: Failure | None = None
     decisions: int = 0             # the most decision points one run went through
+    #: DFS: the prefixes still to run (each one schedule at least, so runs + frontier is
+    #: a lower bound of the total); pct and random: the runs still to come
+    frontier: int = 0
 
 
 def explore(program: Program, strategy: str = "dfs", *, bound: int = 2,
@@ -377,8 +384,11 @@ def explore(program: Program, strategy: str = "dfs", *, bound: int = 2,
     else:
         raise ValueError(f"explore: no strategy {strategy!r} (dfs, pct, random)")
     out = Exploration()
+    planned = None if strategy == "dfs" else \
+        len(range(shard[0], max_schedules or 100, shard[1]))
     for run in runs:
         out.runs += 1
+        out.frontier = run.frontier if planned is None else planned - out.runs
         out.schedules.add(run.schedule)
         out.decisions = max(out.decisions, len(run.points))
         if progress is not None:

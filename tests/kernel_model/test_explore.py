@@ -317,3 +317,44 @@ def test_a_leak_verdict_keeps_the_whole_report():
     assert "refcount 1 pincount 1" in f.detail and "do_anonymous_page" in f.detail
     assert "nr_foll_pin_acquired 1 != nr_foll_pin_released 0" in f.detail
     assert str(f).startswith("leak: leaky: 2 leak(s):\n  pfn ")
+
+
+def test_the_dfs_frontier_shrinks_to_zero_and_pct_counts_down():
+    """Exploration.frontier: the prefixes a DFS has still to run (0 once the search is
+    exhausted), the runs a PCT search has still to make."""
+    seen: list[int] = []
+    ex = explore(lost_update, "dfs", bound=1, stop_at_failure=False,
+                 progress=lambda e: seen.append(e.frontier))
+    assert ex.runs == len(seen) and seen[-1] == ex.frontier == 0 and max(seen) > 0
+    seen.clear()
+    ex = explore(lost_update, "pct", max_schedules=7, seed=3, stop_at_failure=False,
+                 progress=lambda e: seen.append(e.frontier))
+    assert seen == [6, 5, 4, 3, 2, 1, 0]
+    seen.clear()
+    explore(lost_update, "random", max_schedules=9, shard=(1, 2), stop_at_failure=False,
+            progress=lambda e: seen.append(e.frontier))
+    assert seen == [3, 2, 1, 0]                                # runs 1, 3, 5, 7 of 9
+
+
+def test_explore_progress_lines(monkeypatch, capsys):
+    """Off a terminal (CI), `peermem explore` prints a plain progress line every
+    PROGRESS_EVERY_S: schedules run of the total (a lower bound for DFS), rate, time
+    left, failures."""
+    from types import SimpleNamespace
+
+    import peermem.cli as cli
+    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
+    assert main(["explore", RACE.name, "--max-schedules", "30"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    lines = [ln for ln in err if ln.startswith("explore: ")]
+    assert len(lines) == 30 and "\r" not in "".join(err)
+    assert lines[-1].startswith("explore: 30 of 30 schedules (30 distinct), ")
+    assert lines[-1].endswith(", 0 s left, failures: 0")
+    ex = SimpleNamespace(runs=40, frontier=12, schedules=set(range(40)), failure=None)
+    assert cli.explore_progress_line(ex, "dfs", 2.0) == \
+        "explore: 40 of >= 52 schedules (40 distinct), 20/s, >= 1 s left, failures: 0"
+    assert cli.explore_progress_line(ex, "dfs", 2.0, max_schedules=45).startswith(
+        "explore: 40 of 45 schedules")                      # the cap ends it: exact
+    ex.failure = object()
+    assert cli.explore_progress_line(ex, "pct", 4.0).endswith(
+        "10/s, 1 s left, failures: 1")
