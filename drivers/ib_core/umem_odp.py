@@ -121,18 +121,7 @@ def ib_umem_odp_get(device: ib_device, addr: int, size: int, access: int,
     umem.writable = ib_access_writable(access)
     umem.is_odp = True
     umem.owning_mm = mm
-    start = addr & ~(ps - 1)
-    end = -(-(addr + size) // ps) * ps
-    umem_odp.npages = (end - start) >> umem_odp.page_shift
-    umem_odp.dma_list = U64Array(umem_odp.npages)
-    umem_odp.pfn_list = [0] * umem_odp.npages
-    umem_odp.map_sgt = [None] * umem_odp.npages
-    mmgrab(mm)
-    try:
-        mmu_interval_notifier_insert(umem_odp.notifier, mm, start, end - start, ops)
-    except BaseException:
-        mmdrop(mm)
-        raise
+    ib_init_umem_odp(umem_odp, ops)
     return umem_odp
 
 
@@ -174,8 +163,9 @@ def ib_umem_odp_alloc_child(root: ib_umem_odp, addr: int, size: int,
 
 
 def ib_init_umem_odp(umem_odp: ib_umem_odp, ops: mmu_interval_notifier_ops) -> None:
-    """Mirrors ib_init_umem_odp() for a child umem: the per-page lists over its range,
-    then mmgrab and the interval notifier on its owning mm (unwound on failure)."""
+    """Mirrors ib_init_umem_odp() (ib_umem_odp_get's and a child's): the per-page lists
+    over its range, then mmgrab and the interval notifier on its owning mm (unwound
+    on failure)."""
     mm = umem_odp.owning_mm
     ps = 1 << umem_odp.page_shift
     start = umem_odp.address & ~(ps - 1)

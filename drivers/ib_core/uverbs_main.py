@@ -311,6 +311,13 @@ def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
                                        d_in, d_out)
         in_len, out_len = method.req_size, method.resp_size
     attrs_.ucore = ib_udata(buf, response, in_len, out_len)
+    _run_write_method(method, attrs_)
+    return count
+
+
+def _run_write_method(method: uverbs_api_write_method, attrs_: uverbs_attr_bundle) -> None:
+    """ib_uverbs_write()'s tail for either form: the handler, then the uobject it
+    created committed, or aborted if the handler failed."""
     try:
         method.handler(attrs_)
     except BaseException:
@@ -319,7 +326,6 @@ def ib_uverbs_write(filp: file, buf: int, count: int) -> int:
         raise
     if attrs_.uobject is not None:
         rdma_alloc_commit_uobject(attrs_.uobject, attrs_)
-    return count
 
 
 def _ib_uverbs_write_ex(ufile: ib_uverbs_file, method: uverbs_api_write_method,
@@ -334,14 +340,7 @@ def _ib_uverbs_write_ex(ufile: ib_uverbs_file, method: uverbs_api_write_method,
     d_in, d_out = ex_hdr.provider_in_words * 8, ex_hdr.provider_out_words * 8
     attrs_.driver_udata = ib_udata(buf + in_len if d_in else 0,
                                    response + out_len if d_out else 0, d_in, d_out)
-    try:
-        method.handler(attrs_)
-    except BaseException:
-        if attrs_.uobject is not None:
-            rdma_alloc_abort_uobject(attrs_.uobject, attrs_)
-        raise
-    if attrs_.uobject is not None:
-        rdma_alloc_commit_uobject(attrs_.uobject, attrs_)
+    _run_write_method(method, attrs_)
     return count
 
 

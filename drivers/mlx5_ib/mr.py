@@ -168,9 +168,10 @@ def set_mr_fields(mr: mlx5_ib_mr, length: int, access_flags: int, iova: int) -> 
 
 @traced
 def reg_create(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int,
-               page_size: int) -> mlx5_ib_mr:
-    """Mirrors reg_create(..., populate=true, MLX5_MKC_ACCESS_MODE_MTT): the mkey with
-    its MTT in the command."""
+               page_size: int, populate: bool = True) -> mlx5_ib_mr:
+    """Mirrors reg_create(..., MLX5_MKC_ACCESS_MODE_MTT): with populate the mkey with
+    its MTT in the command; without (alloc_cacheable_mr's dma-buf case) an mkey created
+    free, its MTT all not present, to be loaded by UMR."""
     dev = to_mdev(pd.device)
     pg_cap = bool(MLX5_CAP_GEN(dev.mdev, "pg"))
     mr = kmalloc_obj(mlx5_ib_mr(pd.device))
@@ -179,20 +180,23 @@ def reg_create(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: int,
         mr.page_shift = order_base_2(page_size)
         nblocks = ib_umem_num_dma_blocks(umem, page_size)
         in_ = IfcStruct("create_mkey_in", klm_pas_mtt=nblocks + (nblocks & 1))  # roundup 2
-        mlx5_ib_populate_pas(umem, page_size, MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt"),
-                             MLX5_IB_MTT_PRESENT if pg_cap else 0)
+        if populate:
+            mlx5_ib_populate_pas(umem, page_size,
+                                 MLX5_ADDR_OF("create_mkey_in", in_, "klm_pas_mtt"),
+                                 MLX5_IB_MTT_PRESENT if pg_cap else 0)
         MLX5_SET("create_mkey_in", in_, "pg_access", pg_cap)
         MLX5_SET("create_mkey_in", in_, "uid", pd.uid)
         mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
         set_mkc_access_pd_addr_fields(mkc, access_flags, iova, pd)
-        MLX5_SET("mkc", mkc, "free", 0)
+        MLX5_SET("mkc", mkc, "free", int(not populate))
         MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_MTT)
         MLX5_SET64("mkc", mkc, "len", umem.length)
         MLX5_SET("mkc", mkc, "bsf_octword_size", 0)
         octo = get_octo_len(iova, umem.length, mr.page_shift)
         MLX5_SET("mkc", mkc, "translations_octword_size", octo)
         MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
-        MLX5_SET("create_mkey_in", in_, "translations_octword_actual_size", octo)
+        if populate:
+            MLX5_SET("create_mkey_in", in_, "translations_octword_actual_size", octo)
         mlx5_ib_create_mkey(dev, mr.mmkey, in_)
         unwind.pop_all()
     mr.mmkey.type = MLX5_MKEY_MR
@@ -723,33 +727,10 @@ def alloc_dmabuf_mkey(pd: mlx5_ib_pd, umem: ib_umem, iova: int, access_flags: in
     PAGE_SIZE entries, created free (on once the pages are loaded), with pg_access
     (an entry not present is a page fault) and its MTT all not present.  EINVAL when
     iova and offset differ inside a page."""
-    dev = to_mdev(pd.device)
     page_size = mlx5_umem_dmabuf_default_pgsz(umem, iova)
     if not page_size:
         raise KernelError(EINVAL, "alloc_cacheable_mr: iova and offset differ in a page")
-    mr = kmalloc_obj(mlx5_ib_mr(pd.device))
-    with ExitStack() as unwind:
-        unwind.callback(kfree, mr)
-        mr.page_shift = order_base_2(page_size)
-        npages = ib_umem_num_dma_blocks(umem, page_size)
-        in_ = IfcStruct("create_mkey_in", klm_pas_mtt=npages + (npages & 1))
-        MLX5_SET("create_mkey_in", in_, "pg_access", bool(MLX5_CAP_GEN(dev.mdev, "pg")))
-        MLX5_SET("create_mkey_in", in_, "uid", pd.uid)
-        mkc = MLX5_ADDR_OF("create_mkey_in", in_, "memory_key_mkey_entry")
-        set_mkc_access_pd_addr_fields(mkc, access_flags, iova, pd)
-        MLX5_SET("mkc", mkc, "free", 1)
-        MLX5_SET("mkc", mkc, "access_mode_1_0", MLX5_MKC_ACCESS_MODE_MTT)
-        MLX5_SET64("mkc", mkc, "len", umem.length)
-        octo = get_octo_len(iova, umem.length, mr.page_shift)
-        MLX5_SET("mkc", mkc, "translations_octword_size", octo)
-        MLX5_SET("mkc", mkc, "log_page_size", mr.page_shift)
-        mlx5_ib_create_mkey(dev, mr.mmkey, in_)
-        unwind.pop_all()
-    mr.mmkey.type = MLX5_MKEY_MR
-    mr.mmkey.ndescs = octo
-    mr.umem = umem
-    set_mr_fields(mr, umem.length, access_flags, iova)
-    return mr
+    return reg_create(pd, umem, iova, access_flags, page_size, populate=False)
 
 
 @traced

@@ -36,7 +36,6 @@ from kernel_model.uapi.rdma_user_ioctl import (
     ib_uverbs_ioctl_hdr,
 )
 from kernel_model.uapi.ustruct import UStruct
-from userspace.libc import free, posix_memalign
 from userspace.libibverbs import verbs_types as v
 from userspace.libibverbs.cint import c_assign
 
@@ -101,8 +100,8 @@ def ibv_cmd_query_port(ctx: Any, port_num: int) -> uv.ib_uverbs_query_port_resp_
     execute_ioctl_fallback's TRY_WRITE) the write command, whose answer leaves
     port_cap_flags2 and active_speed_ex 0."""
     size = uv.ib_uverbs_query_port_resp_ex.SIZE
-    buf = posix_memalign(ctx.proc, 8, size)
-    try:
+    buf = ctx.cmd_buf + RESP_OFFSET    # C's resp_ex on the stack: the scratch page's
+    try:                               # response area, as the write commands use
         execute_ioctl(ctx, UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT,
                       [(UVERBS_ATTR_QUERY_PORT_PORT_NUM, port_num, "in"),
                        (UVERBS_ATTR_QUERY_PORT_RESP, (buf, size), "ptr_out")],
@@ -111,8 +110,6 @@ def ibv_cmd_query_port(ctx: Any, port_num: int) -> uv.ib_uverbs_query_port_resp_
     except VerbsError as e:
         if e.errno not in (errno.ENOTTY, errno.EPROTONOSUPPORT):
             raise
-    finally:
-        free(ctx.proc, buf, size)
     legacy = execute_write(ctx, uv.IB_USER_VERBS_CMD_QUERY_PORT,
                            uv.ib_uverbs_query_port(port_num=port_num),
                            uv.ib_uverbs_query_port_resp, what="ibv_cmd_query_port")[0]
@@ -465,13 +462,9 @@ _MODIFY_FIELDS = (("STATE", "qp_state"), ("CUR_STATE", "cur_qp_state"),
                   ("PATH_MIG_STATE", "path_mig_state"), ("DEST_QPN", "dest_qp_num"))
 
 
-@traced
-def ibv_cmd_modify_qp(qp: Any, attr: Any, attr_mask: int) -> None:
-    """Mirrors ibv_cmd_modify_qp(): the attributes attr_mask names (copy_modify_qp_fields)
-    in one MODIFY_QP write, no response.  EOPNOTSUPP for mask bits past
-    IBV_QP_DEST_QPN (those need the extended command)."""
-    if attr_mask & ~((v.IBV_QP_DEST_QPN << 1) - 1):
-        raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_modify_qp")
+def copy_modify_qp_fields(qp: Any, attr: Any, attr_mask: int) -> uv.ib_uverbs_modify_qp:
+    """Mirrors copy_modify_qp_fields(): the MODIFY_QP request with the attributes
+    attr_mask names (the address vectors as ib_uverbs_qp_dest)."""
     cmd = uv.ib_uverbs_modify_qp(qp_handle=qp.handle, attr_mask=attr_mask)
     for bit, name in _MODIFY_FIELDS:
         if attr_mask & getattr(v, "IBV_QP_" + bit):
@@ -480,6 +473,17 @@ def ibv_cmd_modify_qp(qp: Any, attr: Any, attr_mask: int) -> None:
         cmd.dest = _dest(attr.ah_attr)
     if attr_mask & v.IBV_QP_ALT_PATH:
         cmd.alt_dest = _dest(attr.alt_ah_attr)
+    return cmd
+
+
+@traced
+def ibv_cmd_modify_qp(qp: Any, attr: Any, attr_mask: int) -> None:
+    """Mirrors ibv_cmd_modify_qp(): the attributes attr_mask names (copy_modify_qp_fields)
+    in one MODIFY_QP write, no response.  EOPNOTSUPP for mask bits past
+    IBV_QP_DEST_QPN (those need the extended command)."""
+    if attr_mask & ~((v.IBV_QP_DEST_QPN << 1) - 1):
+        raise VerbsError(errno.EOPNOTSUPP, "ibv_cmd_modify_qp")
+    cmd = copy_modify_qp_fields(qp, attr, attr_mask)
     execute_write(qp.context, uv.IB_USER_VERBS_CMD_MODIFY_QP, cmd, None, what="ibv_cmd_modify_qp")
 
 
@@ -490,14 +494,7 @@ def ibv_cmd_modify_qp_ex(qp: Any, attr: Any, attr_mask: int, drv_req: UStruct,
     in the extended MODIFY_QP, with the provider's request and response; returns
     (the core response's response_length, the provider's response).
     # EMU: the rate limit (IBV_QP_RATE_LIMIT) is not sent."""
-    cmd = uv.ib_uverbs_modify_qp(qp_handle=qp.handle, attr_mask=attr_mask)
-    for bit, name in _MODIFY_FIELDS:
-        if attr_mask & getattr(v, "IBV_QP_" + bit):
-            setattr(cmd, name, getattr(attr, name))
-    if attr_mask & v.IBV_QP_AV:
-        cmd.dest = _dest(attr.ah_attr)
-    if attr_mask & v.IBV_QP_ALT_PATH:
-        cmd.alt_dest = _dest(attr.alt_ah_attr)
+    cmd = copy_modify_qp_fields(qp, attr, attr_mask)
     R = uv.ib_uverbs_ex_modify_qp_resp
     raw = execute_write_ex(qp.context, uv.IB_USER_VERBS_EX_CMD_MODIFY_QP,
                            uv.ib_uverbs_ex_modify_qp(base=cmd), R.SIZE, "ibv_cmd_modify_qp_ex",

@@ -727,6 +727,11 @@ def ibv_query_rt_values_ex(ctx: ibv_context, values: ibv_values_ex) -> int:
     return op(ctx, values)
 
 
+def htobe16(v: int) -> int:
+    """endian.h's htobe16 on a little-endian host: the two bytes swapped."""
+    return int.from_bytes((v & 0xFFFF).to_bytes(2, "big"), "little")
+
+
 @traced
 def ibv_query_pkey(ctx: ibv_context, port_num: int, index: int) -> int:
     """Mirrors ibv_query_pkey(): read ports/<port>/pkeys/<index> in sysfs; the value
@@ -741,7 +746,7 @@ def ibv_query_pkey(ctx: ibv_context, port_num: int, index: int) -> int:
         val = int(text.strip(), 16) & 0xFFFF
     except ValueError:
         raise VerbsError(errno.EINVAL, f"ibv_query_pkey({path})") from None
-    return int.from_bytes(val.to_bytes(2, "big"), "little")
+    return htobe16(val)
 
 
 @traced

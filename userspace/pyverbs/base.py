@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -98,6 +99,26 @@ def unsupported(msg: str) -> PyverbsRDMAError:
 def inc_rkey(rkey: int) -> int:
     """The rkey with its 8-bit key part incremented (ibv_inc_rkey)."""
     return (rkey & 0xFFFFFF00) | ((rkey + 1) & 0xFF)
+
+
+def struct_field(name: str, struct: str = "attr") -> property:
+    """A read-write property over field `name` of the C struct at self.<struct> (a
+    dotted path: "attr.attr"): pyverbs' attribute classes expose their struct's
+    fields one by one."""
+    at = operator.attrgetter(struct)
+    return property(lambda self: getattr(at(self), name),
+                    lambda self, val: setattr(at(self), name, val))
+
+
+def object_field(name: str) -> property:
+    """A read-write property holding a pyverbs object (a PD, CQ, XRCD) whose C object -
+    its own attribute `name` - goes into field `name` of self.attr, as pyverbs'
+    attribute classes keep both."""
+    def set_(self: Any, val: Any) -> None:
+        inner = getattr(val, name)
+        setattr(self, "_" + name, val)
+        setattr(self.attr, name, inner)
+    return property(lambda self: getattr(self, "_" + name), set_)
 
 
 class PyverbsObject:

@@ -328,8 +328,7 @@ class Context(PyverbsCM):
         it; pyverbs passes htobe16(pkey)): its index, or PyverbsRDMAError when the
         port's table lacks it."""
         self._check_open("get_pkey_index")
-        be16 = int.from_bytes((pkey & 0xFFFF).to_bytes(2, "big"), "little")
-        idx = v.ibv_get_pkey_index(self.ctx, port_num, be16)
+        idx = v.ibv_get_pkey_index(self.ctx, port_num, v.htobe16(pkey))
         if idx == -1:
             raise PyverbsRDMAError(f"Failed to get pkey index of pkey = {pkey} of port "
                                    f"{port_num}")

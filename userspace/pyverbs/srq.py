@@ -20,7 +20,9 @@ from userspace.pyverbs.base import (
     PyverbsObject,
     call,
     destroy,
+    object_field,
     set_errno,
+    struct_field,
     unsupported,
 )
 from userspace.pyverbs.device import Context
@@ -42,12 +44,9 @@ class SrqAttr(PyverbsObject):
         super().__init__()
         self.attr = v.ibv_srq_attr(max_wr, max_sge, srq_limit)
 
-    max_wr = property(lambda self: self.attr.max_wr,
-                      lambda self, val: setattr(self.attr, "max_wr", val))
-    max_sge = property(lambda self: self.attr.max_sge,
-                       lambda self, val: setattr(self.attr, "max_sge", val))
-    srq_limit = property(lambda self: self.attr.srq_limit,
-                         lambda self, val: setattr(self.attr, "srq_limit", val))
+    max_wr = struct_field("max_wr")
+    max_sge = struct_field("max_sge")
+    srq_limit = struct_field("srq_limit")
 
 
 class SrqInitAttr(PyverbsObject):
@@ -60,12 +59,9 @@ class SrqInitAttr(PyverbsObject):
         if attr is not None:
             self.attr.attr = v.ibv_srq_attr(attr.max_wr, attr.max_sge, attr.srq_limit)
 
-    max_wr = property(lambda self: self.attr.attr.max_wr,
-                      lambda self, val: setattr(self.attr.attr, "max_wr", val))
-    max_sge = property(lambda self: self.attr.attr.max_sge,
-                       lambda self, val: setattr(self.attr.attr, "max_sge", val))
-    srq_limit = property(lambda self: self.attr.attr.srq_limit,
-                         lambda self, val: setattr(self.attr.attr, "srq_limit", val))
+    max_wr = struct_field("max_wr", "attr.attr")
+    max_sge = struct_field("max_sge", "attr.attr")
+    srq_limit = struct_field("srq_limit", "attr.attr")
 
 
 class SrqInitAttrEx(SrqInitAttr):
@@ -79,34 +75,14 @@ class SrqInitAttrEx(SrqInitAttr):
         self._cq: Any = None
         self.max_num_tags = self.max_ops = 0
 
-    comp_mask = property(lambda self: self.attr.comp_mask,
-                         lambda self, val: setattr(self.attr, "comp_mask", val))
-    srq_type = property(lambda self: self.attr.srq_type,
-                        lambda self, val: setattr(self.attr, "srq_type", val))
+    comp_mask = struct_field("comp_mask")
+    srq_type = struct_field("srq_type")
 
-    @property
-    def pd(self) -> PD | None:
-        return self._pd
+    pd = object_field("pd")
 
-    @pd.setter
-    def pd(self, val: PD) -> None:
-        self._pd, self.attr.pd = val, val.pd
+    xrcd = object_field("xrcd")
 
-    @property
-    def xrcd(self) -> Any:
-        return self._xrcd
-
-    @xrcd.setter
-    def xrcd(self, val: Any) -> None:
-        self._xrcd, self.attr.xrcd = val, val.xrcd
-
-    @property
-    def cq(self) -> Any:
-        return self._cq
-
-    @cq.setter
-    def cq(self, val: Any) -> None:
-        self._cq, self.attr.cq = val, val.cq
+    cq = object_field("cq")
 
 
 class SRQ(PyverbsCM):

@@ -20,7 +20,9 @@ from userspace.pyverbs.base import (
     PyverbsObject,
     call,
     destroy,
+    object_field,
     set_errno,
+    struct_field,
     unsupported,
 )
 from userspace.pyverbs.pyverbs_error import PyverbsRDMAError
@@ -54,16 +56,11 @@ class WQAttr(PyverbsObject):
         super().__init__()
         self.attr = w.ibv_wq_attr(attr_mask, wq_state, curr_wq_state, flags, flags_mask)
 
-    attr_mask = property(lambda self: self.attr.attr_mask,
-                         lambda self, val: setattr(self.attr, "attr_mask", val))
-    wq_state = property(lambda self: self.attr.wq_state,
-                        lambda self, val: setattr(self.attr, "wq_state", val))
-    curr_wq_state = property(lambda self: self.attr.curr_wq_state,
-                             lambda self, val: setattr(self.attr, "curr_wq_state", val))
-    flags = property(lambda self: self.attr.flags,
-                     lambda self, val: setattr(self.attr, "flags", val))
-    flags_mask = property(lambda self: self.attr.flags_mask,
-                          lambda self, val: setattr(self.attr, "flags_mask", val))
+    attr_mask = struct_field("attr_mask")
+    wq_state = struct_field("wq_state")
+    curr_wq_state = struct_field("curr_wq_state")
+    flags = struct_field("flags")
+    flags_mask = struct_field("flags_mask")
 
 
 class WQInitAttr(PyverbsObject):
@@ -80,24 +77,11 @@ class WQInitAttr(PyverbsObject):
             cq=wq_cq.cq if wq_cq is not None else None, comp_mask=comp_mask,
             create_flags=create_flags)
 
-    wq_type = property(lambda self: self.attr.wq_type,
-                       lambda self, val: setattr(self.attr, "wq_type", val))
+    wq_type = struct_field("wq_type")
 
-    @property
-    def pd(self) -> Any:
-        return self._pd
+    pd = object_field("pd")
 
-    @pd.setter
-    def pd(self, val: Any) -> None:
-        self._pd, self.attr.pd = val, val.pd
-
-    @property
-    def cq(self) -> Any:
-        return self._cq
-
-    @cq.setter
-    def cq(self, val: Any) -> None:
-        self._cq, self.attr.cq = val, val.cq
+    cq = object_field("cq")
 
 
 class WQ(PyverbsCM):

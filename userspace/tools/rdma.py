@@ -96,9 +96,11 @@ def main(proc: Any, argv: list[str], out: TextIO, err: TextIO) -> int:
     else:
         print(f'Object "{obj}" is unknown, try "rdma help"', file=err)
         return 1
+    devices = _devices(proc)               # the listing, once
+    names = [name for _, name in devices]
     if args and (_matches(args[0], "show") or _matches(args[0], "list")):
         args.pop(0)
-    elif args and args[0] in _names(proc):
+    elif args and args[0] in names:
         pass
     elif args:
         print(f'Command "{args[0]}" is unknown, try "rdma {kind} help"', file=err)
@@ -106,7 +108,7 @@ def main(proc: Any, argv: list[str], out: TextIO, err: TextIO) -> int:
     want_dev, want_port = None, None
     if args:
         want_dev, _, port = args.pop(0).partition("/")
-        if want_dev not in _names(proc):
+        if want_dev not in names:
             print("Wrong device name", file=err)
             return 1
         if port:
@@ -115,7 +117,7 @@ def main(proc: Any, argv: list[str], out: TextIO, err: TextIO) -> int:
                 return 1
             want_port = int(port)
     rows: list[dict[str, Any]] = []
-    for index, dev in _devices(proc):
+    for index, dev in devices:
         if want_dev is not None and dev != want_dev:
             continue
         if kind == "dev":
@@ -138,7 +140,3 @@ def main(proc: Any, argv: list[str], out: TextIO, err: TextIO) -> int:
                   f"node_guid {r['node_guid']} sys_image_guid {r['sys_image_guid']} ",
                   file=out)
     return 0
-
-
-def _names(proc: Any) -> list[str]:
-    return [name for _, name in _devices(proc)]
