@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from kernel_model.current import current_or_none
 from kernel_model.errno import KernelBug
-from kernel_model.sched import SCHED, Task
+from kernel_model.sched import SCHED, Task, touch
 
 if TYPE_CHECKING:
     from kernel_model.emu.machine import Machine
@@ -174,6 +174,7 @@ def lock_acquire(lock: object, *, read: bool = False, trylock: bool = False,
     one dependency per lock already held (a trylock adds none: it cannot
     wait, so it cannot deadlock), then the push onto the held stack.
     """
+    touch(lock)
     t = SCHED.current
     where = call_site()
     m = getattr(lock, "machine", None) or machine_now()
@@ -225,6 +226,7 @@ def lock_map_release(m: lockdep_map) -> None:
 
 def lock_release(lock: object, func: str) -> held_lock:
     """Pop `lock` off the current task's held stack; LockBug if it is not there."""
+    touch(lock)
     t = SCHED.current
     for i in range(len(t.held_locks) - 1, -1, -1):
         if t.held_locks[i].lock is lock:

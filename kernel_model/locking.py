@@ -40,7 +40,7 @@ from kernel_model.lockdep import (
     machine_now,
     might_sleep,
 )
-from kernel_model.sched import SCHED, Task
+from kernel_model.sched import SCHED, Task, touch
 from kernel_model.trace import traced
 
 
@@ -79,6 +79,7 @@ class _Lock:
             raise
 
     def _try(self) -> bool:
+        touch(self)
         if self.owner is not None:
             return False
         lock_acquire(self, trylock=True)
@@ -259,7 +260,10 @@ def wait_event_timeout(wq: wait_queue_head, condition: Callable[[], object],
     SCHED.point("wait_event")
     deadline = None if timeout is None else SCHED.jiffies + timeout
     t = SCHED.current
-    while not condition():
+    while True:
+        touch(wq)        # the condition's state: its writers wake this queue
+        if condition():
+            break
         left = None if deadline is None else deadline - SCHED.jiffies
         if left is not None and left <= 0:
             return 1 if condition() else 0
@@ -285,6 +289,7 @@ def wake_up(wq: wait_queue_head) -> int:
 
     # EMU: no exclusive waiters; every sleeper re-checks its condition.
     """
+    touch(wq)
     n = 0
     while wq.sleepers:
         if SCHED.wake(wq.sleepers.popleft()):
@@ -369,11 +374,13 @@ def wait_for_completion(x: completion) -> None:
 
 def try_wait_for_completion(x: completion) -> bool:
     """Mirrors try_wait_for_completion(): consume a completion without sleeping."""
+    touch(x.wait)
     return _consume(x)
 
 
 def completion_done(x: completion) -> bool:
     """Mirrors completion_done(): would a wait return at once?"""
+    touch(x.wait, False)
     return x.done != 0
 
 

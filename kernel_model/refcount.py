@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import machine_now
-from kernel_model.sched import SCHED
+from kernel_model.sched import SCHED, touch
 from kernel_model.trace import traced
 
 INT_MAX = (1 << 31) - 1
@@ -41,9 +41,20 @@ class atomic_t:
     """Mirrors atomic_t: a 32-bit signed counter."""
 
     bits = 32
+    __slots__ = ("_counter", "__weakref__")
 
     def __init__(self, i: int = 0):
-        self.counter = _wrap(self, i)
+        self._counter = _wrap(self, i)
+
+    @property
+    def counter(self) -> int:
+        touch(self, False)
+        return self._counter
+
+    @counter.setter
+    def counter(self, i: int) -> None:
+        touch(self)
+        self._counter = i
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.counter})"
@@ -53,6 +64,7 @@ class atomic64_t(atomic_t):
     """Mirrors atomic64_t: a 64-bit signed counter."""
 
     bits = 64
+    __slots__ = ()
 
 
 def _wrap(v: atomic_t, i: int) -> int:

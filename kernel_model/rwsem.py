@@ -38,7 +38,7 @@ from kernel_model.lockdep import (
     machine_now,
     might_sleep,
 )
-from kernel_model.sched import SCHED, Task
+from kernel_model.sched import SCHED, Task, touch
 from kernel_model.trace import traced
 
 RWSEM_WAITING_FOR_WRITE, RWSEM_WAITING_FOR_READ = "write", "read"
@@ -183,6 +183,7 @@ def down_read(sem: rw_semaphore) -> None:
 def down_read_trylock(sem: rw_semaphore) -> bool:
     """Mirrors down_read_trylock(): 1 if read-held without waiting."""
     SCHED.point("down_read_trylock")
+    touch(sem)
     if not sem._can_read():
         return False
     lock_acquire(sem, read=True, trylock=True)
@@ -219,6 +220,7 @@ def down_write(sem: rw_semaphore) -> None:
 def down_write_trylock(sem: rw_semaphore) -> bool:
     """Mirrors down_write_trylock(): 1 if write-held without waiting."""
     SCHED.point("down_write_trylock")
+    touch(sem)
     if not sem._can_write():
         return False
     lock_acquire(sem, trylock=True)

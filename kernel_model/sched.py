@@ -222,6 +222,16 @@ class Scheduler:
         self.killing = False
         self.on_switch: list[Callable[[Task, Task, str], None]] = []   # the tracer's hook
         self.on_clock: list[Callable[[int], None]] = []                # jiffies jumped by n
+        #: the footprint recorder of partial-order reduction (kernel_model.emu.explore):
+        #: called (object, write) for each shared object the running step touches, and
+        #: (task, "wake") when it makes a task runnable (a spawn, a wake-up: the task's
+        #: next step comes after this one), (task, "exit") at a task's end and (task,
+        #: "join") where another joins it - orderings, never races: a join only waits;
+        #: None - the common case - when nobody records
+        self.fp: Callable[[object, bool | str], None] | None = None
+        #: the running step's footprint (kernel_model.emu.explore.Step: .reads and
+        #: .writes sets) while recording, for the fields of structs (kernel_model.slab)
+        self.fp_step: Any = None
 
     def __repr__(self) -> str:
         return (f"Scheduler current={self.current.label} runnable={len(self.runq)} "
@@ -253,11 +263,15 @@ class Scheduler:
         t.greenlet = greenlet(t._run, parent=self.main.greenlet)
         self.alive[t.tid] = t
         self.runq.append(t)
+        if self.fp is not None:   # the child's first step comes after this one
+            self.fp(t, "wake")
         self.point("wake_up_new_task")
         return t
 
     def join(self, t: Task) -> Any:
         """Block until `t` ends; its result, or its exception re-raised here."""
+        if self.fp is not None:
+            self.fp(t, "join")    # after its exit, if it has ended
         while t.state != DONE:
             me = self.current
             t.joiners.append(me)
@@ -359,6 +373,8 @@ class Scheduler:
         """Make a blocked task runnable (no switch: the caller's next point may)."""
         if t.state != BLOCKED:
             return False
+        if self.fp is not None:   # the wakee's next step comes after this one
+            self.fp(t, "wake")
         t.state = RUNNABLE
         t.woken = True
         t.wake_at = None
@@ -417,6 +433,8 @@ class Scheduler:
     def _exit(self, t: Task) -> None:
         """A spawned task's function returned: wake its joiners and run the next task."""
         t.state = DONE
+        if self.fp is not None:
+            self.fp(t, "exit")
         del self.alive[t.tid]
         for hook in t.on_exit:
             hook()
@@ -533,6 +551,29 @@ class Scheduler:
 
 #: the one CPU every machine's tasks run on
 SCHED = Scheduler()
+
+
+def touch(obj: object, write: bool = True) -> None:
+    """Emulator-level: the running step reads (write=False) or writes `obj`, a shared
+    object another task may touch too.  Partial-order reduction (kernel_model.emu.
+    explore) orders two steps only when they touch a common object and one writes;
+    the primitives call this (locks, wait queues, atomics, kmalloc'd objects, memory),
+    so driver code never has to."""
+    fp = SCHED.fp
+    if fp is not None:
+        fp(obj, write)
+
+
+def touch_ram(mem: object, addr: int, n: int, write: bool) -> None:
+    """Emulator-level: the running step reads or writes RAM [addr, addr + n) of the
+    machine whose memory is `mem` - page by page, so a CPU polling a CQ page and a DMA
+    into a data page do not conflict (touch's twin for memory)."""
+    st = SCHED.fp_step
+    if st is not None and n > 0:
+        keys = st.writes if write else st.reads
+        o = id(mem)
+        for pfn in range(addr >> 12, ((addr + n - 1) >> 12) + 1):
+            keys.add((o, pfn))
 
 
 def current_task() -> Task:

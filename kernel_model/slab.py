@@ -22,12 +22,14 @@ The records live in `machine.slab` (made on first use, with its leak check).
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict, defaultdict, deque
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernel_model.current import live_machines
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import call_site, machine_now
-from kernel_model.sched import SCHED
+from kernel_model.sched import SCHED, touch
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
@@ -94,15 +96,27 @@ def _uaf(o: object, access: str) -> UseAfterFree:
 def _poison_get(self: object, name: str) -> Any:
     if name == "__class__":  # isinstance() asks; it is not a use of the object
         return type(self)
+    _touched(self, name, False)
     raise _uaf(self, f"read of .{name}")
 
 
 def _poison_set(self: object, name: str, value: object) -> None:
+    _touched(self, name, True)
     raise _uaf(self, f"write of .{name}")
 
 
 def _poison_del(self: object, name: str) -> None:
+    _touched(self, name, True)
     raise _uaf(self, f"delete of .{name}")
+
+
+def _touched(obj: object, name: str, write: bool) -> None:
+    """A use of a freed struct is a use all the same: partial-order reduction must see
+    it race with the kfree (the schedule where it came first is another outcome)."""
+    st = SCHED.fp_step
+    if st is not None:
+        st.reads.add(id(obj))
+        (st.writes if write else st.reads).add((id(obj), name))
 
 
 def _poison_repr(self: object) -> str:
@@ -125,6 +139,105 @@ def _poison_class(cls: type) -> type:
     return p
 
 
+#: what reading an attribute hands out that the reader may then change in place: such a
+#: read counts as a write of the object for partial-order reduction
+#: (by exact type: isinstance would ask a tracked object for its __class__ again)
+_MUTABLE = frozenset((list, dict, set, deque, bytearray, defaultdict, OrderedDict))
+_tracked: dict[type, type] = {}    # class -> its footprint-recording twin
+_tracked_classes: set[type] = set()
+
+
+def _tracked_class(cls: type) -> type:
+    """The twin of `cls` whose attribute reads and writes go into the footprint of the
+    running step (Scheduler.fp_step), field by field, as (id, field) - a field
+    conflicts with the same field, and with kfree of the struct (a write of the id,
+    which the race analysis extends to every field it saw): made once per class,
+    given to objects made while partial-order reduction records, so it costs nothing
+    otherwise."""
+    t = _tracked.get(cls)
+    if t is None:
+        get, put = cls.__getattribute__, cls.__setattr__
+
+        def tracked_get(self: object, name: str) -> Any:
+            v = get(self, name)
+            st = SCHED.fp_step
+            if st is not None:
+                (st.writes if type(v) in _MUTABLE else st.reads).add((id(self), name))
+            return v
+
+        def tracked_set(self: object, name: str, value: object) -> None:
+            st = SCHED.fp_step
+            if st is not None:
+                st.writes.add((id(self), name))
+            put(self, name, value)
+
+        t = type(cls.__name__, (cls,), {
+            "__slots__": (), "__getattribute__": tracked_get, "__setattr__": tracked_set,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        _tracked[cls] = t
+        _tracked_classes.add(t)
+    return t
+
+
+#: the packages whose classes are the kernel's structs (and a client's, a device's):
+#: while partial-order reduction records, their new objects are tracked twins too
+STRUCT_PACKAGES = ("drivers.", "peermem_clients.", "kernel_model.", "examples.")
+#: kernel_model's own machinery, whose accesses the primitives report themselves
+_NOT_STRUCTS = ("kernel_model.emu.", "kernel_model.sched", "kernel_model.trace",
+                "kernel_model.lockdep", "kernel_model.locking", "kernel_model.rwsem",
+                "kernel_model.srcu", "kernel_model.refcount", "kernel_model.slab",
+                "kernel_model.xarray", "kernel_model.current")
+_struct_classes: list[type] = []
+_scanned = [0]                # len(sys.modules) when _struct_classes was made
+
+
+def _is_struct(cls: type, modname: str) -> bool:
+    if type(cls) is not type or cls.__module__ != modname:
+        return False
+    if issubclass(cls, BaseException) or cls.__new__ not in (object.__new__, _tracked_new):
+        return False
+    if any("__init_subclass__" in vars(c) for c in cls.__mro__[:-1]):
+        return False
+    return cls not in _tracked_classes and cls not in _poison_classes
+
+
+def _structs() -> list[type]:
+    """Every struct class of the loaded kernel modules (rescanned when modules load):
+    those of STRUCT_PACKAGES, and any module that is a loadable kernel module (a user's
+    client has module_init)."""
+    if _scanned[0] != len(sys.modules):
+        _scanned[0] = len(sys.modules)
+        out = []
+        for name, mod in list(sys.modules.items()):
+            if mod is None or name.startswith(_NOT_STRUCTS):
+                continue
+            if not (name.startswith(STRUCT_PACKAGES) or hasattr(mod, "module_init")):
+                continue
+            for v in list(vars(mod).values()):
+                if isinstance(v, type) and _is_struct(v, name):
+                    out.append(v)
+        _struct_classes[:] = out
+    return _struct_classes
+
+
+def _tracked_new(cls: type, *args: object, **kwargs: object) -> object:
+    twin = _tracked_class(cls) if SCHED.fp is not None else cls
+    return object.__new__(twin)
+
+
+def track_structs() -> None:
+    """Emulator-level: make every struct class (see _structs) hand out tracked twins
+    (_tracked_class) whenever partial-order reduction records, so it sees each field a
+    step reads or writes - of a plain struct too, not only of a kmalloc_obj one.
+    Called before each recorded run (it picks up modules loaded since).  Once given,
+    the __new__ stays: CPython cannot take a Python-level __new__ back off a class
+    (the slot keeps calling through it), and off recording it costs one call per
+    object made."""
+    for cls in _structs():
+        if vars(cls).get("__new__") is not _tracked_new:
+            cls.__new__ = _tracked_new            # type: ignore[method-assign]
+
+
 def kmalloc_obj(obj: T) -> T:
     """Record `obj` as allocated on the current machine (kzalloc of its struct)."""
     m = machine_now()
@@ -139,6 +252,8 @@ def kmalloc_obj(obj: T) -> T:
         raise KernelBug(f"kmalloc_obj: {type(obj).__name__} object {_safe_repr(obj)} is "
                         f"already allocated, at {live[id(obj)][1]}")
     live[id(obj)] = (obj, call_site(), SCHED.current.label)
+    if SCHED.fp is not None and type(obj) not in _tracked_classes:
+        object.__setattr__(obj, "__class__", _tracked_class(type(obj)))
     return obj
 
 
@@ -173,10 +288,14 @@ def kfree(obj: object) -> None:
     name = None
     if getattr(type(obj), "TRACE_NAME_OUTLIVES_FREE", False):
         name = getattr(obj, "trace_name", None)
+    touch(obj)
     object.__setattr__(obj, _FREED, record)
     if isinstance(name, str):
         object.__setattr__(obj, _FREED + "_trace_name", name)
-    object.__setattr__(obj, "__class__", _poison_class(type(obj)))
+    cls = type(obj)
+    if cls in _tracked_classes:
+        cls = cls.__mro__[1]
+    object.__setattr__(obj, "__class__", _poison_class(cls))
 
 
 def kmem_freed_trace_name(obj: object) -> str | None:

@@ -13,6 +13,7 @@ import struct
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, ENOTTY, KernelError
 from kernel_model.memory import access_vm
+from kernel_model.sched import touch_ram
 from kernel_model.trace import traced
 
 
@@ -37,6 +38,7 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
 
     def chunk(phys: int, off: int, k: int) -> None:
         if phys + k <= m.ram_size:
+            touch_ram(m.mem, phys, k, False)
             dst[off:off + k] = m.mem.ram[phys:phys + k]
         else:
             dst[off:off + k] = read(phys, k)
@@ -57,6 +59,7 @@ def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
 
     def chunk(phys: int, off: int, k: int) -> None:
         if phys + k <= m.ram_size:
+            touch_ram(m.mem, phys, k, True)
             m.mem.ram[phys:phys + k] = src[off:off + k]
         else:
             m.phys_write(phys, bytes(src[off:off + k]))

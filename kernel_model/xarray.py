@@ -13,6 +13,7 @@ from typing import Any
 
 from kernel_model.errno import EBUSY, KernelError
 from kernel_model.locking import spin_lock_init
+from kernel_model.sched import touch
 
 U32_MAX = 0xFFFFFFFF
 
@@ -32,6 +33,7 @@ def xa_alloc_cyclic(xa: xarray, entry: Any, limit: tuple[int, int], nxt: list[in
     """Mirrors xa_alloc_cyclic() with the lock taken by the caller's xa_lock (__xa_alloc_cyclic
     semantics): the first free index in [nxt[0], limit_max], then from limit_min; nxt[0]
     moves past it.  EBUSY when the range is full."""
+    touch(xa)
     lo, hi = limit
     start = min(max(nxt[0], lo), hi)
     for idx in itertools.chain(range(start, hi + 1), range(lo, start)):
@@ -44,9 +46,11 @@ def xa_alloc_cyclic(xa: xarray, entry: Any, limit: tuple[int, int], nxt: list[in
 
 def xa_load(xa: xarray, index: int) -> Any:
     """Mirrors xa_load(): the entry at index, or None."""
+    touch(xa, False)
     return xa.entries.get(index)
 
 
 def xa_erase(xa: xarray, index: int) -> Any:
     """Mirrors xa_erase(): remove and return the entry (None if there was none)."""
+    touch(xa)
     return xa.entries.pop(index, None)

@@ -59,6 +59,8 @@ WRITE_BW_SLACK = 64 * MiB   # write-bw: RAM for the kernel, queues and page tabl
 WRITE_BW_MAX_SIZE = (MAX_RAM - WRITE_BW_SLACK) // 4  # RAM = 4 x size + slack (two buffers)
 MAX_ITERS = 1_000_000       # write-bw keeps two timestamps per message
 MAX_DECISIONS = 1_000_000   # the steps a replayed schedule may spell out
+MAX_JOBS = 256              # explore --jobs: processes, one schedule each at a time
+MAX_PCT_DEPTH = 20          # PCT's odds per run fall as k^-(d-1): deeper finds nothing
 U32_MAX = 0xFFFF_FFFF
 
 
@@ -308,6 +310,13 @@ def _explore_checks(args: argparse.Namespace) -> None:
         for given, flag in ((args.o is not None, "-o"), (args.format is not None, "--format")):
             if given:
                 raise UsageError(f"{flag} needs --trace (it formats the replay's trace)")
+    if args.pct_depth is not None and args.strategy != "pct":
+        raise UsageError(f"--pct-depth needs --strategy pct, not {args.strategy}")
+    for given, flag in ((args.jobs > 1, "--jobs"), (not args.por, "--no-por")):
+        if given and args.strategy != "dfs":
+            raise UsageError(f"{flag} needs --strategy dfs, not {args.strategy}")
+    if args.jobs > 1 and not args.por:
+        raise UsageError("--jobs needs partial-order reduction (drop --no-por)")
 
 
 def _explore(args: argparse.Namespace) -> int:
@@ -366,7 +375,9 @@ def _explore(args: argparse.Namespace) -> int:
         else:    # CI: plain periodic lines
             print(line, file=sys.stderr, flush=True)
     ex = explore(program, args.strategy, bound=args.bound, max_schedules=args.max_schedules,
-                 seed=args.seed, shard=args.shard, progress=progress)
+                 seed=args.seed, shard=args.shard, progress=progress,
+                 depth=args.pct_depth or 3, shrink_seconds=args.shrink_seconds,
+                 por=args.por, jobs=args.jobs)
     if shown[0]:
         print(file=sys.stderr)
     took = time.perf_counter() - t0
@@ -603,8 +614,20 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--max-schedules", type=_int_arg(1), default=None, metavar="N",
                    help="stop after N schedules (pct/random: 100 by default)")
     x.add_argument("--seed", type=int, default=0, help="first seed for pct/random (0)")
+    x.add_argument("--pct-depth", type=_int_arg(1, MAX_PCT_DEPTH), default=None, metavar="D",
+                   help="with --strategy pct: the bug depth d, d - 1 priority-change "
+                   "points a run (3)")
+    x.add_argument("--shrink-seconds", type=_int_arg(0), default=20, metavar="S",
+                   help="spend at most S seconds shrinking a failure (20; 0: report it "
+                   "as found)")
     x.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
-                   help="run part I of N disjoint parts of the search (0/1)")
+                   help="run part I of N parts of the search (0/1); dfs splits it by "
+                   "schedule prefix, pct and random by seed")
+    x.add_argument("--jobs", type=_int_arg(1, MAX_JOBS), default=1, metavar="N",
+                   help="dfs: run the schedules in N processes (1)")
+    x.add_argument("--no-por", dest="por", action="store_false",
+                   help="dfs: every interleaving within the bound, without partial-order "
+                   "reduction (much slower; for checking the reduction itself)")
     x.add_argument("--replay", type=_schedule, metavar="SCHEDULE",
                    help="run exactly this schedule")
     x.add_argument("--trace", action="store_true",

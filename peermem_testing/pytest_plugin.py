@@ -12,11 +12,12 @@ Races - an ordinary test, marked; the plugin runs its body under the race
 explorer (kernel_model/emu/explore.py), once per schedule, and fails it with the
 explorer's report (the check, the schedule, its interleaved trace and the
 command that replays it).  This one deliberately meets a known upstream bug:
-nv_peer_mem as the invalidating client (persistent_api_support=0, what
-ClientUnderTest.nv_peer_mem() loads) lets cudaFree free the page table while
-ibv_dereg_mr's teardown still unmaps it - a KASAN use-after-free in
-nvidia_p2p_dma_unmap_pages, Mellanox/nv_peer_memory issue 53 (open) - so it
-is marked xfail(strict=True): it passes only while the explorer finds that bug.
+nvidia-peermem 580 as released, the invalidating client (persistent_api_support=0)
+without the proposed fix ClientUnderTest.nv_peer_mem() loads (issue53_fix=0), lets
+cudaFree free the page table while ibv_dereg_mr's teardown still unmaps it - a
+KASAN use-after-free in nvidia_p2p_dma_unmap_pages, Mellanox/nv_peer_memory issue
+53 (open) - so it is marked xfail(strict=True): it passes only while the explorer
+finds that bug.
 
     import pytest
 
@@ -25,7 +26,7 @@ is marked xfail(strict=True): it passes only while the explorer finds that bug.
     @pytest.mark.xfail(strict=True, reason="nv_peer_memory issue 53: use-after-free")
     @pytest.mark.race(strategy="dfs", bound=1)
     def test_dereg_vs_free(peermem_ladder):
-        lad = peermem_ladder(ClientUnderTest.nv_peer_mem())  # a fresh machine every run
+        lad = peermem_ladder(ClientUnderTest.nv_peer_mem(issue53_fix=0))  # fresh each run
         dereg = lad.proc.start(lad.dereg)         # ibv_dereg_mr
         free = lad.proc.thread(lad.revoke, name="free")      # cudaFree
         dereg.join(); free.join()
@@ -34,14 +35,17 @@ is marked xfail(strict=True): it passes only while the explorer finds that bug.
 `race(...)` takes explore()'s keywords (strategy, bound, max_schedules, seed,
 depth, shard) and `replay="SCHEDULE"`; `pytest --peermem-replay SCHEDULE`
 reruns one schedule of the selected race tests instead of exploring.
-`race(shards=N)` makes N tests of one, each exploring one of N disjoint parts
-of the search (`[shard0of4]` ...), so pytest-xdist runs them in parallel.
+`race(shards=N)` makes N tests of one, each exploring one of N parts of the search
+(`[shard0of4]` ...), so pytest-xdist or a CI matrix runs them in parallel; the
+terminal summary then adds one line for the test as a whole - the schedules of all
+its shards and one verdict.  `race(jobs=N)` runs one test's schedules in N
+processes instead.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,7 +54,7 @@ from peermem_testing.conformance import ClientUnderTest, ConformanceReport, run_
 from peermem_testing.ladder import Ladder, build_ladder
 
 RACE_KEYWORDS = ("strategy", "bound", "max_schedules", "seed", "depth", "shard", "shards",
-                 "replay")
+                 "replay", "jobs", "por")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -120,13 +124,31 @@ def race_summary(runs: int, distinct: int, opts: dict[str, Any], seconds: float)
             f"in {seconds:.1f} s")
 
 
+def shards_summary(parts: list[tuple[int, int, str | None]]) -> str:
+    """One verdict for a test run as shards: `parts` is (shard, schedules, failed check
+    or None) of each shard that ran."""
+    n = max(p[0] for p in parts) + 1 if parts else 0
+    total = sum(p[1] for p in parts)
+    failed = [(i, check) for i, _, check in sorted(parts) if check is not None]
+    verdict = "no failure" if not failed else "FAILED (" + ", ".join(
+        f"{check} in shard {i}" for i, check in failed) + ")"
+    return f"{len(parts)} shard(s) of {n}: {total} schedule(s) in all: {verdict}"
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """A section listing every race test: how much of the search it ran, and how long."""
+    """A section listing every race test: how much of the search it ran, and how long;
+    a test run as shards gets one more line, its shards' results combined."""
     runs = terminalreporter.config.stash.get(_RACE_RUNS, [])
     if runs:
         terminalreporter.section("peermem race tests")
-        for nodeid, line in runs:
+        combined: dict[str, list[tuple[int, int, str | None]]] = {}
+        for nodeid, line, *part in runs:
             terminalreporter.write_line(f"{nodeid}: {line}")
+            if part and part[0] is not None:
+                base = nodeid.split("[shard")[0]
+                combined.setdefault(base, []).append(part[0])
+        for base, parts in combined.items():
+            terminalreporter.write_line(f"{base} (all shards): {shards_summary(parts)}")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -151,6 +173,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker_replay = opts.pop("replay", None)
     schedule = pyfuncitem.config.getoption("peermem_replay") or marker_replay
     t0 = time.monotonic()
+    part = None
     if schedule is not None:
         failure = replay(program, schedule).failure
         line = f"replayed schedule {schedule!r} in {time.monotonic() - t0:.1f} s"
@@ -158,9 +181,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         ex = explore(program, **opts)
         failure = ex.failure
         line = race_summary(ex.runs, len(ex.schedules), opts, time.monotonic() - t0)
+        callspec = getattr(pyfuncitem, "callspec", None)
+        if callspec is not None and "peermem_shard" in callspec.params:
+            part = (opts["shard"][0], ex.runs, None if failure is None else failure.check)
     verdict = "no failure" if failure is None else f"FAILED ({failure.check})"
     pyfuncitem.config.stash.setdefault(_RACE_RUNS, []).append(
-        (pyfuncitem.nodeid, f"{line}: {verdict}"))
+        (pyfuncitem.nodeid, f"{line}: {verdict}", part))
     if failure is not None:
         pytest.fail(race_report(failure, program, pyfuncitem.nodeid) + f"\n{line}",
                     pytrace=False)
@@ -169,10 +195,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.fixture
 def peer_client_conformance() -> Callable[[ClientUnderTest], ConformanceReport]:
-    """Run the conformance kit on a client; the test fails listing every violation."""
+    """Run the conformance kit on a client; the test fails listing every violation.
+    It takes run_conformance's keywords: `ofed=`, `release=`, `params=`."""
 
-    def run(cut: ClientUnderTest) -> ConformanceReport:
-        report = run_conformance(cut)
+    def run(cut: ClientUnderTest, **options: Any) -> ConformanceReport:
+        report = run_conformance(cut, **options)
         if not report.ok:
             pytest.fail(str(report), pytrace=False)
         return report
@@ -181,7 +208,17 @@ def peer_client_conformance() -> Callable[[ClientUnderTest], ConformanceReport]:
 
 
 @pytest.fixture
-def peermem_ladder() -> Callable[..., Ladder]:
+def peermem_ladder() -> Iterator[Callable[..., Ladder]]:
     """build_ladder: machine, process, context, PD, the client's buffer and its MR.
-    Call it in the test body (a race test's body runs once per schedule)."""
-    return build_ladder
+    Call it in the test body (a race test's body runs once per schedule); it takes
+    build_ladder's arguments (`ofed=`, `release=`, `params=`, `record=`).  After the
+    test every machine it built and nobody checked yet is shut down and leak-checked
+    (the explorer checks a race test's own), so no task of it outlives the test."""
+    from kernel_model.emu.machine import Machine, live_machines
+
+    first = Machine.next_serial
+    yield build_ladder
+    for m in sorted(live_machines, key=lambda m: m.serial):
+        if m.serial >= first and getattr(m, "leak_check_expected", True):
+            m.leak_check_expected = False      # once, even if the check raises
+            m.check_leaks()

@@ -638,7 +638,9 @@ def _dereg_mr_ticket(mr: mlx5_ib_mr) -> None:
     """OFED 4.x dereg_mr() of a peer MR: clean_mr - DESTROY_MKEY, or for a cached mkey
     unreg_umr (it stays with the MR until the user's dereg gives it back) - the
     peer_id freed, then ib_umem_release: the client's dma_unmap, put_pages and
-    release()."""
+    release().  The peer_id goes before ib_umem_release takes the ticket off the
+    client's list: an invalidation in between calls mlx5_invalidate_umem with the
+    freed peer_id (4.3 to 5.0, code-derived; the dereg-vs-invalidate-ticket race)."""
     if mr.allocated_from_cache:
         unreg_umr(mr)
     else:
@@ -693,9 +695,14 @@ def mlx5_ib_dmabuf_invalidate_cb(attach: Any) -> None:
     held) - zap the MTT by UMR (the HCA's DMA through the mkey drained), then give
     the mapping back.  The mkey stays on: the next access through it page-faults
     and pagefault_dmabuf_mr maps the buffer where it is then.  Nothing for an MR
-    not mapped yet, or being deregistered."""
+    not mapped yet, or being deregistered.
+
+    # EMU: the lock is asserted through `attach` itself; upstream reaches it through
+    # umem_dmabuf->attach, which ib_umem_dmabuf_get sets only after
+    # dma_buf_dynamic_attach returned - a move_notify in between (the attachment is
+    # on the exporter's list already) would dereference NULL with CONFIG_LOCKDEP."""
     umem = attach.importer_priv
-    lockdep_assert_held(umem.attach.dmabuf.resv)          # dma_resv_assert_held
+    lockdep_assert_held(attach.dmabuf.resv)               # dma_resv_assert_held
     mr = umem.private
     if umem.sgt is None or mr is None:
         return

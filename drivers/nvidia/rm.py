@@ -53,6 +53,7 @@ from c_ext import U64Array
 from kernel_model.errno import EINVAL, ENOMEM, KernelError
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
 from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
+from kernel_model.sched import touch
 from kernel_model.trace import traced
 from kernel_model.workqueue import INIT_WORK, flush_work, queue_work
 
@@ -266,6 +267,7 @@ def rm_p2p_get_pages(mem: NvMemory, va: int, length: int) -> U64Array:
     room = (gpu.config.bar1_size - dev.bar1_mapped_bytes() - CLI_THIRD_PARTY_P2P_BAR1_RESERVE
             ) >> GPU_PAGE_SHIFT
     windows = U64Array(n, zero=False)
+    touch(gpu.bar1)               # the BAR1 page table the c_ext loop writes
     got = dev.ops.bar1_map(mem.page_array, first, n, dev.win_of_page, dev.page_refs,
                            dev.free_stack, dev.free_top, gpu.bar1_pte, max(room, 0), windows)
     if got < 0:
@@ -279,6 +281,7 @@ def rm_p2p_get_pages(mem: NvMemory, va: int, length: int) -> U64Array:
 @traced
 def rm_p2p_put_pages(dev: NvDevice, mem: NvMemory, first: int, n: int) -> None:
     """Drop a mapping's use of its BAR1 windows; unmap those nobody uses any more."""
+    touch(dev.gpu.bar1)
     dev.ops.bar1_unmap(mem.page_array, first, n, dev.win_of_page, dev.page_refs,
                        dev.free_stack, dev.free_top, dev.gpu.bar1_pte)
 

@@ -15,19 +15,28 @@ explorer runs it again and again, each time with the scheduler's decisions
 Strategies (a seed makes each repeatable):
 
   dfs     bounded exhaustive search by preemption count (CHESS): the runs
-          branch at every decision point, and a branch that switches away from
+          branch at decision points, and a branch that switches away from
           a task that could have gone on costs one preemption; branches over
-          the bound (default 2) are not taken
+          the bound (default 2) are not taken.  With partial-order reduction
+          (explore_dpor, the default) a run branches only where two steps of
+          different tasks race - touch a common object, one writing - so one
+          schedule of each class of equivalent ones runs; explore_dfs branches
+          everywhere
   pct     PCT: every task gets a random priority, the highest runnable one
           runs, and at d - 1 random steps the running task drops to the
           lowest priority; a depth-d bug is found with probability at least
           1 / (n * k^(d-1)) per run (n tasks, k steps)
   random  every decision uniformly random
 
+pct and random are fair at sched_yield() (YieldFair): a yielding task waits
+until the others runnable at its yield have run, so a busy poll cannot starve
+the task it polls for.
+
 A failure comes back as a Failure: which check, its details, the schedule
 as a string (sched.format_schedule) that ReplayStrategy replays exactly,
-and - after shrinking (`shrink`: each preemption in turn is dropped while
-the same check still fails) - the fewest preemptions found.
+and - after shrinking (`shrink`: within a deadline, a long schedule cut
+short, then preemptions dropped one at a time while the same check still
+fails) - the fewest preemptions found.
 
 The exploration owns the one scheduler while it runs (it must be called
 from main, with no task alive).
@@ -36,7 +45,9 @@ from main, with no task alive).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+import time
+import warnings
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import attrs
@@ -49,13 +60,13 @@ from kernel_model.sched import (
     SCHED,
     DeadlockError,
     DefaultStrategy,
-    RandomStrategy,
     ReplayDivergence,
     Strategy,
     Task,
     format_schedule,
     parse_schedule,
 )
+from kernel_model.slab import track_structs
 from kernel_model.trace import Tracer
 
 Program = Callable[[], Any]
@@ -75,15 +86,40 @@ class Point:
         return self.cur is not None and self.chosen != self.cur
 
 
+@attrs.define(slots=True)
+class Step:
+    """What one task did between two scheduling decisions (or a decision and a forced
+    switch): the ids of the shared objects it read and wrote (kernel_model.sched.touch).
+    `point` is the decision it began at, None when the CPU came to it without a choice
+    (the task before it blocked or ended with one task runnable)."""
+
+    tid: int
+    point: int | None
+    reads: set[Hashable]
+    writes: set[Hashable]
+    #: the tasks it made runnable (spawned or woke): their next steps come after it
+    wakes: set[int] = attrs.Factory(set)
+    #: the tasks it joined: it comes after their ends, if they have ended
+    joins: set[int] = attrs.Factory(set)
+    ends: bool = False               # its task ended in it
+
+
 class Recording(Strategy):
-    """Make the decisions of `prefix` (task ids), then those of `base`; record them all."""
+    """Make the decisions of `prefix` (task ids), then those of `base`; record them all.
+
+    With `footprints`, also record each step's footprint (Step) for partial-order
+    reduction: while the run lasts the scheduler's footprint hook and switch hook point
+    here, and objects kmalloc'd meanwhile report their attribute reads and writes."""
 
     def __init__(self, prefix: list[int], base: Strategy | None = None,
-                 lenient: bool = False):
+                 lenient: bool = False, footprints: bool = False):
         self.prefix = prefix
         self.base = base or DefaultStrategy()
         self.lenient = lenient        # a prefix step that cannot be taken: the base's
         self.points: list[Point] = []
+        self.footprints = footprints
+        self.steps: list[Step] = []
+        self._decided: int | None = None   # the task the last decision switches to
 
     def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
         i = len(self.points)
@@ -102,20 +138,126 @@ class Recording(Strategy):
         if pick is None:
             pick = self.base.choose(sched, candidates, reason)
         self.points.append(Point([t.tid for t in candidates], cur, pick.tid))
+        if self.footprints:
+            self._begin(pick, i)
+            self._decided = None if pick is sched.current else pick.tid
         return pick
 
+    # -- footprints ---------------------------------------------------------------------
+    def install(self) -> None:
+        """Hook the scheduler (run_once calls this and `remove` around the run)."""
+        if self.footprints:
+            SCHED.fp = self._touch
+            SCHED.on_switch.append(self._switched)
+            track_structs()
+            self._begin(SCHED.current, None)
 
-class PCT(Strategy):
-    """PCT (Burckhardt et al.): random priorities, d - 1 priority-change points."""
+    def remove(self) -> None:
+        """Unhook what install() hooked."""
+        if self.footprints:
+            SCHED.fp = SCHED.fp_step = None
+            SCHED.on_switch.remove(self._switched)
+
+    def _begin(self, task: Task, point: int | None) -> None:
+        st = Step(task.tid, point, set(), set())
+        self.steps.append(st)
+        # fields are recorded from the first decision on: before it main runs alone,
+        # and every other task's steps come after its spawn - nothing can race with it
+        SCHED.fp_step = st if self.points else None
+
+    def _touch(self, obj: Any, write: bool | str) -> None:
+        st = self.steps[-1]
+        if write is True or write is False:
+            (st.writes if write else st.reads).add(id(obj))
+        elif write == "wake":               # obj is a task this step made runnable
+            st.wakes.add(obj.tid)
+        elif write == "join":
+            st.joins.add(obj.tid)
+        else:                               # "exit": obj, the running task, ends
+            st.ends = True
+
+    def _switched(self, cur: Task, nxt: Task, reason: str) -> None:
+        if self._decided == nxt.tid:        # the decision's step has begun already
+            self._decided = None
+        else:                               # a switch nobody chose: a new step
+            self._begin(nxt, None)
+
+
+def _yielder(sched: Any, candidates: list[Task]) -> Task | None:
+    """The task deciding by sched_yield(), or None: Scheduler.yield_ offers the run
+    queue with the yielder last, point() the current task first, a block not at all."""
+    cur = sched.current
+    if candidates and candidates[0] is not cur and cur in candidates:
+        return cur
+    return None
+
+
+class YieldFair(Strategy):
+    """Fairness at sched_yield() for the seeded strategies (CHESS's fair scheduler,
+    Musuvathi and Qadeer, PLDI 2008): a task that yields is not chosen again until every
+    other task runnable at its yield has been chosen once or stopped being runnable.
+
+    A busy poll (CQ.poll_until: poll, sched_yield, poll again) otherwise starves the
+    task it waits for whenever the poller ranks higher - under PCT for the whole run,
+    until the poll times out: a false alarm.  The rule only takes choices away at a
+    yield, it never reorders: a subclass's `pick` sees the tasks still allowed, and
+    PCT keeps its priorities and change points (see PCT)."""
+
+    def __init__(self) -> None:
+        self.owed: dict[int, set[int]] = {}     # a yielder -> the tasks it lets go first
+
+    def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
+        tids = {t.tid for t in candidates}
+        for waits in self.owed.values():
+            waits &= tids                       # a task that blocked or ended: owed no more
+        y = _yielder(sched, candidates)
+        if y is not None:
+            self.owed[y.tid] = tids - {y.tid}
+        allowed = [t for t in candidates if not self.owed.get(t.tid)] or candidates
+        pick = self.pick(sched, allowed, reason)
+        for waits in self.owed.values():
+            waits.discard(pick.tid)
+        return pick
+
+    def pick(self, sched: Any, candidates: list[Task], reason: str) -> Task:
+        raise NotImplementedError
+
+
+class FairRandom(YieldFair):
+    """Uniformly random choices from a seed among the tasks yield fairness allows
+    (sched.RandomStrategy's choices wherever no task has yielded)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def pick(self, sched: Any, candidates: list[Task], reason: str) -> Task:
+        return self.rng.choice(candidates)
+
+
+class PCT(YieldFair):
+    """PCT (Burckhardt et al.): random priorities, d - 1 priority-change points.
+
+    Yield-fair (YieldFair): a yielder waits until the others runnable at its yield
+    have each been chosen, then competes again with its own priority.  That is PCT
+    run on the program whose busy polls were blocking waits re-checked after every
+    step of another task - the program PCT's analysis is about (a task that cannot
+    progress is not enabled) - so the random priorities and the change points keep
+    their meaning and the argument for the 1 / (n * k^(d-1)) bound carries over (k
+    counting the polls' decisions too).  Demoting the yielder instead would be a
+    priority change the analysis does not count: after its wait the poller could
+    no longer run before a task it outranked without spending one of the d - 1
+    change points."""
 
     def __init__(self, seed: int, depth: int = 3, steps: int = 200):
+        super().__init__()
         self.rng = random.Random(seed)
         self.prio: dict[int, float] = {}
         self.changes = set(self.rng.sample(range(1, max(steps, depth) + 1), depth - 1))
         self.step = 0
         self.low = 0.0
 
-    def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
+    def pick(self, sched: Any, candidates: list[Task], reason: str) -> Task:
         self.step += 1
         for t in candidates:
             if t.tid not in self.prio:
@@ -179,8 +321,13 @@ def _oops(first: int) -> tuple[str, str] | None:
     kernel that oops is the report, so it is the verdict, whatever the program saw."""
     for t in SCHED.failed:
         m = getattr(t, "machine", None)
-        if isinstance(t.exc, KernelBug) and (m is None or m.serial >= first):
+        if m is not None and m.serial < first:
+            continue
+        if isinstance(t.exc, KernelBug):
             return (type(t.exc).__name__, f"{t.exc} (task {t.label} died of it)")
+        if isinstance(t.exc, AttributeError) and "'NoneType'" in str(t.exc):
+            return ("null-deref", f"BUG: kernel NULL pointer dereference: {t.exc} "
+                    f"{_where(t.exc)} (task {t.label} died of it)")
     return None
 
 
@@ -188,6 +335,7 @@ def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
     """Run the program once under the installed strategy; (check, detail) or None.
     A tracer, if given, records the program itself - not the leak check's teardown."""
     first = Machine.next_serial
+    hooks = SCHED.on_clock[:], SCHED.on_switch[:]
     verdict: tuple[str, str] | None = None
     if tracer is not None:
         tracer.start()
@@ -224,7 +372,7 @@ def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
             continue
         m.leak_check_expected = False
         try:
-            m.check_leaks()
+            m.check_leaks(max_lines=None)       # each leaked object, however many
         except Exception as e:  # noqa: BLE001 - the leak check's report (bugs, leaks)
             if verdict is None:
                 text = str(e)
@@ -234,6 +382,12 @@ def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
                 verdict = (check, text or type(e).__name__)
     SCHED.abandon()
     SCHED.failed.clear()
+    # a run that died (a deadlock, an oops) leaves main's lock stack and wait as they
+    # were; they must not hold the run's machine alive into the next run
+    SCHED.main.held_locks.clear()
+    SCHED.main.blocked_on = None
+    SCHED.main.saved_ts = None
+    SCHED.on_clock[:], SCHED.on_switch[:] = hooks     # nor the hooks its machines left
     return verdict
 
 
@@ -242,9 +396,11 @@ def run_once(program: Program, strategy: Strategy, tracer: Any = None) -> Run:
     `tracer`, a kernel_model.trace.Tracer not yet started, if given)."""
     rec = strategy if isinstance(strategy, Recording) else Recording([], strategy)
     SCHED.use(rec)
+    rec.install()
     try:
         verdict = _judge(program, tracer)
     finally:
+        rec.remove()
         SCHED.use(None)
     sched = format_schedule([p.chosen for p in rec.points])
     failure = None if verdict is None else Failure(*verdict, sched, _preemptions(rec.points))
@@ -318,38 +474,393 @@ def explore_dfs(program: Program, bound: int = 2, max_schedules: int | None = No
             yield run
 
 
+# -- partial-order reduction ---------------------------------------------------------------
+@attrs.define(slots=True)
+class _Node:
+    """A decision on the DFS path: the tasks to try there (DPOR's backtrack set) and the
+    tasks tried."""
+
+    backtrack: set[int]
+    done: set[int]
+
+
+def _races(points: list[Point],
+           steps: list[Step]) -> Iterator[tuple[int, int, set[int], bool, int, int]]:
+    """DPOR's race analysis of one run (Flanagan-Godefroid, with source-set initials).
+
+    Steps j and k of different tasks race when they touch a common object, one of them
+    writing, and nothing else orders j before k: j happens-before neither k's task's
+    previous step nor k's other dependences (vector clocks over program order and the
+    touched objects).  Such a race could go the other way, so for each one this yields
+    (d, p, initials, every): the decision d where j's task was given the CPU (at or
+    before j), k's task p, and the tasks runnable at d that lead to k - p itself when
+    runnable there, else the runnable tasks with a step after j, not after j itself,
+    that happens-before k; when there is none, every runnable task (`every` True: all
+    of them must be tried, as Flanagan-Godefroid's rule has it), and the two steps j, k."""
+    if not steps:
+        return
+    width = max(s.tid for s in steps) + 1
+    vcs: list[list[int]] = []
+    local: list[int] = []                  # each step's position in its task's sequence
+    last_of: dict[int, int] = {}           # task -> its latest step
+    woken_by: dict[int, int] = {}          # task -> the step that last made it runnable
+    ended: dict[int, int] = {}             # task -> the step it ended in
+    count: dict[int, int] = {}
+    last_write: dict[Hashable, int] = {}        # object -> the step that wrote it last
+    readers: dict[Hashable, dict[int, int]] = {}  # object -> task -> its latest read since
+    fields: dict[int, set[Hashable]] = {}   # a struct's id -> its fields touched so far
+    decision: list[int | None] = []        # each step's decision (at or before it)
+    first_step: dict[int, int] = {}        # decision -> the step it began
+    d_now: int | None = None
+    for k, st in enumerate(steps):
+        tid = st.tid
+        if st.point is not None:
+            d_now = st.point
+            first_step[d_now] = k
+        decision.append(d_now)
+        n = count.get(tid, 0) + 1
+        count[tid] = n
+        local.append(n)
+        prev = last_of.get(tid)
+        vc = list(vcs[prev]) if prev is not None else [0] * width
+        w = woken_by.get(tid)
+        if w is not None and (prev is None or w > prev):
+            # a spawn or wake-up orders this step after it - and is no race: the task
+            # could not have run before it
+            vc = [max(a, b) for a, b in zip(vc, vcs[w], strict=True)]
+        for t in st.joins:                 # a join of a task that has ended: after it
+            e = ended.get(t)
+            if e is not None:
+                vc = [max(a, b) for a, b in zip(vc, vcs[e], strict=True)]
+        deps: set[int] = set()
+        for o in st.reads:
+            w = last_write.get(o)
+            if w is not None:
+                deps.add(w)
+            if type(o) is tuple:           # a field: after a write of the whole struct
+                w = last_write.get(o[0])
+                if w is not None:
+                    deps.add(w)
+        for o in st.writes:
+            for key in (o, *fields.get(o, ())) if type(o) is int else (o,):
+                w = last_write.get(key)  # a write of a whole struct (kfree): of each field
+                if w is not None:
+                    deps.add(w)
+                rd = readers.get(key)
+                if rd:
+                    deps.update(rd.values())
+            if type(o) is tuple:
+                w = last_write.get(o[0])
+                if w is not None:
+                    deps.add(w)
+        deps = {j for j in deps if steps[j].tid != tid}
+        for j in deps:
+            tj, lj = steps[j].tid, local[j]
+            if vc[tj] >= lj or any(vcs[i][tj] >= lj for i in deps if i != j):
+                continue                   # ordered before k by something else
+            d = decision[j]
+            if d is None:
+                continue                   # before any choice: nothing to reverse
+            cands = points[d].cands
+            if tid in cands:
+                yield d, tid, {tid}, False, j, k
+                continue
+            lead = {steps[i].tid for i in range(j + 1, k)
+                    if vcs[i][tj] < lj and _hb(vcs, steps, local, i, deps, vc)}
+            lead &= set(cands)
+            yield d, tid, lead or set(cands), not lead, j, k
+        for j in deps:
+            vj = vcs[j]
+            for t in range(width):
+                if vj[t] > vc[t]:
+                    vc[t] = vj[t]
+        vc[tid] = n
+        vcs.append(vc)
+        last_of[tid] = k
+        for t in st.wakes:
+            woken_by[t] = k
+        if st.ends:
+            ended[tid] = k
+        for o in st.reads:
+            readers.setdefault(o, {})[tid] = k
+            if type(o) is tuple:
+                fields.setdefault(o[0], set()).add(o)
+        for o in st.writes:
+            last_write[o] = k
+            readers.pop(o, None)
+            if type(o) is tuple:
+                fields.setdefault(o[0], set()).add(o)
+
+
+def _hb(vcs: list[list[int]], steps: list[Step], local: list[int], i: int,
+        deps: set[int], vc: list[int]) -> bool:
+    """Does step i happen-before the step whose dependences are `deps` (its task's clock
+    so far `vc`)?"""
+    ti, li = steps[i].tid, local[i]
+    return vc[ti] >= li or any(vcs[j][ti] >= li for j in deps) or i in deps
+
+
+_Races = list[tuple[int, int, set[int], bool, int, int]]
+
+
+def _dpor_step(program: Program, prefix: list[int]) -> tuple[Run, _Races]:
+    """One run of the DPOR search: the run, and its races (_races), each decision's
+    first one only where several races name the same task there."""
+    rec = Recording(prefix, footprints=True)
+    run = run_once(program, rec)
+    seen: set[tuple[int, int, bool]] = set()
+    races = []
+    for race in _races(run.points, rec.steps):
+        d, p, _lead, every = race[:4]
+        if (d, p, every) not in seen:
+            seen.add((d, p, every))
+            races.append(race)
+    return run, races
+
+
+#: a sharded DPOR search splits once this many prefixes per shard wait to be run
+SPLIT_AT = 8
+
+#: the program a --jobs worker process runs (set before the fork; never pickled)
+_WORKER_PROGRAM: list[Program] = []
+
+
+def _dpor_worker(prefix: list[int]) -> tuple[Run, _Races]:
+    return _dpor_step(_WORKER_PROGRAM[0], prefix)
+
+
+class _DporSearch:
+    """The DPOR search's bookkeeping, apart from running: the decisions that have
+    alternatives to try (keyed by the schedule prefix that reaches them) and the
+    prefixes still to run."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.nodes: dict[tuple[int, int], _Node] = {}
+        self.stack: list[list[int]] = [[]]
+        #: each prefix's guess of its subtree: the decisions left after it in the run
+        #: that found it, times the cube of one more than the preemptions it may still
+        #: spend (measured: it splits dereg-vs-invalidate's search 128/237/214/211)
+        self.size: dict[int, int] = {}
+
+    def add(self, run: Run, races: _Races) -> None:
+        """Turn one run's races into alternatives at its decisions (within the bound)."""
+        pts = run.points
+        chosen = [p.chosen for p in pts]
+        npre = [0] * (len(pts) + 1)
+        for i, p in enumerate(pts):
+            npre[i + 1] = npre[i] + p.preempts
+        for d, p, lead, every, _j, _k in races:
+            node = self._node(chosen, d)
+            if every:
+                todo = sorted(lead - node.done - node.backtrack)
+            elif lead & node.backtrack or lead & node.done:
+                continue
+            else:
+                todo = [p if p in lead else min(lead)]
+            for x in todo:
+                cost = 1 if pts[d].cur is not None and x != pts[d].cur else 0
+                if npre[d] + cost <= self.bound:
+                    self._try(chosen, d, node, x,
+                              (len(pts) - d) * (self.bound - npre[d] - cost + 1) ** 3)
+                    continue
+                for e in range(d, -1, -1):     # the last free switch before it
+                    if pts[e].cur is None:
+                        if x in pts[e].cands:
+                            self._try(chosen, e, self._node(chosen, e), x,
+                                      (len(pts) - e) * (self.bound - npre[e] + 1) ** 3)
+                        break
+
+    def _node(self, chosen: list[int], d: int) -> _Node:
+        key = (d, hash(tuple(chosen[:d])))
+        node = self.nodes.get(key)
+        if node is None:
+            # first visit with an alternative: every run through it so far chose this
+            node = self.nodes[key] = _Node(set(), {chosen[d]})
+        return node
+
+    def _try(self, chosen: list[int], d: int, node: _Node, x: int, size: int) -> None:
+        if x not in node.done:
+            node.done.add(x)
+            node.backtrack.add(x)
+            self.stack.append(chosen[:d] + [x])
+            self.size[id(self.stack[-1])] = size
+
+    def split(self, index: int, count: int) -> None:
+        """Keep part `index` of `count` of the prefixes waiting: the same greedy
+        partition in every shard - biggest guessed subtree first, each to the part
+        with the least so far (ties to the lowest part) - so the parts' sizes come
+        out alike."""
+        load = [0] * count
+        mine = []
+        order = sorted(range(len(self.stack)),
+                       key=lambda i: -self.size.get(id(self.stack[i]), 1))
+        for i in order:
+            part = min(range(count), key=lambda p: (load[p], p))
+            load[part] += self.size.get(id(self.stack[i]), 1)
+            if part == index:
+                mine.append(i)
+        self.stack = [self.stack[i] for i in sorted(mine)]
+
+
+def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = None,
+                 shard: tuple[int, int] = (0, 1), jobs: int = 1) -> Iterator[Run]:
+    """The schedules of explore_dfs, one per equivalence class: dynamic partial-order
+    reduction (Flanagan-Godefroid DPOR) within the same preemption bound.
+
+    Two schedules are equivalent when they differ only in the order of steps that
+    touch no common object (or only read it): they end in the same state.  Each run
+    records every step's footprint (Recording(footprints=True)); its races - pairs of
+    steps of different tasks that conflict and are not ordered by anything else - are
+    the only places where trying another task can lead somewhere new, so a decision
+    gets an alternative only for a race (the race's later task, or the runnable tasks
+    leading to it), never for steps that merely commute.  An alternative that costs a
+    preemption the bound cannot pay is moved to the last decision before it where the
+    CPU was free (a task blocked or ended) - bounded POR's conservative branch (Coons,
+    Musuvathi and McKinley, OOPSLA 2013).  Schedules replay exactly as explore_dfs's.
+
+    `jobs` N > 1 runs the schedules in N forked processes: each run is independent, and
+    this process keeps the search's bookkeeping, so the result is the same set of
+    equivalence classes, in another order.  `shard` (i, n) splits the search by
+    schedule prefix: every shard runs the same first schedules, breadth first, until
+    SPLIT_AT * n prefixes wait, then shard i keeps its part of them (_DporSearch.split:
+    balanced by a guess of each subtree's size) and whatever its own runs add - a race
+    that leads back above the split may be run by two shards, never by none.  Shard 0
+    reports the shared first schedules."""
+    index, count = shard
+    search = _DporSearch(bound)
+    runs = 0
+    split = count == 1
+    pool = None
+    if jobs > 1:
+        import multiprocessing
+        _WORKER_PROGRAM[:] = [program]
+        try:
+            pool = multiprocessing.get_context("fork").Pool(jobs)
+        except OSError as e:    # a process too big to fork (overcommit): same search
+            warnings.warn(f"explore: jobs={jobs}: cannot fork workers ({e}); running "
+                          "the schedules in this process", RuntimeWarning, stacklevel=2)
+    try:
+        while search.stack and (max_schedules is None or runs < max_schedules):
+            if not split:                      # breadth first until the split
+                results = [_dpor_step(program, search.stack.pop(0))]
+            elif pool is None:
+                results = [_dpor_step(program, search.stack.pop())]
+            else:
+                left = None if max_schedules is None else max_schedules - runs
+                batch = [search.stack.pop() for _ in range(min(jobs, len(search.stack),
+                                                               left or jobs))]
+                results = pool.map(_dpor_worker, batch, chunksize=1)
+            for run, races in results:
+                search.add(run, races)
+                if not split and len(search.stack) >= SPLIT_AT * count:
+                    search.split(index, count)
+                    split = True
+                if split or index == 0:
+                    runs += 1
+                    run.frontier = len(search.stack)
+                    yield run
+    finally:
+        if pool is not None:
+            pool.terminate()
+            _WORKER_PROGRAM.clear()
+
+
 def explore_random(program: Program, seed: int = 0, max_schedules: int = 100,
                    shard: tuple[int, int] = (0, 1)) -> Iterator[Run]:
     """Runs with uniformly random decisions, seeds seed .. seed + max_schedules - 1
     (shard (i, n): those whose offset is i mod n)."""
     for i in range(shard[0], max_schedules, shard[1]):
-        yield run_once(program, RandomStrategy(seed + i))
+        yield run_once(program, FairRandom(seed + i))
 
 
 def explore_pct(program: Program, seed: int = 0, max_schedules: int = 100, depth: int = 3,
-                steps: int = 200, shard: tuple[int, int] = (0, 1)) -> Iterator[Run]:
-    """PCT runs (depth d), seeds seed .. seed + max_schedules - 1 (shard as random's)."""
+                steps: int | None = None, shard: tuple[int, int] = (0, 1)) -> Iterator[Run]:
+    """PCT runs (depth d), seeds seed .. seed + max_schedules - 1 (shard as random's).
+
+    `steps` is PCT's k, the decision points of a run, over which the d - 1 change points
+    are drawn; None takes the default schedule's (one run first, not counted).  A k
+    much larger than the runs wastes change points past their end, a smaller one
+    never changes priorities late.  It is the same for every seed, so a seed's
+    schedule does not depend on the shard or on the runs before it."""
+    if steps is None:
+        steps = max(1, len(run_once(program, Recording([])).points))
     for i in range(shard[0], max_schedules, shard[1]):
         yield run_once(program, PCT(seed + i, depth, steps))
 
 
-def shrink(program: Program, failure: Failure) -> Failure:
-    """Drop preemptions from a failing schedule while the same check still fails: each
-    preemption in turn is replaced by letting the task go on, the later decisions
-    kept where they still can be taken."""
+#: a failing schedule with more preemptions than this is first cut short (shrink)
+SHRINK_CUT_OVER = 50
+
+
+def _moves(pts: list[Point], first: int = 0) -> Iterator[tuple[int, list[int]]]:
+    """Schedules with one preemption fewer: the decisions as segments (one task chosen
+    again and again); where task A is preempted by B's segment, A's next segment moves
+    up to go on at once, or else B's segment moves down to after it (each task still
+    takes its own steps in its own order - only whose step comes first changes), or
+    else that one decision alone goes to A.
+    Yields (the preempting segment's index, the decisions), from segment `first` on."""
+    segs: list[list[int]] = []
+    firsts: list[int] = []
+    for i, p in enumerate(pts):
+        if segs and segs[-1][0] == p.chosen:
+            segs[-1].append(p.chosen)
+        else:
+            segs.append([p.chosen])
+            firsts.append(i)
+    for k in range(first, len(segs)):
+        i = firsts[k]
+        a = pts[i].cur
+        if not pts[i].preempts or a is None:
+            continue
+        m = next((j for j in range(k + 1, len(segs)) if segs[j][0] == a), None)
+        if m is not None:
+            for order in (segs[:k] + [segs[m]] + segs[k:m] + segs[m + 1:],
+                          segs[:k] + segs[k + 1:m + 1] + [segs[k]] + segs[m + 1:]):
+                yield k, [t for seg in order for t in seg]
+        # or only that one decision is A's
+        yield k, [p.chosen for p in pts[:i]] + [a] + [p.chosen for p in pts[i + 1:]]
+
+
+def shrink(program: Program, failure: Failure, deadline: float | None = 30.0) -> Failure:
+    """Drop preemptions from a failing schedule while the same check still fails; the
+    best found within `deadline` seconds (None: no limit).
+
+    A schedule of more than SHRINK_CUT_OVER preemptions (PCT's and random's can have
+    thousands) is first cut short: the fewest of its first decisions that, the default
+    strategy making the rest, still fail - a binary search over the prefix length, a
+    few dozen runs whatever the length.  Then preemptions go one at a time (_moves:
+    the preempted task goes on, its later steps brought forward, or the preempting
+    task's steps put off), the decisions that no longer can be taken left to the
+    default strategy."""
+    end = None if deadline is None else time.monotonic() + deadline
     best = failure
-    improved = True
-    while improved and best.preemptions:
+    pts = replay(program, best.schedule).points
+
+    def late() -> bool:
+        return end is not None and time.monotonic() >= end
+    if best.preemptions > SHRINK_CUT_OVER:
+        lo, hi = 0, len(pts)                    # the first hi decisions are enough
+        while hi - lo > 1 and not late():
+            mid = (lo + hi) // 2
+            run = run_once(program, Recording([q.chosen for q in pts[:mid]], lenient=True))
+            if run.failure is not None and run.failure.check == best.check:
+                hi = mid
+                if run.failure.preemptions < best.preemptions:
+                    best, pts = run.failure, run.points
+            else:
+                lo = mid
+    improved, first = True, 0
+    while improved and best.preemptions and not late():
         improved = False
-        pts = replay(program, best.schedule).points
-        for i, p in enumerate(pts):
-            if not p.preempts:
-                continue
-            prefix = [q.chosen for q in pts[:i]] + [p.cur] + [q.chosen for q in pts[i + 1:]]
+        for k, prefix in _moves(pts, first):
+            if late():
+                break
             run = run_once(program, Recording(prefix, lenient=True))
-            if run.failure is not None and run.failure.check == best.check and \
-                    run.failure.preemptions < best.preemptions:
-                best, improved = run.failure, True
+            f = run.failure
+            if f is not None and f.check == best.check and f.preemptions < best.preemptions:
+                best, pts, improved = f, run.points, True
+                first = max(0, k - 1)           # the segments before k are as they were
                 break
     return best
 
@@ -370,12 +881,21 @@ class Exploration:
 def explore(program: Program, strategy: str = "dfs", *, bound: int = 2,
             max_schedules: int | None = None, seed: int = 0, depth: int = 3,
             stop_at_failure: bool = True, shard: tuple[int, int] = (0, 1),
-            progress: Callable[[Exploration], None] | None = None) -> Exploration:
+            progress: Callable[[Exploration], None] | None = None,
+            shrink_seconds: float | None = 30.0, por: bool = True,
+            jobs: int = 1) -> Exploration:
     """Run an exploration; stop at the first failure (shrunk) unless told otherwise.
-    `shard` (i, n) runs part i of n disjoint parts (see explore_dfs)."""
+    `shard` (i, n) runs part i of n parts (see explore_dpor, explore_dfs); `shrink_seconds`
+    bounds the shrinking (shrink's deadline).  DFS uses partial-order reduction
+    (explore_dpor) unless `por` is False (plain explore_dfs: every interleaving within
+    the bound); `jobs` > 1 runs DPOR's schedules in that many processes."""
     if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise ValueError(f"explore: shard {shard[0]}/{shard[1]} is not i/n with 0 <= i < n")
-    if strategy == "dfs":
+    if jobs < 1:
+        raise ValueError(f"explore: jobs {jobs} is not a positive number of processes")
+    if strategy == "dfs" and por:
+        runs = explore_dpor(program, bound, max_schedules, shard, jobs)
+    elif strategy == "dfs":
         runs = explore_dfs(program, bound, max_schedules, shard)
     elif strategy == "pct":
         runs = explore_pct(program, seed, max_schedules or 100, depth, shard=shard)
@@ -394,7 +914,7 @@ def explore(program: Program, strategy: str = "dfs", *, bound: int = 2,
         if progress is not None:
             progress(out)
         if run.failure is not None and out.failure is None:
-            out.failure = shrink(program, run.failure)
+            out.failure = shrink(program, run.failure, shrink_seconds)
             if stop_at_failure:
                 break
     return out

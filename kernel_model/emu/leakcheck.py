@@ -10,6 +10,8 @@ and nothing any subsystem's own check (machine.leak_checks) reports.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from c_ext import U64Array
@@ -18,15 +20,46 @@ if TYPE_CHECKING:
     from kernel_model.emu.machine import Machine
 
 MAX_LINES = 20
+#: the innermost frames a WARN's call trace shows
+MAX_FRAMES = 16
+#: the packages whose frames a call trace shows: the emulated kernel, its drivers and
+#: the programs on it (not the test harness around them)
+_TRACED = ("kernel_model/", "drivers/", "peermem_clients/", "userspace/", "scenarios/")
+_TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/"
 
 
 class LeakError(AssertionError):
     """Something was left behind; the message lists what and who allocated it."""
 
 
+def call_trace(skip: int = 1) -> str:
+    """The running task's call trace, innermost first, as the kernel prints one after a
+    WARN: "Call Trace:" then a line per frame of the emulated kernel, drivers and
+    programs (`skip` frames above the caller left out); "" when there is none."""
+    f = sys._getframe(skip + 1)
+    lines: list[str] = []
+    while f is not None and len(lines) < MAX_FRAMES:
+        path = f.f_code.co_filename.replace("\\", "/")
+        path = path[len(_TOP):] if path.startswith(_TOP) else path
+        if path.startswith(_TRACED) and path != "kernel_model/emu/machine.py":
+            name = getattr(f.f_code, "co_qualname", f.f_code.co_name)
+            lines.append(f" {name}() at {path}:{f.f_lineno}")
+        f = f.f_back
+    return "\n".join(["Call Trace:", *lines]) if lines else ""
+
+
+def _bug(text: str, trace: str) -> str:
+    """A WARN as one entry of the report: its first line, then the rest of its text and
+    its call trace indented under it."""
+    first, *rest = f"kernel bug: {text}".splitlines()
+    return "\n    ".join([first, *rest, *trace.splitlines()])
+
+
 def find_leaks(m: Machine) -> list[str]:
-    """Every leak on the machine, one line each (empty when clean)."""
-    out: list[str] = [f"kernel bug: {b}" for b in m.bugs]
+    """Every leak on the machine, one line each (empty when clean); a WARN with the
+    call trace it was reported from on the lines after it."""
+    traces = getattr(m, "bug_traces", {})
+    out: list[str] = [_bug(b, traces.get(b, "")) for b in m.bugs]
     for t in m.tasks.values():
         out.append(f"task {t.pid} ({t.comm}) still running")
     for t in list(m.sched.alive.values()):
@@ -71,12 +104,14 @@ def _page_leaks(m: Machine) -> list[str]:
     return out
 
 
-def check_leaks(m: Machine, shutdown: bool = True) -> None:
-    """Shut the machine down (unless told not to) and raise LeakError on any leak."""
+def check_leaks(m: Machine, shutdown: bool = True, max_lines: int | None = MAX_LINES) -> None:
+    """Shut the machine down (unless told not to) and raise LeakError on any leak, the
+    first `max_lines` listed (None: every one)."""
     if shutdown:
         m.shutdown()
     leaks = find_leaks(m)
     if leaks:
-        shown = leaks[:MAX_LINES]
-        more = f"\n... and {len(leaks) - MAX_LINES} more" if len(leaks) > MAX_LINES else ""
+        cut = len(leaks) if max_lines is None else max_lines
+        shown = leaks[:cut]
+        more = f"\n... and {len(leaks) - cut} more" if len(leaks) > cut else ""
         raise LeakError(f"{m.name}: {len(leaks)} leak(s):\n  " + "\n  ".join(shown) + more)

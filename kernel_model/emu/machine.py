@@ -28,7 +28,7 @@ from kernel_model.current import (
     live_machines,  # noqa: F401 - explore.py and tests read it here
     running,
 )
-from kernel_model.emu.leakcheck import check_leaks
+from kernel_model.emu.leakcheck import MAX_LINES, call_trace, check_leaks
 from kernel_model.emu.process import Process
 from kernel_model.errno import EINVAL, KernelBug, KernelError
 from kernel_model.fs import chrdev_table, ramfs_table
@@ -37,7 +37,7 @@ from kernel_model.ioport import PCI_MMIO_BASE, MachineCheck, MmioRegion
 from kernel_model.lockdep import lockdep_graph
 from kernel_model.module import delete_module, load_module, unload_all
 from kernel_model.page_alloc import PG_reserved, zone
-from kernel_model.sched import SCHED
+from kernel_model.sched import SCHED, touch, touch_ram
 from kernel_model.task import init_task
 
 GiB = 1 << 30
@@ -88,6 +88,7 @@ class Machine:
         self.zone.free_boot_range(1, self.nr_pages)
         self.vmstat: Counter[str] = Counter()
         self.bugs: list[str] = []
+        self.bug_traces: dict[str, str] = {}   # a WARN's text -> its first call trace
         self.dmesg: list[str] = []  # the kernel log: pr_err/pr_info lines, oldest first
         self.iomem: list[MmioRegion] = []  # sorted by start: the physical address map
         self._iomem_starts: list[int] = []
@@ -161,30 +162,36 @@ class Machine:
     def phys_read(self, addr: int, n: int) -> bytes:
         """A load of n bytes at a physical address: RAM or a device's MMIO."""
         if 0 <= addr and addr + n <= self.ram_size:
+            touch_ram(self.mem, addr, n, False)
             return bytes(self.mem.ram[addr:addr + n])
         r = self.find_mmio(addr)
         if r is None or addr + n > r.end:
             raise MachineCheck(f"{self.name}: read of {n} bytes at unmapped physical {addr:#x}")
         self.sched.point("mmio_read")
+        touch(r)
         return r.read(addr - r.start, n)
 
     def phys_write(self, addr: int, data: bytes) -> None:
         """A store to a physical address: RAM or a device's MMIO."""
         n = len(data)
         if 0 <= addr and addr + n <= self.ram_size:
+            touch_ram(self.mem, addr, n, True)
             self.mem.ram[addr:addr + n] = data
             return
         r = self.find_mmio(addr)
         if r is None or addr + n > r.end:
             raise MachineCheck(f"{self.name}: write of {n} bytes at unmapped physical {addr:#x}")
         self.sched.point("mmio_write")
+        touch(r)
         r.write(addr - r.start, bytes(data))
 
     # -- debug -----------------------------------------------------------
     def report_bug(self, function: str, message: str) -> None:
-        """WARN(): record a kernel bug; raise KernelBug when panic_on_warn is set."""
+        """WARN(): record a kernel bug, with the call trace the kernel prints after it
+        (bug_traces, shown by the leak check); raise KernelBug when panic_on_warn is set."""
         text = f"WARNING: {function}: {message}"
         self.bugs.append(text)
+        self.bug_traces.setdefault(text, call_trace())
         if self.panic_on_warn:
             raise KernelBug(text)
 
@@ -209,10 +216,12 @@ class Machine:
         """insmod: run the named module's module_init (see kernel_model.module)."""
         return load_module(self, name, **params)
 
-    def unload_module(self, name: str) -> None:
-        """rmmod: EBUSY while in use."""
-        delete_module(self, name)
+    def unload_module(self, name: str, force: bool = False) -> None:
+        """rmmod: EBUSY while in use; `force=True` is `rmmod -f` (see delete_module)."""
+        delete_module(self, name, force)
 
-    def check_leaks(self, shutdown: bool = True) -> None:
-        """Shut down, then raise LeakError naming every page, pin, mm or object still held."""
-        check_leaks(self, shutdown)
+    def check_leaks(self, shutdown: bool = True,
+                    max_lines: int | None = MAX_LINES) -> None:
+        """Shut down, then raise LeakError naming every page, pin, mm or object still held
+        (the first `max_lines` of them; None: all)."""
+        check_leaks(self, shutdown, max_lines)

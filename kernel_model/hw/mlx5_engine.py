@@ -145,7 +145,7 @@ from kernel_model.interrupt import msix_raise
 from kernel_model.iommu import IommuFault, dma_to_phys
 from kernel_model.ioport import MachineCheck
 from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
-from kernel_model.sched import SCHED, DeadlockError, ReplayDivergence, Task
+from kernel_model.sched import SCHED, DeadlockError, ReplayDivergence, Task, touch, touch_ram
 from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
@@ -599,6 +599,13 @@ class Mlx5Engine:
         return hw
 
     # -- DMA -----------------------------------------------------------------------
+    def _touch(self, write: bool) -> None:
+        """A DMA step's footprint for partial-order reduction: the device's own state
+        (mkeys, MTTs, QP contexts) that commands change - coarse, so any command and
+        any DMA are ordered; the RAM pages it reaches are touched where it reaches them
+        (Machine.phys_read/phys_write, _copy)."""
+        touch(self.hca.fw)
+
     def _phys(self, dma: int, n: int, write: bool) -> list[tuple[int, int]]:
         try:
             return dma_to_phys(self.dev, dma, n, write)
@@ -609,10 +616,12 @@ class Mlx5Engine:
     def dma_read(self, dma: int, n: int) -> bytes:
         """A small DMA read (doorbell record, WQE, context): through the IOMMU."""
         SCHED.point("dma_read")
+        self._touch(False)
         return b"".join(self.machine.phys_read(p, k) for p, k in self._phys(dma, n, False))
 
     def dma_write(self, dma: int, data: bytes) -> None:
         SCHED.point("dma_write")
+        self._touch(True)
         off = 0
         for p, k in self._phys(dma, len(data), True):
             self.machine.phys_write(p, data[off:off + k])
@@ -632,9 +641,12 @@ class Mlx5Engine:
     def hca_dma_gather(self, pieces: list[tuple[int, int]], length: int) -> bytearray:
         """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
         SCHED.point("dma_read")
+        self._touch(False)
         phys = self._to_phys(pieces, False)
         out = bytearray(length)
         if self._in_ram(phys):
+            for p, n in phys:
+                touch_ram(self.machine.mem, p, n, False)
             self._copy(out, [(0, length)], self.machine.mem, phys)
         else:
             off = 0
@@ -656,8 +668,11 @@ class Mlx5Engine:
     def hca_dma_scatter(self, pieces: list[tuple[int, int]], payload: bytes | bytearray) -> None:
         """DMA-write a payload over the pieces."""
         SCHED.point("dma_write")
+        self._touch(True)
         phys = self._to_phys(pieces, True)
         if self._in_ram(phys):
+            for p, n in phys:
+                touch_ram(self.machine.mem, p, n, True)
             self._copy(self.machine.mem, phys, payload, [(0, len(payload))])
         else:
             off = 0

@@ -98,6 +98,7 @@ from kernel_model.hw.mlx5_ifc import (
     IfcStruct,
     memcpy_ifc,
 )
+from kernel_model.sched import touch
 
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX
@@ -296,6 +297,7 @@ class Firmware:
 
     def execute(self, in_: IfcStruct, out: IfcStruct) -> int:
         """Run one command; its status (and syndrome) land in `out`.  Returns the status."""
+        touch(self)       # the device's state, for partial-order reduction
         opcode = MLX5_GET("mbox_in", in_, "opcode")
         op_mod = MLX5_GET("mbox_in", in_, "op_mod")
         try:

@@ -37,6 +37,7 @@ import attrs
 from c_ext import U64Array
 from kernel_model.ioport import MachineCheck
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
+from kernel_model.sched import touch
 
 if TYPE_CHECKING:
     from kernel_model.emu.machine import Machine
@@ -140,10 +141,12 @@ class NvGpu:
         """Point a BAR1 window at a GPU page (the driver writes the BAR1 page table)."""
         if not 0 <= window < self.bar1_windows or not 0 <= gpu_page < self.nr_pages:
             raise ValueError(f"{self.name}: BAR1 map {window} -> {gpu_page} out of range")
+        touch(self.bar1)          # the aperture's translation: what a BAR1 access reads
         self.bar1_pte.view[window] = gpu_page + 1
 
     def bar1_unmap(self, window: int) -> None:
         """Clear a BAR1 window: later accesses through it fault."""
+        touch(self.bar1)
         if not self.bar1_pte.view[window]:
             raise KeyError(window)
         self.bar1_pte.view[window] = 0

@@ -25,7 +25,7 @@ from kernel_model.emu.machine import Machine
 from kernel_model.emu.platform import rdma_host
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import cond_resched
-from kernel_model.sched import RandomStrategy, ReplayDivergence
+from kernel_model.sched import RandomStrategy, ReplayDivergence, touch
 from kernel_model.slab import kfree, kmalloc_obj
 from peermem.cli import main
 from scenarios.races import RACES, UNMAPS, dereg_vs_invalidate_with
@@ -36,8 +36,10 @@ def lost_update() -> None:
     counter = [0]
 
     def inc() -> None:
+        touch(counter, False)      # shared state of the program's own: it says so
         v = counter[0]
         cond_resched()             # the window: read done, write not yet
+        touch(counter)
         counter[0] = v + 1
 
     with m.kernel():
@@ -204,8 +206,8 @@ def test_a_none_dereference_is_reported_as_a_null_pointer_oops():
 
 
 def test_cli_shard_and_trace(capsys):
-    assert main(["explore", RACE.name, "--shard", "1/4", "--max-schedules", "3"]) == 0
-    assert "dfs shard 1/4: 3 schedules" in capsys.readouterr().out
+    assert main(["explore", RACE.name, "--shard", "0/4", "--max-schedules", "3"]) == 0
+    assert "dfs shard 0/4: 3 schedules" in capsys.readouterr().out
     assert main(["explore", RACE.name, "--legacy"]) == 1
     out = capsys.readouterr().out
     assert "interleaving of the failing schedule" in out and "=>  " in out

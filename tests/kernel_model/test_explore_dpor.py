@@ -1,0 +1,314 @@
+"""Partial-order reduction (kernel_model/emu/explore.py explore_dpor) against the plain
+bounded search it reduces: the same outcomes, far fewer schedules, exact replays.
+
+Each toy program ends by appending what it computed to OUTCOMES; two searches are
+equivalent when every outcome one of them reaches the other reaches too.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from kernel_model.emu.explore import (
+    Recording,
+    explore,
+    explore_dfs,
+    explore_dpor,
+    replay,
+    run_once,
+)
+from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.kthread import kthread_run
+from kernel_model.locking import cond_resched, mutex_init, mutex_lock, mutex_unlock
+from kernel_model.slab import kfree, kmalloc_obj
+
+OUTCOMES: list[tuple] = []
+
+
+class Cell:
+    """A kmalloc'd struct: its reads and writes are what orders the tasks."""
+
+    def __init__(self, value: object = 0) -> None:
+        self.value = value
+
+
+def _run_tasks(fns: list, cells: int) -> list:
+    """A toy machine, `cells` kmalloc'd Cells, one kernel thread per fn(cells)."""
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        cs = [kmalloc_obj(Cell()) for _ in range(cells)]
+        tasks = [kthread_run(fn, cs, name=f"t{i}") for i, fn in enumerate(fns)]
+    for t in tasks:
+        t.join()
+    values = [c.value for c in cs]
+    with m.kernel():
+        for c in cs:
+            kfree(c)
+    return values
+
+
+def independent() -> None:
+    """Three tasks, each with a cell of its own: every interleaving is the same."""
+    def own(i: int):
+        def body(cs: list) -> None:
+            for _ in range(3):
+                cs[i].value += 1
+                cond_resched()
+        return body
+    OUTCOMES.append(tuple(_run_tasks([own(0), own(1), own(2)], 3)))
+
+
+def racy() -> None:
+    """x += 1 against y = 10 * x against an unrelated z = 5 (a window in each)."""
+    def inc(cs: list) -> None:
+        v = cs[0].value
+        cond_resched()
+        cs[0].value = v + 1
+
+    def scale(cs: list) -> None:
+        cond_resched()
+        v = cs[0].value
+        cond_resched()
+        cs[1].value = 10 * v + 1
+
+    def other(cs: list) -> None:
+        cond_resched()
+        cs[2].value = 5
+        cond_resched()
+    OUTCOMES.append(tuple(_run_tasks([inc, scale, inc, other], 3)))
+
+
+def locked_log() -> None:
+    """Two tasks append their name to a log under one mutex: the order is the outcome."""
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        log = kmalloc_obj(Cell([]))
+        lock = mutex_init("toy_lock")
+
+    def add(name: str):
+        def body() -> None:
+            cond_resched()
+            mutex_lock(lock)
+            log.value = log.value + [name]
+            mutex_unlock(lock)
+        return body
+    with m.kernel():
+        a, b = kthread_run(add("a"), name="a"), kthread_run(add("b"), name="b")
+    a.join()
+    b.join()
+    OUTCOMES.append(tuple(log.value))
+    with m.kernel():
+        kfree(log)
+
+
+def _outcomes(runs) -> tuple[set, int]:
+    OUTCOMES.clear()
+    n = sum(1 for _ in runs)
+    return set(OUTCOMES), n
+
+
+@pytest.mark.parametrize("program", [independent, racy, locked_log])
+def test_por_reaches_every_outcome_the_plain_search_does(program):
+    plain, n_plain = _outcomes(explore_dfs(program, bound=2))
+    por, n_por = _outcomes(explore_dpor(program, bound=2))
+    assert por == plain
+    assert n_por <= n_plain
+
+
+def test_commuting_steps_are_one_schedule_not_hundreds():
+    plain, n_plain = _outcomes(explore_dfs(independent, bound=2))
+    por, n_por = _outcomes(explore_dpor(independent, bound=2))
+    assert plain == por == {(3, 3, 3)}
+    # what is left is the order of each thread's exit against main's join of it
+    assert n_por * 20 <= n_plain
+
+
+def test_a_race_on_a_lock_is_tried_both_ways():
+    outcomes, _ = _outcomes(explore_dpor(locked_log, bound=1))
+    assert outcomes == {("a", "b"), ("b", "a")}
+
+
+def test_por_schedules_replay_exactly_and_never_repeat():
+    runs = list(explore_dpor(racy, bound=2))
+    schedules = [r.schedule for r in runs]
+    assert len(schedules) == len(set(schedules))
+    assert all(sum(p.preempts for p in r.points) <= 2 for r in runs)
+    for r in runs[:10]:
+        assert replay(racy, r.schedule).schedule == r.schedule
+
+
+def lost_update() -> None:
+    """Two increments with a window between read and write: one preemption loses one."""
+    def inc(cs: list) -> None:
+        v = cs[0].value
+        cond_resched()
+        cs[0].value = v + 1
+    [total] = _run_tasks([inc, inc], 1)
+    assert total == 2, f"lost update: counter is {total}"
+
+
+def test_the_lost_update_is_found_with_and_without_reduction():
+    for por in (True, False):
+        ex = explore(lost_update, "dfs", bound=1, por=por)
+        assert ex.failure is not None and "lost update" in ex.failure.detail
+        assert replay(lost_update, ex.failure.schedule).failure is not None
+
+
+def test_jobs_2_finds_it_in_worker_processes():
+    """--jobs forks its workers: run it in a fresh, small process (a test process that
+    has built hundreds of machines may be too big to fork under overcommit)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.path[:0] = ['tests/kernel_model', '.']\n"
+            "import os\n"
+            "from kernel_model.emu.explore import explore\n"
+            "from test_explore_dpor import lost_update\n"
+            "ex = explore(lost_update, 'dfs', bound=1, jobs=2)\n"
+            "print(ex.failure.check, 'lost update' in ex.failure.detail, os.getpid())\n")
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+                         capture_output=True, text=True, timeout=300,
+                         cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:2] == ["assertion", "True"]
+
+
+def test_each_step_records_what_it_touched():
+    rec = Recording([], footprints=True)
+    run_once(locked_log, rec)
+    assert rec.steps[0].tid == 0 and rec.steps[0].point is None
+    assert {s.tid for s in rec.steps} >= {0, 1, 2}
+    # both threads' steps that take the mutex write the same lock object
+    lock_writers = {}
+    for s in rec.steps:
+        for o in s.writes:
+            lock_writers.setdefault(o, set()).add(s.tid)
+    assert any({1, 2} <= tids for tids in lock_writers.values())
+
+
+def test_the_recorder_unhooks_after_the_run():
+    from kernel_model.sched import SCHED
+    rec = Recording([], footprints=True)
+    run_once(locked_log, rec)
+    assert SCHED.fp is None and rec._switched not in SCHED.on_switch
+
+
+def abba() -> None:
+    """Two tasks take two mutexes in opposite orders: some schedules deadlock."""
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        x, y = mutex_init("x"), mutex_init("y")
+
+    def one(a, b):
+        def body() -> None:
+            mutex_lock(a)
+            cond_resched()
+            mutex_lock(b)
+            mutex_unlock(b)
+            mutex_unlock(a)
+        return body
+    with m.kernel():
+        t1, t2 = kthread_run(one(x, y), name="xy"), kthread_run(one(y, x), name="yx")
+    t1.join()
+    t2.join()
+
+
+def test_a_run_that_deadlocks_lets_its_machine_go():
+    first = Machine.next_serial
+    ex = explore(abba, "dfs", bound=2, stop_at_failure=False, shrink_seconds=0)
+    assert ex.failure is not None
+    gc.collect()
+    assert not [m for m in live_machines if m.serial >= first]
+
+
+def test_shards_cover_the_search_and_jobs_give_the_same_outcomes():
+    whole, _ = _outcomes(explore_dpor(racy, bound=2))
+    parts = []
+    for i in range(3):
+        got, _ = _outcomes(explore_dpor(racy, bound=2, shard=(i, 3)))
+        parts.append(got)
+    assert set().union(*parts) == whole
+    ex = explore(racy, "dfs", bound=2, jobs=2, stop_at_failure=False)
+    assert ex.runs == len(ex.schedules) >= len(whole) and ex.failure is None
+
+
+def test_jobs_must_be_positive():
+    with pytest.raises(ValueError, match="jobs 0"):
+        explore(racy, jobs=0)
+
+
+def test_a_task_that_dies_of_a_null_dereference_is_the_verdict_not_the_hang():
+    """A kworker dereferencing NULL dies holding what others wait for: the oops is
+    the verdict (as in the kernel's log), not the deadlock it leaves behind."""
+    from kernel_model.locking import complete, init_completion, wait_for_completion
+
+    def program() -> None:
+        m = Machine(ram_size=16 << 20, name="toy")
+        with m.kernel():
+            done = init_completion("done")
+
+        def worker() -> None:
+            missing = None
+            missing.field = 1            # the oops, before complete()
+            complete(done)
+        with m.kernel():
+            kthread_run(worker, name="worker")
+        with m.kernel():
+            wait_for_completion(done)
+    f = run_once(program, Recording([])).failure
+    assert f is not None and f.check == "null-deref"
+    assert "task worker" in f.detail and "in worker()" in f.detail
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "2", "--strategy", "pct"], "--jobs needs --strategy dfs"),
+    (["--no-por", "--strategy", "random"], "--no-por needs --strategy dfs"),
+    (["--jobs", "2", "--no-por"], "--jobs needs partial-order reduction"),
+    (["--jobs", "0"], "--jobs"),
+])
+def test_cli_refuses_jobs_and_no_por_where_they_mean_nothing(capsys, argv, message):
+    from peermem.cli import main
+    try:
+        code = main(["explore", "get-pages-vs-free", *argv])
+    except SystemExit as e:          # argparse's own refusal of a bad number
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_explores_with_jobs_and_without_reduction(capsys):
+    from peermem.cli import main
+    assert main(["explore", "get-pages-vs-free", "--jobs", "2", "--max-schedules", "6"]) == 0
+    assert "dfs: 6 schedules" in capsys.readouterr().out
+    assert main(["explore", "get-pages-vs-free", "--no-por", "--max-schedules", "4"]) == 0
+    assert "dfs: 4 schedules" in capsys.readouterr().out
+
+
+def test_a_plain_struct_of_a_kernel_module_is_seen_too(monkeypatch):
+    """A client keeps its state in plain classes of its own module (no kmalloc_obj):
+    while the reduction records, a module with module_init - a loadable kernel
+    module, the user's client - has its objects' fields recorded all the same."""
+    import sys
+    import types
+    mod = types.ModuleType("toy_client_mod")
+    exec("class State:\n    def __init__(self):\n        self.value = 0\n"
+         "def module_init(m):\n    return None\n", mod.__dict__)
+    monkeypatch.setitem(sys.modules, "toy_client_mod", mod)
+
+    def program() -> None:
+        m = Machine(ram_size=16 << 20, name="toy")
+        state = mod.State()
+
+        def inc() -> None:
+            v = state.value
+            cond_resched()
+            state.value = v + 1
+        with m.kernel():
+            a, b = kthread_run(inc, name="a"), kthread_run(inc, name="b")
+        a.join()
+        b.join()
+        assert state.value == 2, f"lost update: {state.value}"
+    ex = explore(program, "dfs", bound=1)
+    assert ex.failure is not None and "lost update" in ex.failure.detail
