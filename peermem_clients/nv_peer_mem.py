@@ -41,6 +41,25 @@ Module parameters (nvidia-peermem's):
       invalidate returned (so no write to a context a 4.x core's invalidate may
       have freed through release()).  The other parameters are
       ignored.
+  issue53_fix (default 0: nvidia-peermem 580.65.06 as released): 1 is the model's
+      proposed fix for Mellanox/nv_peer_memory issue 53 ("concurrent invalidation
+      and tear-down can trigger a bug", open since 2019; nvidia-peermem.c up to
+      580 has the same code), four changes to the invalidating client:
+        - the free callback invalidates whatever get_pages/dma_map have stored yet
+          (no "invalid page_table"/"invalid dma_mapping" drop: the core's
+          mapping_lock, held from get_pages to activation, orders the two);
+        - it does not touch the context once ib_core's invalidate returned (a
+          concurrent deregistration of the invalidated MR may release() it);
+        - nv_dma_unmap leaves the DMA mappings to put_pages, which unmaps them
+          (nv_p2p_free_page_table) atomically with the driver's own teardown and
+          waits for an in-flight callback - instead of nvidia_p2p_dma_unmap_pages
+          on a page table the driver may be freeing;
+        - release() puts a pin no put_pages undid (the core calls none for an
+          umem invalidated with UNMAPS): it waits for a callback in flight, so
+          the context is not freed under it, and the pin does not outlive it.
+      With 0, the races of issue 53 are there (scenarios/races.py's
+      invalidate-vs-teardown; ibv_dereg_mr vs cudaFree on the ladder,
+      tests/peermem_testing/test_race_ladder_baseline.py).
 
 Lock order: none of its own; see peer_mem.py and drivers/nvidia/nv_p2p.py.
 """
@@ -117,8 +136,9 @@ class NvPeerMem:
     """The module's globals: the registrations and ib_core's invalidate callback."""
 
     def __init__(self, mod: Any, persistent_api_support: int, peerdirect_support: int,
-                 version: str = DRV_VERSION):
+                 version: str = DRV_VERSION, issue53_fix: int = 0):
         self.mod = mod
+        self.issue53_fix = issue53_fix
         self.version = version
         self.persistent = persistent_api_support
         self.peerdirect_support = peerdirect_support
@@ -231,17 +251,23 @@ class NvPeerMem:
         if not self._sane(sg_head, context) or context.callback_task is current() or \
                 context.is_callback:
             return
-        nvidia_p2p_put_pages(0, 0, context.page_virt_start, context.page_table)
+        page_table = context.page_table
+        if self.issue53_fix:
+            context.page_table = None          # put: release has nothing left to unpin
+        nvidia_p2p_put_pages(0, 0, context.page_virt_start, page_table)
 
     @traced
     def nv_mem_put_pages_nc(self, sg_head: Any, context: nv_mem_context) -> None:
         """Mirrors nv_mem_put_pages_persistent()."""
         if not self._sane(sg_head, context):
             return
+        page_table = context.page_table
+        if self.issue53_fix:
+            context.page_table = None
         if NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API():
-            nvidia_p2p_put_pages_persistent(context.page_virt_start, context.page_table, 0)
+            nvidia_p2p_put_pages_persistent(context.page_virt_start, page_table, 0)
         else:
-            nvidia_p2p_put_pages(0, 0, context.page_virt_start, context.page_table)
+            nvidia_p2p_put_pages(0, 0, context.page_virt_start, page_table)
 
     # -- DMA -------------------------------------------------------------------------------
     @traced
@@ -290,6 +316,8 @@ class NvPeerMem:
             return -EINVAL
         if context.callback_task is current() or context.is_callback:
             return 0
+        if self.issue53_fix:
+            return 0               # put_pages unmaps them, ordered with the driver's teardown
         if context.dma_mapping is not None:
             nvidia_p2p_dma_unmap_pages(to_pci_dev(dma_device), context.page_table,
                                        context.dma_mapping)
@@ -303,7 +331,16 @@ class NvPeerMem:
 
     @traced
     def nv_mem_release(self, context: nv_mem_context) -> None:
-        """Mirrors nv_mem_release(): the sg table, then the context; module_put."""
+        """Mirrors nv_mem_release(): the sg table, then the context; module_put.
+
+        With issue53_fix, a pin put_pages never undid (the core skips put_pages for an
+        umem invalidated with UNMAPS) is put first: that waits for a free callback in
+        flight, so the context is not freed under it, and is a no-op once the driver
+        tore the mapping down."""
+        if self.issue53_fix and context.page_table is not None and \
+                context.callback_task is not current():
+            page_table, context.page_table = context.page_table, None
+            nvidia_p2p_put_pages(0, 0, context.page_virt_start, page_table)
         if context.sg_allocated:
             sg_free_table(context.sg_head)
             context.sg_allocated = 0
@@ -323,6 +360,13 @@ class NvPeerMem:
                               "skipping further processing")
                 return
             page_table, dma_mapping = ctx.page_table, ctx.dma_mapping
+            if self.issue53_fix:
+                # the proposed fix: no drop, and ctx is not touched after the core returns
+                ctx.callback_task = current()
+                self.mem_invalidate_callback[0](self.reg_handle, ctx.core_context)
+                nvidia_p2p_free_dma_mapping(dma_mapping)
+                nvidia_p2p_free_page_table(page_table)
+                return
             if page_table is None:
                 self.peer_err("nv_get_p2p_free_callback -- invalid page_table")
                 return
@@ -359,7 +403,8 @@ class NvPeerMem:
 
 
 def module_init(mod: Any, persistent_api_support: int = 1,
-                peerdirect_support: int = 0, version: str = DRV_VERSION) -> NvPeerMem:
+                peerdirect_support: int = 0, version: str = DRV_VERSION,
+                issue53_fix: int = 0) -> NvPeerMem:
     """Mirrors nv_mem_client_init(): check the parameters, register the client(s)."""
     if version == "1.0":
         # nv_peer_memory 1.0's nv_mem_client_init: one old-style invalidating client
@@ -378,12 +423,18 @@ def module_init(mod: Any, persistent_api_support: int = 1,
     if persistent_api_support not in (0, 1):
         raise KernelError(EINVAL, "nv_mem_client_init: invalid value for "
                           f"persistent_api_support {persistent_api_support}")
+    # EMU: issue53_fix is no nvidia-peermem parameter: the model's proposed fix for
+    # Mellanox/nv_peer_memory issue 53 (open), off by default (580.65.06 as released)
+    if issue53_fix not in (0, 1):
+        raise KernelError(EINVAL, f"nv_mem_client_init: invalid value for issue53_fix "
+                          f"{issue53_fix}")
     release = current().machine.modules["nvidia"].state.release
     if tuple(release) < (560, 0):
         # the parameter arrived in 560: earlier builds always register nv_mem, then
         # nv_mem_nc (# EMU: the model takes the parameter and ignores it)
         persistent_api_support = 0
-    state = NvPeerMem(mod, persistent_api_support, peerdirect_support)
+    state = NvPeerMem(mod, persistent_api_support, peerdirect_support,
+                      issue53_fix=issue53_fix)
     if persistent_api_support:
         # only the persistent client, under the plain name, without invalidation
         state.reg_handle_nc = ib_register_peer_memory_client(state.nv_mem_client_nc(DRV_NAME),

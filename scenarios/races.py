@@ -75,23 +75,25 @@ def free_callback_vs_put_pages(legacy: bool) -> None:
     p.exit(0)
 
 
-def _gpu_host(client: dict[str, int], ofed: str = "25.04") -> Any:
-    """A host whose ib_core is MLNX_OFED `ofed`'s, with mlx5, nvidia and nv_peer_mem
-    loaded - the latter with `client`'s parameters."""
+def _gpu_host(client: dict[str, int], ofed: str = "25.04",
+              core: dict[str, int] | None = None) -> Any:
+    """A host whose ib_core is MLNX_OFED `ofed`'s (with `core`'s other parameters), with
+    mlx5, nvidia and nv_peer_mem loaded - the latter with `client`'s parameters."""
     m = rdma_host(ram_size=64 * MiB, nr_gpus=1, modules=())
-    m.load_module("ib_core", ofed=ofed)
+    m.load_module("ib_core", ofed=ofed, **(core or {}))
     m.load_module("mlx5_ib")
     m.load_module("nvidia")
     m.load_module("nv_peer_mem", **client)
     return m
 
 
-def _gpu_mr(client: dict[str, int], ofed: str = "25.04") -> tuple:
+def _gpu_mr(client: dict[str, int], ofed: str = "25.04",
+            core: dict[str, int] | None = None) -> tuple:
     """_gpu_host, and a process with a 1 MiB GPU MR: (proc, cudart, ctx, va, mr)."""
     from userspace.libibverbs import verbs as v
     from userspace.libibverbs.pyverbs import MR, PD, Context
 
-    p = _gpu_host(client, ofed).spawn("app")
+    p = _gpu_host(client, ofed, core).spawn("app")
     cu = cudart(p)
 
     def setup() -> tuple:
@@ -107,14 +109,18 @@ def _gpu_mr(client: dict[str, int], ofed: str = "25.04") -> tuple:
 PERSISTENT = {"persistent_api_support": 1}                      # 560+ default
 UNMAPS = {"persistent_api_support": 0, "peerdirect_support": 0}  # invalidating, _ex client
 OLD_STYLE = {"persistent_api_support": 0, "peerdirect_support": 1}  # pre-UNMAPS layout
+# the invalidating _ex client with the proposed fix for nv_peer_memory issue 53 (open
+# upstream): the fixed configurations' client (nv_peer_mem.py, issue53_fix)
+UNMAPS_FIXED = {**UNMAPS, "issue53_fix": 1}
 
 
 @race("dereg-vs-invalidate",
-      fixed="nvidia-peermem 560+ defaults (persistent_api_support=1): the MR is pinned "
-            "persistently and cudaFree does not revoke it - no free callback, no "
-            "mapping_lock to invert with.  (UNMAPS alone, peerdirect_support=0 with "
-            "persistent_api_support=0, removes this deadlock but leaves nv_peer_memory "
-            "issue 53: see invalidate-vs-teardown)",
+      fixed="MLNX_OFED 25.04 with nvidia-peermem 580 as the invalidating _ex client "
+            "(persistent_api_support=0, peerdirect_support=0: PEER_MEM_INVALIDATE_UNMAPS, "
+            "nv_peer_memory PR #92 / MLNX_OFED 5.1b's fix of bug 2696789): the core "
+            "calls neither put_pages nor dma_unmap under mapping_lock, and the stop "
+            "unmaps outside it; with the proposed fix for nv_peer_memory issue 53 "
+            "(issue53_fix=1), which UNMAPS alone leaves open (see invalidate-vs-teardown)",
       legacy="MLNX_OFED 5.3 with nv_peer_mem as an old-style client (peerdirect_support=1, "
              "as nv_peer_mem before 1.2 registered): deregistration calls put_pages under "
              "mapping_lock, put_pages waits for the free callback, the callback waits for "
@@ -125,7 +131,7 @@ def dereg_vs_invalidate(legacy: bool) -> None:
     if legacy:
         dereg_vs_invalidate_with(OLD_STYLE, ofed="5.3")
     else:
-        dereg_vs_invalidate_with(PERSISTENT)
+        dereg_vs_invalidate_with(UNMAPS_FIXED)
 
 
 def dereg_vs_invalidate_with(client: dict[str, int], ofed: str = "25.04") -> None:
@@ -139,9 +145,37 @@ def dereg_vs_invalidate_with(client: dict[str, int], ofed: str = "25.04") -> Non
     p.exit(0)
 
 
+@race("dereg-vs-invalidate-ticket",
+      fixed="MLNX_OFED 25.04 (the 5.1 redesign removed mlx5_ib_peer_id and the tickets: the "
+            "invalidation finds the umem by its xarray id under xa_lock and holds a kref "
+            "on it, and mlx5's dereg revokes the mkey and stops the notifier under "
+            "mapping_lock before it releases anything) with nvidia-peermem 580 "
+            "invalidating (UNMAPS, as nv_peer_mem 1.2+ needs on a 5.x core) and the "
+            "proposed fix for nv_peer_memory issue 53 (issue53_fix=1)",
+      legacy="MLNX_OFED 4.9 with nv_peer_memory 1.0 (amdp2p hits it too): the user's dereg "
+             "wins mr->invalidated, and dereg_mr frees mr->peer_id (in clean_mr, or after "
+             "unreg_umr for a cached mkey) before ib_umem_release takes the ticket off the "
+             "client's list (peer_umem_release, ib_peer_destroy_invalidation_ctx); a free "
+             "callback in between finds the ticket and the invalidation calls "
+             "mlx5_invalidate_umem with the freed peer_id, which waits on peer_id->comp "
+             "(hw/mlx5/mr.c of MLNX_OFED 4.3 to 5.0, read; code-derived, not reported "
+             "upstream)",
+      finds=("UseAfterFree",))
+def dereg_vs_invalidate_ticket(legacy: bool) -> None:
+    """ibv_dereg_mr of a GPU MR on one thread while another cudaFrees its memory (the
+    client's free callback invalidates the MR), on the 4.x ticket core or a 5.1+ one."""
+    if legacy:
+        dereg_vs_invalidate_with(NV_PEER_MEM_1_0, ofed="4.9")
+    else:
+        dereg_vs_invalidate_with(UNMAPS_FIXED)
+
+
 @race("invalidate-vs-teardown",
-      fixed="nvidia-peermem 560+ defaults (persistent_api_support=1): persistent MRs are "
-            "never invalidated, so teardown has no callback to race",
+      fixed="nvidia-peermem 580 invalidating (UNMAPS) with the proposed fix for issue 53 "
+            "(nv_peer_mem issue53_fix=1; no upstream fix): nv_dma_unmap leaves the DMA "
+            "mappings to put_pages, which the driver orders with its teardown (it waits "
+            "for a callback in flight, then does nothing), and the callback touches no "
+            "context after ib_core's invalidate returned",
       legacy="nvidia-peermem 580 as the invalidating client (persistent_api_support=0, "
              "UNMAPS): the teardown's ib_umem_stop_invalidation_notifier marks the umem "
              "UNMAPPED and unmaps outside mapping_lock; a free callback in between finds "
@@ -153,7 +187,7 @@ def invalidate_vs_teardown(legacy: bool) -> None:
     down) while another thread cudaFrees the memory (the driver invalidates it)."""
     from userspace.libibverbs import verbs as v
 
-    p, cu, ctx, d, mr = _gpu_mr(UNMAPS if legacy else PERSISTENT)
+    p, cu, ctx, d, mr = _gpu_mr(UNMAPS if legacy else UNMAPS_FIXED)
     close = p.start(v.ibv_close_device, ctx.ctx)
     free = p.thread(cu.cudaFree, d, name="free")
     close.join()
@@ -198,12 +232,13 @@ def get_pages_vs_free(legacy: bool) -> None:
 
 
 @race("invalidate-during-reg",
-      fixed="MLNX_OFED 25.04 with nvidia-peermem 560+ defaults (persistent_api_support=1): "
-            "persistent MRs are never invalidated.  (The 25.04 core alone holds "
-            "mapping_lock from get_pages until mlx5 activates, but nvidia-peermem's free "
-            "callback, arriving before its dma_map stored the mapping, prints 'invalid "
-            "dma_mapping' and drops the invalidation - the signature of nv_peer_memory "
-            "issues 53/112 - and the MR keeps pages the driver freed)",
+      fixed="MLNX_OFED 25.04 (mapping_lock from get_pages until mlx5 activates) with "
+            "nvidia-peermem 580 invalidating (UNMAPS) and the proposed fix for issue 53 "
+            "(issue53_fix=1): its free callback invalidates even before dma_map stored "
+            "the mapping - the core's lock holds it until activation - where 580 as "
+            "released prints 'invalid dma_mapping' and drops the invalidation (the "
+            "signature of nv_peer_memory issues 53/112), leaving the MR on pages the "
+            "driver freed",
       legacy="MLNX_OFED 4.9 (the ticket core) with nvidia-peermem's peerdirect_support=1, "
              "the setting NVIDIA documents for 4.9 LTS: an invalidation before activation "
              "only marks the ticket, activate fails, and peer_umem_release still calls "
@@ -220,7 +255,7 @@ def invalidate_during_reg(legacy: bool) -> None:
     if legacy:
         invalidate_during_reg_with(OLD_STYLE, ofed="4.9")
     else:
-        invalidate_during_reg_with(PERSISTENT)
+        invalidate_during_reg_with(UNMAPS_FIXED)
 
 
 def invalidate_during_reg_with(client: dict[str, int], ofed: str = "25.04") -> None:
@@ -254,9 +289,10 @@ def invalidate_during_reg_with(client: dict[str, int], ofed: str = "25.04") -> N
 
 
 @race("exit-order",
-      fixed="MLNX_OFED 25.04 with nvidia-peermem 580 (UNMAPS): closing the GPU file first "
-            "invalidates the MR (revoke, INVALIDATED) and the uverbs file's close then "
-            "only releases it; the other order unpins before the GPU memory goes",
+      fixed="MLNX_OFED 25.04 with nvidia-peermem 580 (UNMAPS) and the proposed fix for "
+            "issue 53 (issue53_fix=1): closing the GPU file first invalidates the MR "
+            "(revoke, INVALIDATED) and the uverbs file's close then only releases it; the "
+            "other order unpins before the GPU memory goes",
       legacy="MLNX_OFED 4.9 with nvidia-peermem's peerdirect_support=1: when exit closes "
              "the GPU file first, the free callback deregisters the MR inside "
              "ib_invalidate_peer_memory, release() frees nv_mem_context, and the callback "
@@ -270,7 +306,7 @@ def exit_order(legacy: bool) -> None:
     from userspace.libibverbs import verbs as v
     from userspace.libibverbs.pyverbs import MR, PD, Context
 
-    m = _gpu_host(OLD_STYLE if legacy else UNMAPS, ofed="4.9" if legacy else "25.04")
+    m = _gpu_host(OLD_STYLE if legacy else UNMAPS_FIXED, ofed="4.9" if legacy else "25.04")
     procs = []
     for gpu_first in (True, False):
         p = m.spawn("gpu-first" if gpu_first else "uverbs-first")
@@ -297,10 +333,11 @@ NV_PEER_MEM_1_0 = {"version": "1.0"}   # Mellanox nv_peer_memory 1.0, as with ML
 
 
 @race("dma-vs-invalidate",
-      fixed="MLNX_OFED 25.04 with nvidia-peermem 560+ defaults (persistent_api_support=1): "
-            "the mkey is built whole before the MR is published, and persistent MRs are "
-            "never invalidated - a WRITE lands in live GPU memory or the registration "
-            "fails.  (5.x and later also enable the mkey before activating the notifier)",
+      fixed="MLNX_OFED 25.04 with nvidia-peermem 580 invalidating (UNMAPS) and the "
+            "proposed fix for issue 53 (issue53_fix=1): mlx5 builds and enables the mkey "
+            "before it activates the notifier, and the core holds mapping_lock until "
+            "then, so the invalidation revokes a whole mkey - a WRITE lands in live GPU "
+            "memory or is refused (REM_ACCESS_ERR), or the registration fails",
       legacy="MLNX_OFED 4.9 (4.6 and 4.7 read) with nv_peer_memory 1.0: mlx5 publishes the "
              "MR to the invalidation (complete(peer_id->comp)) before mlx5_ib_update_xlt "
              "loads and enables its cached mkey, and clears mr->free only after that UMR "
@@ -322,7 +359,7 @@ def dma_vs_invalidate(legacy: bool) -> None:
     from userspace.libibverbs.pyverbs import MR, SendWR
     from userspace.tools.write_bw import connect, setup
 
-    m = _gpu_host(NV_PEER_MEM_1_0 if legacy else PERSISTENT, "4.9" if legacy else "25.04")
+    m = _gpu_host(NV_PEER_MEM_1_0 if legacy else UNMAPS_FIXED, "4.9" if legacy else "25.04")
     p = m.spawn("app")
     cu = cudart(p)
     write = 64 << 10
@@ -421,4 +458,37 @@ def unregister_client_busy(legacy: bool) -> None:
     if not unloaded:
         m.unload_module(client)                       # nothing holds it now
     assert client not in m.modules
+    p.exit(0)
+
+
+@race("late-invalidate-vs-release",
+      fixed="MLNX_OFED 25.04 with the proposed fix (ib_core late_invalidate_fix=1, the "
+            "default; no upstream fix): an invalidation that gets mapping_lock after the "
+            "stop finds the umem UNMAPPED and leaves it; nvidia-peermem 580 invalidating "
+            "with issue53_fix=1 puts, in release(), the pin the invalidated umem's "
+            "teardown no longer puts",
+      legacy="MLNX_OFED 25.04 as released (ib_core late_invalidate_fix=0): the "
+             "invalidation takes its umem reference under xa_lock, then waits for "
+             "mapping_lock while the deregistration stops the notifier and "
+             "ib_peer_umem_release clears umem_p->ib_peer_client; "
+             "ib_peer_unmap_on_invalidate then dereferences NULL (peer_mem.c, "
+             "ib_invalidate_peer_memory(), 5.1b to 25.04; code-derived, not reported "
+             "upstream).  nvidia-peermem's own callback is masked - the driver's put_pages "
+             "waits for it - but the core says a client need not fence put_pages "
+             "against its invalidation",
+      finds=("null-deref",))
+def late_invalidate_vs_release(legacy: bool) -> None:
+    """The peer client invalidates a GPU MR (ib_core's invalidate callback with the MR's
+    core_context, from a task of its own, as a client does when its memory goes) while
+    the user deregisters the MR; then the memory is freed."""
+    p, cu, ctx, d, mr = _gpu_mr(UNMAPS_FIXED, core={"late_invalidate_fix": int(not legacy)})
+    state = p.machine.modules["nv_peer_mem"].state
+    (core_context,) = state.reg_handle.umem_xa.entries     # the MR's id: its only one
+    dereg = p.start(mr.close)
+    late = p.thread(state.mem_invalidate_callback[0], state.reg_handle, core_context,
+                    name="invalidate")
+    dereg.join()
+    assert late.join() == 0
+    p.run(cu.cudaFree, d)
+    p.run(ctx.close)
     p.exit(0)

@@ -185,6 +185,9 @@ class ib_peer_memory_client:
         self.lock = mutex_init(f"{peer_mem.name} lock")
         self.core_ticket_list: dict[int, invalidation_ctx] = {}
         self.last_ticket = 1
+        # not kernel state: the client's slot the core wrote ib_invalidate_peer_memory
+        # into, so a test harness (the conformance kit's Recorder) can wrap the call
+        self.invalidate_slot: list | None = None
 
     @property
     def trace_name(self) -> str:
@@ -200,11 +203,14 @@ class PeerMemState:
     """peer_mem.c's globals for one machine: peer_memory_list under peer_memory_mutex,
     and which OFED release's design the core follows."""
 
-    def __init__(self, ofed: tuple[int, int] = OFED_STOP_LOCK_FIXED) -> None:
+    def __init__(self, ofed: tuple[int, int] = OFED_STOP_LOCK_FIXED,
+                 late_invalidate_fix: bool = True) -> None:
         self.peer_memory_mutex = mutex_init("peer_memory_mutex")
         self.peer_memory_list: list[ib_peer_memory_client] = []   # registration order
         self.ofed = ofed
         self.ticket_design = ofed < OFED_NEW_DESIGN
+        # ib_core's late_invalidate_fix parameter: see ib_invalidate_peer_memory
+        self.late_invalidate_fix = late_invalidate_fix
 
 
 def peer_ticket_design() -> bool:
@@ -243,6 +249,7 @@ def ib_register_peer_memory_client(peer_client: peer_memory_client,
     client = kmalloc_obj(ib_peer_memory_client(peer_client, invalidate_callback is not None))
     if invalidate_callback is not None:
         invalidate_callback[0] = ib_invalidate_peer_memory
+        client.invalidate_slot = invalidate_callback
     mutex_lock(state.peer_memory_mutex)
     if any(c.peer_mem.name == peer_client.name for c in state.peer_memory_list) or \
             f"{_sysfs_dir(client)}/version" in current().machine.chrdevs:
@@ -418,17 +425,23 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
                               f"dma_map returned {ret}")
         sgt.nents = nmap[0]
     except BaseException:
-        if tickets:
-            ib_peer_destroy_invalidation_ctx(client, umem_p)
-        else:
-            _erase_id(umem_p)                             # err_xa:
-            mutex_unlock(umem_p.mapping_lock)
-        ib_put_peer_client(client, ctx)                   # err_umem:
-        kref_put(umem_p.kref, _free_umem_p)
+        _peer_umem_get_undo(umem_p, client, ctx, tickets)
         raise
     # called whether or not the client has one: the core does not check it at
     # registration, so a client without it "registers fine and crashes on first use"
     peer_page_size = pm.get_page_size(ctx)
+    # EMU: the real core trusts the table: a short one leaves the MR's tail to whatever
+    # the MTT holds, a page size that is not a power of two makes fix_peer_sgls's
+    # ALIGN() masks garbage, and an incongruent one shifts every access.  The model
+    # refuses it (EINVAL, everything unwound) so the client's bug is named, not absorbed.
+    bad = ib_peer_sg_violation(sgt.dma_entries(), umem_p.address, umem_p.length,
+                               peer_page_size)
+    if bad is not None:
+        pm.dma_unmap(sgt, ctx, old_umem.ibdev.dma_device)
+        pm.put_pages(sgt, ctx)
+        sg_free_table(sgt)
+        _peer_umem_get_undo(umem_p, client, ctx, tickets)
+        raise KernelError(EINVAL, f"ib_peer_umem_get: {pm.name}: {bad}")
     page_size = sgt.machine.page_size
     if peer_page_size != page_size and state.ofed >= OFED_FIX_PEER_SGLS:
         fix_peer_sgls(umem_p, peer_page_size)
@@ -442,6 +455,49 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
     if not tickets and umem_p.xa_id == PEER_NO_INVALIDATION_ID:
         mutex_unlock(umem_p.mapping_lock)
     return umem_p
+
+
+def _peer_umem_get_undo(umem_p: ib_umem_peer, client: ib_peer_memory_client, ctx: Any,
+                        tickets: bool) -> None:
+    """ib_peer_umem_get's error labels: the id (err_xa), then the client (err_umem)."""
+    if tickets:
+        ib_peer_destroy_invalidation_ctx(client, umem_p)
+    else:
+        _erase_id(umem_p)                             # err_xa:
+        mutex_unlock(umem_p.mapping_lock)
+    ib_put_peer_client(client, ctx)                   # err_umem:
+    kref_put(umem_p.kref, _free_umem_p)
+
+
+def ib_peer_sg_violation(entries: list[tuple[int, int]], address: int, length: int,
+                         peer_page_size: int) -> str | None:
+    """The rule dma_map's table must keep, or None when it does: get_page_size is a
+    power of two; the entries, read from ALIGN_DOWN(address, page size) on, cover
+    exactly [ALIGN_DOWN(address), ALIGN(address + length)) at that page size; and each
+    entry's DMA address is congruent with the VA it maps modulo that page size.
+
+    # EMU: no MLNX_OFED core checks this (see ib_peer_umem_get); the conformance kit
+    # reads the same rule (peermem_testing.conformance, sg-layout)."""
+    pps = peer_page_size
+    if pps <= 0 or pps & (pps - 1):
+        return f"page size {_size_text(pps)} is not a power of two (get_page_size)"
+    lo = address & ~(pps - 1)
+    hi = -(-(address + length) // pps) * pps
+    va = lo
+    for dma, n in entries:
+        if (dma - va) % pps:
+            return (f"VA {va:#x} and DMA address {dma:#x} not congruent modulo page size "
+                    f"{_size_text(pps)}")
+        va += n
+    total = va - lo
+    if total != hi - lo:
+        return (f"sg_table covers {total} bytes of the {hi - lo}-byte range "
+                f"[{lo:#x}, {hi:#x}) at page size {_size_text(pps)}")
+    return None
+
+
+def _size_text(n: int) -> str:
+    return f"{n >> 10} KiB" if n > 0 and not n & 0x3FF else f"{n} bytes"
 
 
 def fix_peer_sgls(umem_p: ib_umem_peer, peer_page_size: int) -> None:
@@ -546,6 +602,12 @@ def ib_invalidate_peer_memory(reg_handle: ib_peer_memory_client, core_context: i
     mutex_lock(umem_p.mapping_lock)
     try:
         cur = umem_p.mapped_state
+        if cur == UMEM_PEER_UNMAPPED and _peer_state().late_invalidate_fix:
+            # EMU: the proposed fix (ib_core late_invalidate_fix=1, the default): a umem
+            # stop or a failed registration left UNMAPPED has nothing to invalidate, and
+            # release may have cleared its client - leave it alone.  MLNX_OFED 5.1b to
+            # 25.04 (peer_mem.c, ib_invalidate_peer_memory()) go on and dereference it
+            return 0
         if cur == UMEM_PEER_MAPPED and umem_p.invalidation_func is not None:
             umem_p.invalidation_func(umem_p, umem_p.invalidation_private)
         # unconditional, as in peer_mem.c: from any state it records INVALIDATED (UNMAPS)

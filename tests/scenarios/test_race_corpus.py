@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.emu.explore import explore, explore_dfs, replay, schedule_trace
-from scenarios.races import RACES, UNMAPS, invalidate_during_reg_with
+from kernel_model.emu.explore import explore, explore_dfs, explore_dpor, replay, schedule_trace
+from scenarios.races import RACES, UNMAPS, UNMAPS_FIXED, invalidate_during_reg_with
 
 FIXED_BUDGET = 120
 
@@ -32,7 +32,8 @@ def test_the_fixed_configuration_survives_the_schedules_tried(name):
     race = RACES[name]
     ex = explore(lambda: race.run(False), "dfs", bound=2, max_schedules=FIXED_BUDGET)
     assert ex.failure is None, ex.failure
-    assert ex.runs == FIXED_BUDGET == len(ex.schedules)
+    assert ex.runs == len(ex.schedules)
+    assert ex.runs == FIXED_BUDGET or ex.frontier == 0      # the budget, or all of it
 
 
 def test_every_scenario_names_its_configurations_and_its_bug():
@@ -71,6 +72,32 @@ def test_the_25_04_core_alone_does_not_fix_invalidate_during_reg_for_nvidia_peer
     assert "nvidia_p2p_dma_unmap_pages" in f.detail and "by app-" in f.detail
 
 
+def test_the_proposed_issue_53_fix_closes_invalidate_during_reg_at_one_preemption():
+    """The same race with nvidia-peermem's issue53_fix=1: the callback invalidates even
+    before dma_map, the core's mapping_lock holds it until activation - every schedule
+    with one preemption is clean."""
+    ex = explore(lambda: invalidate_during_reg_with(UNMAPS_FIXED), "dfs", bound=1)
+    assert ex.failure is None, ex.failure
+    assert ex.runs > 20
+
+
+def test_every_fixed_configuration_is_on_the_invalidating_path():
+    """No scenario is fixed by nvidia-peermem's persistent mode (nothing invalidated)."""
+    for race in RACES.values():
+        assert "persistent_api_support=1" not in race.fixed, race.name
+        assert "560+ defaults" not in race.fixed, race.name
+
+
+def test_late_invalidate_legacy_dereferences_the_client_release_cleared():
+    """MLNX_OFED as released: the invalidation holds its umem reference, gets
+    mapping_lock after ib_peer_umem_release cleared umem_p->ib_peer_client, and
+    ib_peer_unmap_on_invalidate dereferences it."""
+    race = RACES["late-invalidate-vs-release"]
+    f = explore(lambda: race.run(True), "dfs", bound=2).failure
+    assert f is not None and f.check == "null-deref", f
+    assert "ib_peer_unmap_on_invalidate" in f.detail, f.detail
+
+
 def test_dma_vs_invalidate_legacy_enables_the_cached_mkey_over_freed_gpu_pages():
     """OFED 4.x: the invalidation runs while mlx5_ib_update_xlt's poster waits for the
     ENABLE UMR (mr->free still set): no disable, the pages go back, and the WRITE
@@ -102,4 +129,23 @@ def test_unregister_client_busy_legacy_frees_the_client_under_the_invalidation()
 def test_unregister_client_busy_fixed_survives_every_single_preemption():
     race = RACES["unregister-client-busy"]
     ex = explore(lambda: race.run(False), "dfs", bound=1)
-    assert ex.failure is None and ex.runs > 50
+    assert ex.failure is None and ex.runs > 1 and ex.frontier == 0    # the whole search
+
+
+def test_the_reduction_meets_every_failure_the_plain_search_meets():
+    """Partial-order reduction runs one schedule per class of equivalent ones; the
+    classes must still hold every way the program can fail.  The legacy
+    free-callback-vs-put-pages at bound 1: the plain search's ~1,000 schedules fail
+    with the use-after-free and, when the kworker's callback runs before the unpin
+    frees the mapping, with the driver's double BAR1 unmap - so must the few dozen
+    the reduction runs."""
+    race = RACES["free-callback-vs-put-pages"]
+
+    def checks(por: bool) -> tuple[set[str], int]:
+        runs = list(explore_dfs(lambda: race.run(True), bound=1) if not por else
+                    explore_dpor(lambda: race.run(True), bound=1))
+        return {r.failure.check for r in runs if r.failure is not None}, len(runs)
+    plain, n_plain = checks(False)
+    por, n_por = checks(True)
+    assert plain == por == {"UseAfterFree", "exception"}
+    assert n_por * 10 < n_plain

@@ -585,12 +585,16 @@ def test_invalidation_before_activate_waits_for_it(env):
     assert fp.names().count("dma_unmap") == 1
 
 
+@pytest.mark.parametrize("fix", [0, 1], ids=["as-released", "late_invalidate_fix"])
 @pytest.mark.parametrize("kind", ["plain", "unmaps"])
-def test_invalidation_pending_when_owner_stops_without_activate(env, kind):
+def test_invalidation_pending_when_owner_stops_without_activate(env, kind, fix):
     # a registration error path: stop without activate, then release; the invalidation
     # that took its kref and waited on mapping_lock runs after release cleared
-    # ib_peer_client and dereferences it - peermem_facts B15 (code-derived, unreported),
-    # which the model reproduces as the NULL dereference it is
+    # ib_peer_client and, in the core as released (late_invalidate_fix=0), dereferences
+    # it - peermem_facts B15 (code-derived, unreported), which the model reproduces as
+    # the NULL dereference it is; the proposed fix (the default) finds the umem
+    # UNMAPPED and returns
+    env.m.modules["ib_core"].state.peer.late_invalidate_fix = bool(fix)
     fp = env.peer(**KINDS[kind][0])
     va = env.gpu(K64, fp)
     events: list = []
@@ -608,10 +612,13 @@ def test_invalidation_pending_when_owner_stops_without_activate(env, kind):
         events.append("stopped")
         ib_umem_release(u)
         events.append("released")
-        with pytest.raises(AttributeError, match="peer_mem"):    # the oops of B15
+        if fix:
             t.join()
+        else:
+            with pytest.raises(AttributeError, match="peer_mem"):    # the oops of B15
+                t.join()
     env.p.run(owner)
-    assert events == ["stopped", "released"]
+    assert events == ["stopped", "released"] + ["inval-done"] * fix
     assert fp.names() == ["acquire", "get_pages", "dma_map", "get_page_size", "dma_unmap",
                           "put_pages", "release"]
     st = fp.reg.stats
