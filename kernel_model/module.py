@@ -48,11 +48,16 @@ class module:
 
 
 def _find(name: str) -> Any:
+    """The code of module `name`: drivers.<name>, peermem_clients.<name>, then <name>
+    itself (any importable module, dotted names too), then the `peermem.clients` entry
+    points.  A module that is found but fails to import raises its own error."""
     for prefix in SEARCH_PATH:
+        full = prefix + name
         try:
-            return importlib.import_module(prefix + name)
+            return importlib.import_module(full)
         except ModuleNotFoundError as e:
-            if e.name not in (prefix + name, (prefix + name).rsplit(".", 1)[0]):
+            # not there (the name or one of its parent packages is missing): look on
+            if e.name is None or not (full == e.name or full.startswith(e.name + ".")):
                 raise
     ep = _entry_points().get(name)
     if ep is not None:                   # a client another package installed
@@ -110,8 +115,19 @@ def load_module(machine: Machine, name: str, **params: Any) -> module:
 
 
 @traced
-def delete_module(machine: Machine, name: str) -> None:
-    """Mirrors delete_module() (rmmod): EBUSY while in use, else module_exit()."""
+def delete_module(machine: Machine, name: str, force: bool = False) -> None:
+    """Mirrors delete_module() (rmmod): EBUSY while in use, else module_exit().
+
+    `force` is `rmmod -f` (O_TRUNC in the flags, try_force_unload()): a module
+    whose refcount is not zero is unloaded anyway - module_exit runs with the
+    references still held (a peer-memory client's exit then blocks in
+    ib_unregister_peer_memory_client until its MRs are gone) - and the kernel
+    is tainted TAINT_FORCED_RMMOD.  Modules that depend on it still refuse it.
+    # EMU: `rmmod -f` works whatever the kernel configuration; a real kernel honours
+    # it only when built with CONFIG_MODULE_FORCE_UNLOAD (else the refcount refuses
+    # the unload); and a real kernel answers a held refcount with EWOULDBLOCK, where
+    # the model says EBUSY.
+    """
     mods = machine_modules(machine)
     mod = mods.get(name)
     if mod is None:
@@ -120,8 +136,14 @@ def delete_module(machine: Machine, name: str) -> None:
     if users:
         raise KernelError(EWOULDBLOCK, f"delete_module: module {name} is in use by: "
                           + " ".join(users))
-    if mod.refcnt:
+    if mod.refcnt and not force:
         raise KernelError(EBUSY, f"delete_module: module {name} in use (refcnt {mod.refcnt})")
+    if mod.refcnt:                       # try_force_unload(): add_taint(TAINT_FORCED_RMMOD)
+        taints = machine.__dict__.setdefault("taints", set())
+        taints.add("TAINT_FORCED_RMMOD")
+        machine.dmesg.append(f"delete_module: forced unload of {name} "
+                             f"(refcnt {mod.refcnt}): Disabling lock debugging due to "
+                             "kernel taint")
     exit_fn = getattr(mod.code, "module_exit", None)
     with running(machine.init_task):
         if exit_fn is not None:

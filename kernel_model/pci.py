@@ -108,6 +108,7 @@ class pci_dev:
         self.probe_error = 0                     # -errno of the last failed probe
         # device model: what powering the function off does (a hot-unplug reset)
         self.remove_hooks: list[Callable[[pci_dev], None]] = []
+        self.msix_vec_count = 0   # device model: the MSI-X capability's table size (0: none)
 
     @property
     def trace_name(self) -> str:
@@ -186,6 +187,12 @@ def pci_register_bar(pdev: pci_dev, bar: int, size: int, read: Callable[[int, in
     if pdev.is_added:
         pdev.machine.register_mmio(region)
     return res
+
+
+def pci_msix_vec_count(pdev: pci_dev) -> int:
+    """Mirrors pci_msix_vec_count(): the vectors of the function's MSI-X capability,
+    -EINVAL when it has none."""
+    return pdev.msix_vec_count or -EINVAL
 
 
 # -- drvdata, enable --------------------------------------------------------

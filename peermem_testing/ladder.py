@@ -23,8 +23,10 @@ MiB = 1 << 20
 
 @attrs.define
 class Ladder:
-    """One registered buffer and everything under it.  `revoke` and `dereg` are what a
-    race test runs in competing tasks; `teardown` (from main) undoes what is left."""
+    """One registered buffer and everything under it.  `revoke`, `dereg`, `invalidate`
+    and `unload_client` are what a race test runs in competing tasks; `teardown` (from
+    main) undoes what is left.  `recorder` is the CallRecorder of build_ladder(record=True)
+    (None otherwise); `core_context()` the MR's invalidation id."""
 
     cut: ClientUnderTest
     machine: Any
@@ -34,6 +36,26 @@ class Ladder:
     addr: int
     size: int
     mr: MR
+    recorder: Any = None    # peermem_testing.api.CallRecorder, with record=True
+
+    def core_context(self) -> int:
+        """The invalidation id the core gave the client for this MR (api.core_context)."""
+        from peermem_testing.api import core_context
+        return core_context(self.mr)
+
+    def invalidate(self) -> int:
+        """Fire the core's invalidation of the MR as the client's invalidate would
+        (api.fire_invalidation; the client's own teardown does not run): run it in a task
+        of `proc`."""
+        from peermem_testing.api import fire_invalidation
+        return fire_invalidation(self.mr)
+
+    def unload_client(self, force: bool = True) -> None:
+        """rmmod the client module; `force` is `rmmod -f`, which does not stop at the
+        module references the client's MRs hold, so module_exit's
+        ib_unregister_peer_memory_client waits for the outstanding MR (a plain rmmod
+        fails with EBUSY while the client pins its module per MR).  Run it in a task."""
+        self.machine.unload_module(self.cut.module, force=force)
 
     def revoke(self) -> None:
         """Take the memory away as its owner would (cudaFree, a device reset): run it in a
@@ -58,11 +80,23 @@ class Ladder:
 
 
 def build_ladder(cut: ClientUnderTest | None = None, size: int = MiB,
-                 access: int = ACCESS) -> Ladder:
+                 access: int = ACCESS, *, ofed: str | None = None,
+                 release: str | None = None, params: dict[str, Any] | None = None,
+                 record: bool = False) -> Ladder:
     """Build a fresh machine with `cut`'s host and modules, a process, and an MR of
-    `size` bytes on the client's memory.  Call it inside the test body."""
-    cut = cut or ClientUnderTest.nv_peer_mem()
+    `size` bytes on the client's memory.  Call it inside the test body.
+
+    `ofed` picks ib_core's peer-memory core ("4.9", "5.1" ... "25.04"; the newest by
+    default), `release` the nvidia driver's release, `params` the client module's
+    parameters (merged over cut.params) - ClientUnderTest.configured.  With `record`
+    the calls into the clients are recorded from before the registration on
+    (Ladder.recorder, a peermem_testing.api.CallRecorder)."""
+    cut = (cut or ClientUnderTest.nv_peer_mem()).configured(ofed, release, params)
     m = build_host(cut)
+    recorder = None
+    if record:
+        from peermem_testing.api import CallRecorder
+        recorder = CallRecorder(m)
     p = m.spawn("app")
 
     def climb() -> tuple[Context, PD, int, MR]:
@@ -71,4 +105,4 @@ def build_ladder(cut: ClientUnderTest | None = None, size: int = MiB,
         addr = cut.alloc(p, size)
         return ctx, pd, addr, MR(pd, size, access, addr)
     ctx, pd, addr, mr = p.run(climb)
-    return Ladder(cut, m, p, ctx, pd, addr, size, mr)
+    return Ladder(cut, m, p, ctx, pd, addr, size, mr, recorder)

@@ -42,6 +42,7 @@ from kernel_model.locking import (
     wake_up,
 )
 from kernel_model.memory import follow_pfn
+from kernel_model.module import module_put, try_module_get
 from kernel_model.refcount import kref, kref_get, kref_init, kref_put
 from kernel_model.scatterlist import sg_alloc_table, sg_free_table
 from kernel_model.slab import kfree, kmalloc_obj
@@ -59,7 +60,7 @@ class cmb_ctx:
         self.device: Any = None
         self.core_context = 0
         self.revoked = False                # invalidated: our mappings are gone
-        self.revoking = False               # revoke_all is invalidating it right now
+        self.revoking: Any = None           # the task revoke_all invalidates it on, now
         self.kref = kref()                  # the core's reference, and revoke_all's
         kref_init(self.kref)
 
@@ -67,7 +68,8 @@ class cmb_ctx:
 class CmbPeer:
     """The module: one registration, its live contexts, a lock over them."""
 
-    def __init__(self) -> None:
+    def __init__(self, mod: Any = None) -> None:
+        self.mod = mod                      # ours: each MR and each reset holds it
         self.lock = mutex_init("cmb_peer.lock")
         self.live: list[cmb_ctx] = []       # protected by lock
         self.revoke_wq = init_waitqueue_head("cmb_peer.revoke_wq")
@@ -84,6 +86,7 @@ class CmbPeer:
         ctx = kmalloc_obj(cmb_ctx(addr, size))
         ctx.kref.ctx = ctx                  # container_of(kref, struct cmb_ctx, kref)
         client_context[0] = ctx
+        try_module_get(self.mod)            # the MR keeps us loaded, until release
         return 1
 
     # get_pages: pin.  Device memory needs no pinning; remember the PFNs and
@@ -149,7 +152,9 @@ class CmbPeer:
         mutex_lock(self.lock)
         if ctx in self.live:
             self.live.remove(ctx)
-        revoking = ctx.revoking
+        # an older core (MLNX_OFED 4.x) calls us inside our own invalidate call, on
+        # revoke_all's task: that invalidation is ours, and waiting would never end
+        revoking = ctx.revoking not in (None, current())
         mutex_unlock(self.lock)
         if revoking:
             wait_event(self.revoke_wq, lambda: not ctx.revoking)
@@ -161,14 +166,18 @@ class CmbPeer:
     # release: the core is done with the context; revoke_all may still hold it
     def release(self, ctx) -> None:
         kref_put(ctx.kref, _free)
+        module_put(self.mod)
 
     # the device goes away: invalidate every registration, then tear our side down
     def revoke_all(self) -> int:
+        # our own module reference while this runs: a deregistration of the MRs we
+        # invalidate may drop their references, and an rmmod then would unload us
+        try_module_get(self.mod)            # (__module_get, as nvidia's callback does)
         mutex_lock(self.lock)
         victims, self.live = self.live, []
         for ctx in victims:
             kref_get(ctx.kref)              # a deregistration may release it meanwhile
-            ctx.revoking = True             # ... and its put_pages waits for us
+            ctx.revoking = current()        # ... and its put_pages waits for us
         mutex_unlock(self.lock)
         for ctx in victims:
             # no lock held across the callback: it takes the umem's mapping_lock,
@@ -177,10 +186,11 @@ class CmbPeer:
             mutex_lock(self.lock)
             self._unmap(ctx, ctx.device)
             ctx.revoked = True
-            ctx.revoking = False
+            ctx.revoking = None
             mutex_unlock(self.lock)
             wake_up(self.revoke_wq)
             kref_put(ctx.kref, _free)
+        module_put(self.mod)
         return len(victims)
 
 
@@ -194,7 +204,7 @@ def cmb_peer_revoke_all() -> int:
 
 
 def module_init(mod) -> CmbPeer:
-    state = CmbPeer()
+    state = CmbPeer(mod)
     client = peer_memory_client(
         "cmb_peer", "1.0", acquire=state.acquire, get_pages=state.get_pages,
         dma_map=state.dma_map, dma_unmap=state.dma_unmap, put_pages=state.put_pages,
