@@ -475,17 +475,8 @@ def explore_dfs(program: Program, bound: int = 2, max_schedules: int | None = No
 
 
 # -- partial-order reduction ---------------------------------------------------------------
-@attrs.define(slots=True)
-class _Node:
-    """A decision on the DFS path: the tasks to try there (DPOR's backtrack set) and the
-    tasks tried."""
-
-    backtrack: set[int]
-    done: set[int]
-
-
 def _races(points: list[Point],
-           steps: list[Step]) -> Iterator[tuple[int, int, set[int], bool, int, int]]:
+           steps: list[Step]) -> Iterator[tuple[int, int, set[int], bool]]:
     """DPOR's race analysis of one run (Flanagan-Godefroid, with source-set initials).
 
     Steps j and k of different tasks race when they touch a common object, one of them
@@ -496,7 +487,7 @@ def _races(points: list[Point],
     before j), k's task p, and the tasks runnable at d that lead to k - p itself when
     runnable there, else the runnable tasks with a step after j, not after j itself,
     that happens-before k; when there is none, every runnable task (`every` True: all
-    of them must be tried, as Flanagan-Godefroid's rule has it), and the two steps j, k."""
+    of them must be tried, as Flanagan-Godefroid's rule has it)."""
     if not steps:
         return
     width = max(s.tid for s in steps) + 1
@@ -527,11 +518,11 @@ def _races(points: list[Point],
         if w is not None and (prev is None or w > prev):
             # a spawn or wake-up orders this step after it - and is no race: the task
             # could not have run before it
-            vc = [max(a, b) for a, b in zip(vc, vcs[w], strict=True)]
+            _join(vc, vcs[w])
         for t in st.joins:                 # a join of a task that has ended: after it
             e = ended.get(t)
             if e is not None:
-                vc = [max(a, b) for a, b in zip(vc, vcs[e], strict=True)]
+                _join(vc, vcs[e])
         deps: set[int] = set()
         for o in st.reads:
             w = last_write.get(o)
@@ -563,17 +554,14 @@ def _races(points: list[Point],
                 continue                   # before any choice: nothing to reverse
             cands = points[d].cands
             if tid in cands:
-                yield d, tid, {tid}, False, j, k
+                yield d, tid, {tid}, False
                 continue
             lead = {steps[i].tid for i in range(j + 1, k)
                     if vcs[i][tj] < lj and _hb(vcs, steps, local, i, deps, vc)}
             lead &= set(cands)
-            yield d, tid, lead or set(cands), not lead, j, k
+            yield d, tid, lead or set(cands), not lead
         for j in deps:
-            vj = vcs[j]
-            for t in range(width):
-                if vj[t] > vc[t]:
-                    vc[t] = vj[t]
+            _join(vc, vcs[j])
         vc[tid] = n
         vcs.append(vc)
         last_of[tid] = k
@@ -592,6 +580,13 @@ def _races(points: list[Point],
                 fields.setdefault(o[0], set()).add(o)
 
 
+def _join(vc: list[int], other: list[int]) -> None:
+    """vc := the pointwise max of vc and other (a vector clock learning another's past)."""
+    for t, c in enumerate(other):
+        if c > vc[t]:
+            vc[t] = c
+
+
 def _hb(vcs: list[list[int]], steps: list[Step], local: list[int], i: int,
         deps: set[int], vc: list[int]) -> bool:
     """Does step i happen-before the step whose dependences are `deps` (its task's clock
@@ -600,7 +595,7 @@ def _hb(vcs: list[list[int]], steps: list[Step], local: list[int], i: int,
     return vc[ti] >= li or any(vcs[j][ti] >= li for j in deps) or i in deps
 
 
-_Races = list[tuple[int, int, set[int], bool, int, int]]
+_Races = list[tuple[int, int, set[int], bool]]
 
 
 def _dpor_step(program: Program, prefix: list[int]) -> tuple[Run, _Races]:
@@ -611,7 +606,7 @@ def _dpor_step(program: Program, prefix: list[int]) -> tuple[Run, _Races]:
     seen: set[tuple[int, int, bool]] = set()
     races = []
     for race in _races(run.points, rec.steps):
-        d, p, _lead, every = race[:4]
+        d, p, _lead, every = race
         if (d, p, every) not in seen:
             seen.add((d, p, every))
             races.append(race)
@@ -636,12 +631,13 @@ class _DporSearch:
 
     def __init__(self, bound: int):
         self.bound = bound
-        self.nodes: dict[tuple[int, int], _Node] = {}
-        self.stack: list[list[int]] = [[]]
-        #: each prefix's guess of its subtree: the decisions left after it in the run
-        #: that found it, times the cube of one more than the preemptions it may still
-        #: spend (measured: it splits dereg-vs-invalidate's search 128/237/214/211)
-        self.size: dict[int, int] = {}
+        #: each decision with alternatives (keyed by the prefix reaching it): the tasks
+        #: tried there or waiting to be (DPOR's backtrack and done sets in one)
+        self.tried: dict[tuple[int, int], set[int]] = {}
+        #: the prefixes still to run, each with a guess of its subtree: the decisions
+        #: left after it in the run that found it, times the cube of one more than the
+        #: preemptions it may still spend (it splits dereg-vs-invalidate 128/237/214/211)
+        self.stack: list[tuple[list[int], int]] = [([], 1)]
 
     def add(self, run: Run, races: _Races) -> None:
         """Turn one run's races into alternatives at its decisions (within the bound)."""
@@ -650,11 +646,11 @@ class _DporSearch:
         npre = [0] * (len(pts) + 1)
         for i, p in enumerate(pts):
             npre[i + 1] = npre[i] + p.preempts
-        for d, p, lead, every, _j, _k in races:
+        for d, p, lead, every in races:
             node = self._node(chosen, d)
             if every:
-                todo = sorted(lead - node.done - node.backtrack)
-            elif lead & node.backtrack or lead & node.done:
+                todo = sorted(lead - node)
+            elif lead & node:
                 continue
             else:
                 todo = [p if p in lead else min(lead)]
@@ -671,20 +667,18 @@ class _DporSearch:
                                       (len(pts) - e) * (self.bound - npre[e] + 1) ** 3)
                         break
 
-    def _node(self, chosen: list[int], d: int) -> _Node:
+    def _node(self, chosen: list[int], d: int) -> set[int]:
         key = (d, hash(tuple(chosen[:d])))
-        node = self.nodes.get(key)
+        node = self.tried.get(key)
         if node is None:
             # first visit with an alternative: every run through it so far chose this
-            node = self.nodes[key] = _Node(set(), {chosen[d]})
+            node = self.tried[key] = {chosen[d]}
         return node
 
-    def _try(self, chosen: list[int], d: int, node: _Node, x: int, size: int) -> None:
-        if x not in node.done:
-            node.done.add(x)
-            node.backtrack.add(x)
-            self.stack.append(chosen[:d] + [x])
-            self.size[id(self.stack[-1])] = size
+    def _try(self, chosen: list[int], d: int, node: set[int], x: int, size: int) -> None:
+        if x not in node:
+            node.add(x)
+            self.stack.append((chosen[:d] + [x], size))
 
     def split(self, index: int, count: int) -> None:
         """Keep part `index` of `count` of the prefixes waiting: the same greedy
@@ -693,11 +687,10 @@ class _DporSearch:
         out alike."""
         load = [0] * count
         mine = []
-        order = sorted(range(len(self.stack)),
-                       key=lambda i: -self.size.get(id(self.stack[i]), 1))
+        order = sorted(range(len(self.stack)), key=lambda i: -self.stack[i][1])
         for i in order:
             part = min(range(count), key=lambda p: (load[p], p))
-            load[part] += self.size.get(id(self.stack[i]), 1)
+            load[part] += self.stack[i][1]
             if part == index:
                 mine.append(i)
         self.stack = [self.stack[i] for i in sorted(mine)]
@@ -743,12 +736,12 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
     try:
         while search.stack and (max_schedules is None or runs < max_schedules):
             if not split:                      # breadth first until the split
-                results = [_dpor_step(program, search.stack.pop(0))]
+                results = [_dpor_step(program, search.stack.pop(0)[0])]
             elif pool is None:
-                results = [_dpor_step(program, search.stack.pop())]
+                results = [_dpor_step(program, search.stack.pop()[0])]
             else:
                 left = None if max_schedules is None else max_schedules - runs
-                batch = [search.stack.pop() for _ in range(min(jobs, len(search.stack),
+                batch = [search.stack.pop()[0] for _ in range(min(jobs, len(search.stack),
                                                                left or jobs))]
                 results = pool.map(_dpor_worker, batch, chunksize=1)
             for run, races in results:

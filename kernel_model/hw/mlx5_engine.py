@@ -599,7 +599,7 @@ class Mlx5Engine:
         return hw
 
     # -- DMA -----------------------------------------------------------------------
-    def _touch(self, write: bool) -> None:
+    def _touch_device(self) -> None:
         """A DMA step's footprint for partial-order reduction: the device's own state
         (mkeys, MTTs, QP contexts) that commands change - coarse, so any command and
         any DMA are ordered; the RAM pages it reaches are touched where it reaches them
@@ -616,12 +616,12 @@ class Mlx5Engine:
     def dma_read(self, dma: int, n: int) -> bytes:
         """A small DMA read (doorbell record, WQE, context): through the IOMMU."""
         SCHED.point("dma_read")
-        self._touch(False)
+        self._touch_device()
         return b"".join(self.machine.phys_read(p, k) for p, k in self._phys(dma, n, False))
 
     def dma_write(self, dma: int, data: bytes) -> None:
         SCHED.point("dma_write")
-        self._touch(True)
+        self._touch_device()
         off = 0
         for p, k in self._phys(dma, len(data), True):
             self.machine.phys_write(p, data[off:off + k])
@@ -641,7 +641,7 @@ class Mlx5Engine:
     def hca_dma_gather(self, pieces: list[tuple[int, int]], length: int) -> bytearray:
         """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
         SCHED.point("dma_read")
-        self._touch(False)
+        self._touch_device()
         phys = self._to_phys(pieces, False)
         out = bytearray(length)
         if self._in_ram(phys):
@@ -668,7 +668,7 @@ class Mlx5Engine:
     def hca_dma_scatter(self, pieces: list[tuple[int, int]], payload: bytes | bytearray) -> None:
         """DMA-write a payload over the pieces."""
         SCHED.point("dma_write")
-        self._touch(True)
+        self._touch_device()
         phys = self._to_phys(pieces, True)
         if self._in_ram(phys):
             for p, n in phys:

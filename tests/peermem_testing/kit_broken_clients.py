@@ -6,9 +6,6 @@ single kit check the way run_conformance does.
 
 from __future__ import annotations
 
-import pathlib
-import sys
-import types
 from typing import Any
 
 from peermem_testing.conformance import (
@@ -21,41 +18,16 @@ from peermem_testing.conformance import (
     _unwind,
     build_host,
 )
+from tests.peermem_testing.test_conformance import _broken, _import_example
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "cmb_peer"
-
-
-def example() -> Any:
-    """The example client, importable as `cmb_peer` as if its package were installed."""
-    if str(EXAMPLE) not in sys.path:
-        sys.path.insert(0, str(EXAMPLE))
-    import cmb_peer
-    return cmb_peer
+example = _import_example       # the example client, importable as `cmb_peer`
 
 
 def broken(monkeypatch: Any, name: str, patch: Any) -> None:
-    """A module `name` whose client is the example's with `patch(state, mod)` applied."""
-    ex = example()
-    mod = types.ModuleType(name)
-    mod.MODULE_DEPENDS = ex.MODULE_DEPENDS
-
-    def module_init(m):
-        state = ex.CmbPeer(m)               # with the example's module references
-        patch(state, m)
-        client = ex.peer_memory_client(
-            name, "1.0", acquire=state.acquire, get_pages=state.get_pages,
-            dma_map=state.dma_map, dma_unmap=state.dma_unmap, put_pages=state.put_pages,
-            get_page_size=state.get_page_size, release=state.release)
-        ex.peer_memory_client_ex(client, flags=ex.PEER_MEM_INVALIDATE_UNMAPS)
-        state.reg = ex.ib_register_peer_memory_client(client, state.invalidate)
-        if state.reg is None:
-            raise ex.KernelError(22, "broken: registration failed")
-        m.machine.modules_state_cmb = state
-        return state
-
-    mod.module_init = module_init
-    mod.module_exit = ex.module_exit
-    monkeypatch.setitem(sys.modules, name, mod)
+    """A module `name` whose client is the example's, with its module references, with
+    `patch(state, mod)` applied."""
+    _broken(monkeypatch, example(), name, lambda state: patch(state, state.mod),
+            module_refs=True)
 
 
 def revoke_all(m: Any, proc: Any, addr: int, size: int) -> None:

@@ -80,13 +80,14 @@ def test_cmb_peer_conforms(peer_client_conformance):
 
 
 # -- broken clients: the example with one rule broken each ----------------------------------
-def _broken(monkeypatch, example, name: str, patch) -> None:
-    """A module `name` whose client is the example's with `patch(state)` applied."""
+def _broken(monkeypatch, example, name: str, patch, *, module_refs: bool = False) -> None:
+    """A module `name` whose client is the example's with `patch(state)` applied (with
+    `module_refs`, the example's module references too: state.mod is the module)."""
     mod = types.ModuleType(name)
     mod.MODULE_DEPENDS = example.MODULE_DEPENDS
 
     def module_init(m):
-        state = example.CmbPeer()
+        state = example.CmbPeer(m if module_refs else None)
         patch(state)
         client = example.peer_memory_client(
             name, "1.0", acquire=state.acquire, get_pages=state.get_pages,
