@@ -25,6 +25,7 @@ import attrs
 from kernel_model.current import current
 from kernel_model.errno import EBADF, EEXIST, EMFILE, ENOENT, KernelBug, KernelError
 from kernel_model.module import module_put, try_module_get
+from kernel_model.sched import touch_key
 from kernel_model.trace import traced
 from kernel_model.uapi.stat import S_IFCHR, S_IFREG
 
@@ -213,36 +214,59 @@ def do_filp_open(path: str, flags: int) -> file:
 
 
 class files_struct:
-    """Mirrors struct files_struct: the fd table (lowest free fd first)."""
+    """Mirrors struct files_struct: the fd table (lowest free fd first).
+
+    For partial-order reduction the table reports its own changes fd by fd
+    (touch_key): an fget of one fd and a close of another do not conflict; whoever
+    reads `fdt` itself reads the whole table, which every change adds to."""
+
+    POR_REPORTED = ("fdt",)
 
     def __init__(self, max_fds: int):
         self.fdt: list[file | None] = []
         self.max_fds = max_fds
 
+    def _table(self) -> list[file | None]:
+        return object.__getattribute__(self, "fdt")
+
+    def _slot(self, fd: int, how: bool | str) -> None:
+        touch_key((id(self), "fd", fd), how)
+        if how is not False:
+            touch_key((id(self), "fdt"), "add")
+
     def alloc_fd(self) -> int:
         """Mirrors alloc_fd(): the lowest unused descriptor."""
-        for fd, f in enumerate(self.fdt):
+        fdt = self._table()
+        for fd, f in enumerate(fdt):
+            touch_key((id(self), "fd", fd), False)
             if f is None:
                 return fd
-        if len(self.fdt) >= self.max_fds:
+        if len(fdt) >= self.max_fds:
             raise KernelError(EMFILE, "alloc_fd: too many open files")
-        self.fdt.append(None)
-        return len(self.fdt) - 1
+        fdt.append(None)
+        self._slot(len(fdt) - 1, True)
+        return len(fdt) - 1
 
     def fd_install(self, fd: int, f: file) -> None:
-        self.fdt[fd] = f
+        self._table()[fd] = f
+        self._slot(fd, True)
 
     def fget(self, fd: int) -> file:
         """Mirrors fget(): the file behind fd, with a reference taken."""
-        if not 0 <= fd < len(self.fdt) or self.fdt[fd] is None:
+        fdt = self._table()
+        touch_key((id(self), "fd", fd), False)
+        if not 0 <= fd < len(fdt) or fdt[fd] is None:
             raise KernelError(EBADF, f"fget: bad file descriptor {fd}")
-        return get_file(self.fdt[fd])
+        return get_file(fdt[fd])
 
     def close_fd(self, fd: int) -> None:
         """Mirrors close_fd(): remove from the table, then filp_close (fput)."""
-        if not 0 <= fd < len(self.fdt) or self.fdt[fd] is None:
+        fdt = self._table()
+        touch_key((id(self), "fd", fd), False)
+        if not 0 <= fd < len(fdt) or fdt[fd] is None:
             raise KernelError(EBADF, f"close_fd: bad file descriptor {fd}")
-        f, self.fdt[fd] = self.fdt[fd], None
+        f, fdt[fd] = fdt[fd], None
+        self._slot(fd, True)
         fput(f)
 
     def close_all(self) -> None:
@@ -253,10 +277,13 @@ class files_struct:
         debug check's oops) is raised again once every fd is closed.
         """
         oops: list[KernelBug] = []
-        for fd, f in enumerate(self.fdt):
+        fdt = self._table()
+        for fd, f in enumerate(fdt):
+            touch_key((id(self), "fd", fd), False)
             if f is None:
                 continue
-            self.fdt[fd] = None
+            fdt[fd] = None
+            self._slot(fd, True)
             try:
                 fput(f)
             except KernelBug as e:

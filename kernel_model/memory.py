@@ -42,6 +42,7 @@ from kernel_model.pgtable import (
     _PAGE_SPECIAL,
     pte_addr,
 )
+from kernel_model.slab import counter_add
 from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) 
     if flags & FAULT_FLAG_WRITE:
         pte |= _PAGE_DIRTY  # a FOLL_FORCE write to a read-only VMA: dirty, not RW
     mm.pgtable.set(slot, pte)
-    mm.rss += 1
+    counter_add(mm, "rss", 1)
     return 0
 
 
@@ -152,7 +153,7 @@ def unmap_vmas(vma: vm_area_struct, start: int, end: int) -> None:
                     pg._mapcount -= 1
                     if pte & _PAGE_DIRTY:
                         pg.flags |= PG_dirty  # set_page_dirty
-                    mm.rss -= 1
+                    counter_add(mm, "rss", -1)
                     put_page(pg)
             slot += 8
             addr += ps

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kernel_model.pgtable import PageTable
+from kernel_model.sched import SCHED, touch_key
+from kernel_model.slab import counter_add
 
 if TYPE_CHECKING:
     from kernel_model.emu.machine import Machine
@@ -89,8 +91,24 @@ class vm_area_struct:
         return f"{self.vm_start:012x}-{self.vm_end:012x} {perms} {self.vm_pgoff:08x} {name}"
 
 
+#: partial-order reduction records VMA changes and lookups page by page, or by 2 MiB
+#: stretch for a VMA of more than VA_KEYS_MAX pages (mm_struct._stretches): an munmap
+#: of one range and a lookup or munmap of another do not conflict
+VA_BIG_SHIFT = 21
+VA_KEYS_MAX = 512
+
+
 class mm_struct:
-    """Mirrors struct mm_struct: the VMAs, page tables and pin counters."""
+    """Mirrors struct mm_struct: the VMAs, page tables and pin counters.
+
+    For partial-order reduction the VMA list reports its own changes, page by page
+    (touch_key, _stretches): link and unlink write the stretches the VMA covers and add to the
+    list (adds commute - the VMAs of two disjoint munmaps end the same in either
+    order); a lookup reads the stretches its answer depends on, and whoever reads
+    `vmas` itself (a walk, the map count) reads the whole list, which conflicts with
+    every link and unlink.  total_vm is an add."""
+
+    POR_REPORTED = ("vmas", "_starts")
 
     @property
     def trace_name(self) -> str:
@@ -122,35 +140,81 @@ class mm_struct:
         return self.pgtable.pgd
 
     # -- the VMA tree ------------------------------------------------------
+    def _find(self, addr: int) -> vm_area_struct | None:
+        starts = object.__getattribute__(self, "_starts")
+        vmas = object.__getattribute__(self, "vmas")
+        i = bisect_right(starts, addr)
+        if i and vmas[i - 1].vm_end > addr:
+            return vmas[i - 1]
+        return vmas[i] if i < len(vmas) else None
+
+    def _stretches(self, start: int, end: int, how: bool | str) -> None:
+        """Record (touch_key) what [start, end] of the address space is to partial-order
+        reduction: a change writes its pages, or its 2 MiB stretches when it has more
+        than VA_KEYS_MAX pages; a lookup reads both (so it meets either kind of change),
+        or the whole VMA list when it spans more than VA_KEYS_MAX pages."""
+        ps = self.machine.page_shift
+        first, last = start >> ps, end >> ps
+        me = id(self)
+        if how is False:
+            if last - first >= VA_KEYS_MAX:
+                touch_key((me, "vmas"), False)
+                return
+            for b in range(start >> VA_BIG_SHIFT, (end >> VA_BIG_SHIFT) + 1):
+                touch_key((me, "va2m", b), False)
+        elif last - first >= VA_KEYS_MAX:
+            for b in range(start >> VA_BIG_SHIFT, (end >> VA_BIG_SHIFT) + 1):
+                touch_key((me, "va2m", b), how)
+            return
+        for pfn in range(first, last + 1):
+            touch_key((me, "va", pfn), how)
+
     def find_vma(self, addr: int) -> vm_area_struct | None:
         """Mirrors find_vma(): the first VMA ending above addr."""
-        i = bisect_right(self._starts, addr)
-        if i and self.vmas[i - 1].vm_end > addr:
-            return self.vmas[i - 1]
-        return self.vmas[i] if i < len(self.vmas) else None
+        v = self._find(addr)
+        if SCHED.fp_step is not None:       # what the answer depends on
+            if v is None:
+                touch_key((id(self), "vmas"), False)
+            else:
+                self._stretches(addr, max(addr, v.vm_start), False)
+        return v
 
     def vma_lookup(self, addr: int) -> vm_area_struct | None:
         """Mirrors vma_lookup(): the VMA containing addr, if any."""
-        v = self.find_vma(addr)
+        v = self._find(addr)
+        if SCHED.fp_step is not None:       # the answer: whatever covers addr
+            self._stretches(addr, addr, False)
         return v if v is not None and v.vm_start <= addr else None
 
     def link(self, vma: vm_area_struct) -> None:
-        i = bisect_right(self._starts, vma.vm_start)
-        self.vmas.insert(i, vma)
-        self._starts.insert(i, vma.vm_start)
-        self.total_vm += (vma.vm_end - vma.vm_start) >> self.machine.page_shift
+        starts = object.__getattribute__(self, "_starts")
+        i = bisect_right(starts, vma.vm_start)
+        object.__getattribute__(self, "vmas").insert(i, vma)
+        starts.insert(i, vma.vm_start)
+        self._changed(vma, +1)
 
     def unlink(self, vma: vm_area_struct) -> None:
-        i = self.vmas.index(vma)
-        del self.vmas[i]
-        del self._starts[i]
-        self.total_vm -= (vma.vm_end - vma.vm_start) >> self.machine.page_shift
+        vmas = object.__getattribute__(self, "vmas")
+        i = vmas.index(vma)
+        del vmas[i]
+        del object.__getattribute__(self, "_starts")[i]
+        self._changed(vma, -1)
+
+    def _changed(self, vma: vm_area_struct, sign: int) -> None:
+        counter_add(self, "total_vm", sign * ((vma.vm_end - vma.vm_start)
+                                              >> self.machine.page_shift))
+        if SCHED.fp_step is not None:
+            self._stretches(vma.vm_start, vma.vm_end - 1, True)
+            touch_key((id(self), "vmas"), "add")
 
     def overlapping(self, start: int, end: int) -> list[vm_area_struct]:
         out = []
-        v = self.find_vma(start)
-        i = self.vmas.index(v) if v is not None else len(self.vmas)
-        while i < len(self.vmas) and self.vmas[i].vm_start < end:
-            out.append(self.vmas[i])
+        vmas = object.__getattribute__(self, "vmas")
+        v = self._find(start)
+        i = vmas.index(v) if v is not None else len(vmas)
+        while i < len(vmas) and vmas[i].vm_start < end:
+            out.append(vmas[i])
             i += 1
+        if SCHED.fp_step is not None:       # the answer: the VMAs meeting [start, end)
+            self._stretches(start, max(start, end - 1), False)
         return out

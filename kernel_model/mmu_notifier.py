@@ -70,9 +70,9 @@ class mmu_interval_notifier:
 
 
 def _subscriptions(mm: mm_struct) -> list[mmu_interval_notifier]:
-    subs = mm.__dict__.get("notifier_subscriptions")
+    subs = getattr(mm, "notifier_subscriptions", None)
     if subs is None:
-        subs = mm.__dict__["notifier_subscriptions"] = []
+        subs = mm.notifier_subscriptions = []
     return subs
 
 
@@ -90,7 +90,7 @@ def mmu_interval_notifier_insert(interval_sub: mmu_interval_notifier, mm: mm_str
         raise KernelError(EINVAL, "mmu_interval_notifier_insert: empty or wrapping range")
     interval_sub.ops, interval_sub.mm = ops, mm
     interval_sub.start, interval_sub.last = start, start + length - 1
-    interval_sub.invalidate_seq = mm.__dict__.get("notifier_seq", 1)
+    interval_sub.invalidate_seq = getattr(mm, "notifier_seq", 1)
     _subscriptions(mm).append(interval_sub)
 
 
@@ -124,7 +124,7 @@ def mmu_interval_set_seq(interval_sub: mmu_interval_notifier, cur_seq: int) -> N
 
 def mm_has_notifiers(mm: mm_struct) -> bool:
     """Mirrors mm_has_notifiers(): does anything mirror this address space?"""
-    return bool(mm.__dict__.get("notifier_subscriptions"))
+    return bool(getattr(mm, "notifier_subscriptions", None))
 
 
 def mmu_notifier_invalidate_range_start(rng: mmu_notifier_range) -> None:
@@ -142,9 +142,9 @@ def __mmu_notifier_invalidate_range_start(rng: mmu_notifier_range) -> None:
     every caller in the model may block.  # EMU: the kernel retries non-blocking
     callers; none exist in the model."""
     mm = rng.mm
-    subs = mm.__dict__["notifier_subscriptions"]
-    seq = mm.__dict__.get("notifier_seq", 1) + 2
-    mm.__dict__["notifier_seq"] = seq
+    subs = mm.notifier_subscriptions
+    seq = getattr(mm, "notifier_seq", 1) + 2
+    mm.notifier_seq = seq
     for sub in list(subs):
         if sub.start < rng.end and sub.last >= rng.start:
             if not sub.ops.invalidate(sub, rng, seq):

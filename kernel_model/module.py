@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import running
 from kernel_model.errno import EBUSY, EEXIST, ENOENT, EWOULDBLOCK, KernelError
+from kernel_model.slab import counter_add
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
@@ -152,19 +153,21 @@ def delete_module(machine: Machine, name: str, force: bool = False) -> None:
 
 
 def try_module_get(mod: module | None) -> bool:
-    """Mirrors try_module_get(): pin a module while its code may run."""
+    """Mirrors try_module_get(): pin a module while its code may run.  For partial-order
+    reduction an add (counter_add): gets and puts of different tasks commute."""
     if mod is not None:
-        mod.refcnt += 1
+        counter_add(mod, "refcnt", 1)
     return True
 
 
 def module_put(mod: module | None) -> None:
-    """Mirrors module_put()."""
+    """Mirrors module_put().  An add, as try_module_get: an unbalanced put underflows
+    in whichever order the tasks' gets and puts run (only where it is reported moves)."""
     if mod is not None:
-        if mod.refcnt <= 0:
+        if object.__getattribute__(mod, "refcnt") <= 0:
             mod.machine.report_bug("module_put", f"{mod} refcount underflow")
             return
-        mod.refcnt -= 1
+        counter_add(mod, "refcnt", -1)
 
 
 def machine_modules(machine: Machine) -> dict[str, module]:

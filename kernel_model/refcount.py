@@ -98,24 +98,34 @@ def atomic_sub_return(i: int, v: atomic_t) -> int:
     return atomic_add_return(-i, v)
 
 
+def _add(i: int, v: atomic_t) -> int:
+    """Add i to v without looking at the result: for partial-order reduction an "add",
+    which commutes with other adds (two increments end the same in either order) and
+    conflicts with reads and writes.  The value before."""
+    touch(v, "add")
+    old = v._counter
+    v._counter = _wrap(v, old + i)
+    return old
+
+
 def atomic_add(i: int, v: atomic_t) -> None:
     """Mirrors atomic_add()."""
-    atomic_add_return(i, v)
+    _add(i, v)
 
 
 def atomic_sub(i: int, v: atomic_t) -> None:
     """Mirrors atomic_sub()."""
-    atomic_add_return(-i, v)
+    _add(-i, v)
 
 
 def atomic_inc(v: atomic_t) -> None:
     """Mirrors atomic_inc()."""
-    atomic_add_return(1, v)
+    _add(1, v)
 
 
 def atomic_dec(v: atomic_t) -> None:
     """Mirrors atomic_dec()."""
-    atomic_add_return(-1, v)
+    _add(-1, v)
 
 
 def atomic_inc_return(v: atomic_t) -> int:
@@ -238,8 +248,11 @@ def refcount_inc_not_zero(r: refcount_t) -> bool:
 
 
 def refcount_add(i: int, r: refcount_t) -> None:
-    """Mirrors refcount_add(): WARN on addition to 0 or overflow."""
-    old = atomic_fetch_add(i, r.refs)
+    """Mirrors refcount_add(): WARN on addition to 0 or overflow.
+
+    An "add" for partial-order reduction (_add): increments commute with each other;
+    whichever of two runs first onto 0 WARNs, in either order."""
+    old = _add(i, r.refs)
     if old == 0:
         refcount_warn_saturate(r, REFCOUNT_ADD_UAF)
     elif old < 0 or old + i < 0 or old + i > INT_MAX:

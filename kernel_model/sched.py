@@ -232,6 +232,14 @@ class Scheduler:
         #: the running step's footprint (kernel_model.emu.explore.Step: .reads and
         #: .writes sets) while recording, for the fields of structs (kernel_model.slab)
         self.fp_step: Any = None
+        #: called (container, field) when a recorded step reads a struct field holding a
+        #: list, dict, set or deque: the recorder watches it, and the step that changes
+        #: it in place writes the field (kernel_model.slab)
+        self.fp_watch: Callable[[object, object], None] | None = None
+        #: while recording, every object a footprint names by its id (touched, or a
+        #: tracked struct): held until the run ends, so no id is reused by another
+        #: object meanwhile - a reused id would make two objects one
+        self.fp_keep: dict[int, object] | None = None
 
     def __repr__(self) -> str:
         return (f"Scheduler current={self.current.label} runnable={len(self.runq)} "
@@ -553,15 +561,26 @@ class Scheduler:
 SCHED = Scheduler()
 
 
-def touch(obj: object, write: bool = True) -> None:
+def touch(obj: object, write: bool | str = True) -> None:
     """Emulator-level: the running step reads (write=False) or writes `obj`, a shared
-    object another task may touch too.  Partial-order reduction (kernel_model.emu.
-    explore) orders two steps only when they touch a common object and one writes;
-    the primitives call this (locks, wait queues, atomics, kmalloc'd objects, memory),
-    so driver code never has to."""
+    object another task may touch too, or adds to it (write="add": a change that
+    commutes with other adds, such as an increment whose result nobody looks at).
+    Partial-order reduction (kernel_model.emu.explore) orders two steps only when they
+    touch a common object, one writing (or one adding and the other reading or
+    writing); the primitives call this (locks, wait queues, atomics, kmalloc'd
+    objects, memory), so driver code never has to."""
     fp = SCHED.fp
     if fp is not None:
         fp(obj, write)
+
+
+def touch_key(key: tuple, write: bool | str = True) -> None:
+    """Emulator-level: touch's twin for a part of a struct - `key` is (id(struct), ...),
+    e.g. one fd of a table or one 2 MiB stretch of an address space - so steps on
+    different parts do not conflict; a kfree of the struct conflicts with every part."""
+    st = SCHED.fp_step
+    if st is not None:
+        (st.reads if write is False else st.adds if write == "add" else st.writes).add(key)
 
 
 def touch_ram(mem: object, addr: int, n: int, write: bool) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kernel_model.current import live_machines
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import call_site, machine_now
-from kernel_model.sched import SCHED, touch
+from kernel_model.sched import SCHED, touch, touch_key
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
@@ -140,7 +140,9 @@ def _poison_class(cls: type) -> type:
 
 
 #: what reading an attribute hands out that the reader may then change in place: such a
-#: read counts as a write of the object for partial-order reduction
+#: read is a read of the field, and the recorder watches the container (Scheduler.
+#: fp_watch) so the step that changes it writes the field; a bytearray (a buffer, maybe
+#: large) is not watched - reading it counts as a write
 #: (by exact type: isinstance would ask a tracked object for its __class__ again)
 _MUTABLE = frozenset((list, dict, set, deque, bytearray, defaultdict, OrderedDict))
 _tracked: dict[type, type] = {}    # class -> its footprint-recording twin
@@ -157,12 +159,24 @@ def _tracked_class(cls: type) -> type:
     t = _tracked.get(cls)
     if t is None:
         get, put = cls.__getattribute__, cls.__setattr__
+        #: containers whose changes the class reports itself (touch_key, finer than
+        #: the field): reading one is a plain read, never watched
+        own = frozenset(getattr(cls, "POR_REPORTED", ()))
 
         def tracked_get(self: object, name: str) -> Any:
-            v = get(self, name)
+            try:
+                v = get(self, name)
+            except AttributeError:      # a field not set yet: a read all the same
+                st = SCHED.fp_step
+                if st is not None:
+                    st.reads.add((id(self), name))
+                raise
             st = SCHED.fp_step
             if st is not None:
-                (st.writes if type(v) in _MUTABLE else st.reads).add((id(self), name))
+                if type(v) in _MUTABLE and name not in own:
+                    SCHED.fp_watch(v, (id(self), name))    # type: ignore[misc]
+                else:
+                    st.reads.add((id(self), name))
             return v
 
         def tracked_set(self: object, name: str, value: object) -> None:
@@ -221,8 +235,11 @@ def _structs() -> list[type]:
 
 
 def _tracked_new(cls: type, *args: object, **kwargs: object) -> object:
-    twin = _tracked_class(cls) if SCHED.fp is not None else cls
-    return object.__new__(twin)
+    if SCHED.fp is None:
+        return object.__new__(cls)
+    obj = object.__new__(_tracked_class(cls))
+    SCHED.fp_keep[id(obj)] = obj            # type: ignore[index]
+    return obj
 
 
 def track_structs() -> None:
@@ -236,6 +253,14 @@ def track_structs() -> None:
     for cls in _structs():
         if vars(cls).get("__new__") is not _tracked_new:
             cls.__new__ = _tracked_new            # type: ignore[method-assign]
+
+
+def counter_add(obj: object, name: str, delta: int) -> None:
+    """Emulator-level: obj.name += delta, as a counter nobody reads back in the same
+    breath (mm->total_vm, rss): for partial-order reduction an add (touch_key), which
+    commutes with other adds and conflicts with a read of the field."""
+    object.__setattr__(obj, name, object.__getattribute__(obj, name) + delta)
+    touch_key((id(obj), name), "add")
 
 
 def kmalloc_obj(obj: T) -> T:
@@ -252,8 +277,10 @@ def kmalloc_obj(obj: T) -> T:
         raise KernelBug(f"kmalloc_obj: {type(obj).__name__} object {_safe_repr(obj)} is "
                         f"already allocated, at {live[id(obj)][1]}")
     live[id(obj)] = (obj, call_site(), SCHED.current.label)
-    if SCHED.fp is not None and type(obj) not in _tracked_classes:
-        object.__setattr__(obj, "__class__", _tracked_class(type(obj)))
+    if SCHED.fp is not None:
+        if type(obj) not in _tracked_classes:
+            object.__setattr__(obj, "__class__", _tracked_class(type(obj)))
+        SCHED.fp_keep[id(obj)] = obj        # type: ignore[index]
     return obj
 
 

@@ -48,6 +48,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator
+from operator import is_
 from typing import Any
 
 import attrs
@@ -66,7 +67,7 @@ from kernel_model.sched import (
     format_schedule,
     parse_schedule,
 )
-from kernel_model.slab import track_structs
+from kernel_model.slab import _tracked_classes, track_structs
 from kernel_model.trace import Tracer
 
 Program = Callable[[], Any]
@@ -97,6 +98,8 @@ class Step:
     point: int | None
     reads: set[Hashable]
     writes: set[Hashable]
+    #: what it added to (touch(obj, "add")): adds commute with each other only
+    adds: set[Hashable] = attrs.Factory(set)
     #: the tasks it made runnable (spawned or woke): their next steps come after it
     wakes: set[int] = attrs.Factory(set)
     #: the tasks it joined: it comes after their ends, if they have ended
@@ -148,6 +151,10 @@ class Recording(Strategy):
         """Hook the scheduler (run_once calls this and `remove` around the run)."""
         if self.footprints:
             SCHED.fp = self._touch
+            SCHED.fp_watch = self._watch
+            SCHED.fp_keep = self._keep = {}
+            self._watched: dict[int, list[Any]] = {}    # id -> [box, snapshot, fields]
+            self._tasks_watch: dict[int, dict[int, list[Any]]] = {}
             SCHED.on_switch.append(self._switched)
             track_structs()
             self._begin(SCHED.current, None)
@@ -155,10 +162,16 @@ class Recording(Strategy):
     def remove(self) -> None:
         """Unhook what install() hooked."""
         if self.footprints:
-            SCHED.fp = SCHED.fp_step = None
+            self._changes()
+            SCHED.fp = SCHED.fp_step = SCHED.fp_watch = SCHED.fp_keep = None
+            self._keep.clear()
             SCHED.on_switch.remove(self._switched)
+            self._watched.clear()
+            self._tasks_watch.clear()
 
     def _begin(self, task: Task, point: int | None) -> None:
+        if self.steps:
+            self._changes()
         st = Step(task.tid, point, set(), set())
         self.steps.append(st)
         # fields are recorded from the first decision on: before it main runs alone,
@@ -169,6 +182,10 @@ class Recording(Strategy):
         st = self.steps[-1]
         if write is True or write is False:
             (st.writes if write else st.reads).add(id(obj))
+            self._keep[id(obj)] = obj
+        elif write == "add":
+            st.adds.add(id(obj))
+            self._keep[id(obj)] = obj
         elif write == "wake":               # obj is a task this step made runnable
             st.wakes.add(obj.tid)
         elif write == "join":
@@ -176,11 +193,88 @@ class Recording(Strategy):
         else:                               # "exit": obj, the running task, ends
             st.ends = True
 
+    def _watch(self, box: Any, field: Hashable) -> None:
+        """A step read `field`, which holds the container `box`: a read, and its task
+        watches `box` from now on - the step of that task that changes it (through this
+        field or any reference it kept) writes every field `box` was read from.  A
+        bytearray (a buffer) or a container of more than WATCH_MAX items is not
+        watched: its read is a write."""
+        st = self.steps[-1]
+        if type(box) is bytearray or len(box) > WATCH_MAX or not _flat(box):
+            st.writes.add(field)
+            return
+        st.reads.add(field)
+        w = self._watched.get(id(box))
+        if w is None or w[0] is not box:
+            w = self._watched[id(box)] = [box, _snapshot(box), {field}]
+        else:
+            w[2].add(field)
+        self._tasks_watch.setdefault(st.tid, {})[id(box)] = w
+
+    def _changes(self) -> None:
+        """The step that is ending writes the fields of each container its task
+        watches and it changed since the last look (each of the task's steps ends with
+        one); a container grown past WATCH_MAX stops being watched (its fields stay
+        written)."""
+        st = self.steps[-1]
+        mine = self._tasks_watch.get(st.tid)
+        if not mine:
+            return
+        for key, w in list(mine.items()):
+            box, snap, fields = w
+            if _changed(box, snap):
+                st.writes.update(fields)
+                if len(box) > WATCH_MAX:
+                    del mine[key]
+                    continue
+                w[1] = _snapshot(box)
+
     def _switched(self, cur: Task, nxt: Task, reason: str) -> None:
         if self._decided == nxt.tid:        # the decision's step has begun already
             self._decided = None
         else:                               # a switch nobody chose: a new step
             self._begin(nxt, None)
+
+
+#: the most items a watched container may hold (Recording._watch): a bigger one's read is
+#: a write, so no step end compares a page array item by item
+WATCH_MAX = 64
+
+
+#: what a watched container may hold: values that cannot change in place, or tracked
+#: structs (whose fields record themselves); anything else - a list in a dict, an
+#: untracked object - could change unseen, so reading its container is a write
+_IMMUTABLE = frozenset((int, str, bytes, bool, float, type(None), frozenset, type))
+
+
+def _flat(box: Any) -> bool:
+    items = box.values() if isinstance(box, dict) else box
+    for x in items:
+        t = type(x)
+        if t not in _IMMUTABLE and t not in _tracked_classes and not (
+                t is tuple and all(type(y) in _IMMUTABLE for y in x)):
+            return False
+    return True
+
+
+def _snapshot(box: Any) -> Any:
+    """What _changed compares a watched container with: its items (a set's, by
+    value; a list's, deque's or dict's, by identity and order)."""
+    if type(box) is set:
+        return frozenset(box)
+    if isinstance(box, dict):
+        return tuple(box), tuple(box.values())
+    return tuple(box)
+
+
+def _changed(box: Any, snap: Any) -> bool:
+    if type(box) is set:
+        return box != snap
+    if isinstance(box, dict):
+        keys, values = snap
+        return (len(box) != len(keys) or not all(map(is_, box, keys))
+                or not all(map(is_, box.values(), values)))
+    return len(box) != len(snap) or not all(map(is_, box, snap))
 
 
 def _yielder(sched: Any, candidates: list[Task]) -> Task | None:
@@ -480,7 +574,8 @@ def _races(points: list[Point],
     """DPOR's race analysis of one run (Flanagan-Godefroid, with source-set initials).
 
     Steps j and k of different tasks race when they touch a common object, one of them
-    writing, and nothing else orders j before k: j happens-before neither k's task's
+    writing (or one adding and the other reading or writing: adds commute), and
+    nothing else orders j before k: j happens-before neither k's task's
     previous step nor k's other dependences (vector clocks over program order and the
     touched objects).  Such a race could go the other way, so for each one this yields
     (d, p, initials, every): the decision d where j's task was given the CPU (at or
@@ -499,6 +594,7 @@ def _races(points: list[Point],
     count: dict[int, int] = {}
     last_write: dict[Hashable, int] = {}        # object -> the step that wrote it last
     readers: dict[Hashable, dict[int, int]] = {}  # object -> task -> its latest read since
+    adders: dict[Hashable, dict[int, int]] = {}   # object -> task -> its latest add since
     fields: dict[int, set[Hashable]] = {}   # a struct's id -> its fields touched so far
     decision: list[int | None] = []        # each step's decision (at or before it)
     first_step: dict[int, int] = {}        # decision -> the step it began
@@ -528,7 +624,21 @@ def _races(points: list[Point],
             w = last_write.get(o)
             if w is not None:
                 deps.add(w)
+            ad = adders.get(o)
+            if ad:
+                deps.update(ad.values())
             if type(o) is tuple:           # a field: after a write of the whole struct
+                w = last_write.get(o[0])
+                if w is not None:
+                    deps.add(w)
+        for o in st.adds:                  # after writes and reads, not other adds
+            w = last_write.get(o)
+            if w is not None:
+                deps.add(w)
+            rd = readers.get(o)
+            if rd:
+                deps.update(rd.values())
+            if type(o) is tuple:
                 w = last_write.get(o[0])
                 if w is not None:
                     deps.add(w)
@@ -540,6 +650,9 @@ def _races(points: list[Point],
                 rd = readers.get(key)
                 if rd:
                     deps.update(rd.values())
+                ad = adders.get(key)
+                if ad:
+                    deps.update(ad.values())
             if type(o) is tuple:
                 w = last_write.get(o[0])
                 if w is not None:
@@ -573,9 +686,14 @@ def _races(points: list[Point],
             readers.setdefault(o, {})[tid] = k
             if type(o) is tuple:
                 fields.setdefault(o[0], set()).add(o)
+        for o in st.adds:
+            adders.setdefault(o, {})[tid] = k
+            if type(o) is tuple:
+                fields.setdefault(o[0], set()).add(o)
         for o in st.writes:
             last_write[o] = k
             readers.pop(o, None)
+            adders.pop(o, None)
             if type(o) is tuple:
                 fields.setdefault(o[0], set()).add(o)
 
@@ -662,9 +780,11 @@ class _DporSearch:
                     continue
                 for e in range(d, -1, -1):     # the last free switch before it
                     if pts[e].cur is None:
-                        if x in pts[e].cands:
-                            self._try(chosen, e, self._node(chosen, e), x,
-                                      (len(pts) - e) * (self.bound - npre[e] + 1) ** 3)
+                        # x there, else every task runnable there (Coons et al.)
+                        node = self._node(chosen, e)
+                        size = (len(pts) - e) * (self.bound - npre[e] + 1) ** 3
+                        for y in [x] if x in pts[e].cands else pts[e].cands:
+                            self._try(chosen, e, node, y, size)
                         break
 
     def _node(self, chosen: list[int], d: int) -> set[int]:

@@ -22,6 +22,7 @@ from kernel_model.emu.explore import (
 from kernel_model.emu.machine import Machine, live_machines
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import cond_resched, mutex_init, mutex_lock, mutex_unlock
+from kernel_model.refcount import atomic_add, atomic_inc, atomic_read, atomic_t
 from kernel_model.slab import kfree, kmalloc_obj
 
 OUTCOMES: list[tuple] = []
@@ -103,13 +104,83 @@ def locked_log() -> None:
         kfree(log)
 
 
+def counters() -> None:
+    """Two tasks add to one atomic_t (adds: they commute) while a third reads it."""
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        v = atomic_t(0)
+        seen = kmalloc_obj(Cell())
+
+    def add(n: int):
+        def body() -> None:
+            cond_resched()
+            atomic_add(n, v)
+            cond_resched()
+            atomic_inc(v)
+        return body
+
+    def look() -> None:
+        cond_resched()
+        seen.value = atomic_read(v)
+    with m.kernel():
+        ts = [kthread_run(add(1), name="a"), kthread_run(add(10), name="b"),
+              kthread_run(look, name="look")]
+    for t in ts:
+        t.join()
+    OUTCOMES.append((seen.value, atomic_read(v)))
+    with m.kernel():
+        kfree(seen)
+
+
+def only_adds() -> None:
+    """Two tasks only add to one atomic_t: every order ends the same."""
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        v = atomic_t(0)
+
+    def add() -> None:
+        for _ in range(3):
+            atomic_inc(v)
+            cond_resched()
+    with m.kernel():
+        ts = [kthread_run(add, name="a"), kthread_run(add, name="b")]
+    for t in ts:
+        t.join()
+    OUTCOMES.append((atomic_read(v),))
+
+
+def in_place() -> None:
+    """A list field changed in place through a reference kept across a scheduling
+    point, and a dict of lists changed inside, against a reader of each: the
+    recorder's watch must see both changes (or count the read as a write)."""
+    def append(cs: list) -> None:
+        kept = cs[0].value                 # read now, changed after the window
+        cond_resched()
+        kept.append("x")
+        cs[1].value["k"].append("y")       # a list inside a dict
+
+    def count(cs: list) -> None:
+        cond_resched()
+        cs[2].value = (len(cs[0].value), len(cs[1].value["k"]))
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        cs = [kmalloc_obj(Cell([])), kmalloc_obj(Cell({"k": []})), kmalloc_obj(Cell())]
+        ts = [kthread_run(append, cs, name="append"), kthread_run(count, cs, name="count")]
+    for t in ts:
+        t.join()
+    OUTCOMES.append(cs[2].value)
+    with m.kernel():
+        for c in cs:
+            kfree(c)
+
+
 def _outcomes(runs) -> tuple[set, int]:
     OUTCOMES.clear()
     n = sum(1 for _ in runs)
     return set(OUTCOMES), n
 
 
-@pytest.mark.parametrize("program", [independent, racy, locked_log])
+@pytest.mark.parametrize("program", [independent, racy, locked_log, counters, in_place])
 def test_por_reaches_every_outcome_the_plain_search_does(program):
     plain, n_plain = _outcomes(explore_dfs(program, bound=2))
     por, n_por = _outcomes(explore_dpor(program, bound=2))
@@ -123,6 +194,23 @@ def test_commuting_steps_are_one_schedule_not_hundreds():
     assert plain == por == {(3, 3, 3)}
     # what is left is the order of each thread's exit against main's join of it
     assert n_por * 20 <= n_plain
+
+
+def test_adds_commute_with_adds_not_with_reads():
+    outcomes, n = _outcomes(explore_dpor(only_adds, bound=2))
+    plain, n_plain = _outcomes(explore_dfs(only_adds, bound=2))
+    assert outcomes == plain == {(6,)}
+    assert n * 10 <= n_plain
+    # the reader sees 0, 1, 10, 11, 2, 12 ... - every value the plain search shows
+    seen, _ = _outcomes(explore_dpor(counters, bound=2))
+    assert {s for s, _ in seen} == {s for s, _ in _outcomes(explore_dfs(counters,
+                                                                        bound=2))[0]}
+    assert len({s for s, _ in seen}) > 3
+
+
+def test_a_change_in_place_is_seen_as_a_write():
+    outcomes, _ = _outcomes(explore_dpor(in_place, bound=1))
+    assert outcomes == {(0, 0), (1, 1)}
 
 
 def test_a_race_on_a_lock_is_tried_both_ways():

@@ -149,3 +149,16 @@ def test_the_reduction_meets_every_failure_the_plain_search_meets():
     por, n_por = checks(True)
     assert plain == por == {"UseAfterFree", "exception"}
     assert n_por * 10 < n_plain
+
+
+def test_a_branch_the_bound_moves_up_is_not_lost():
+    """An alternative that would cost a preemption the bound cannot pay moves to the
+    last decision where the CPU was free; when the task is not runnable there, every
+    task that is must be tried (Coons et al.'s conservative branch).  Trying none lost
+    the legacy dereg-vs-invalidate's use-after-free at bound 1, which the plain search
+    (1,907 schedules) finds."""
+    race = RACES["dereg-vs-invalidate"]
+    runs = list(explore_dpor(lambda: race.run(True), bound=1))
+    assert {r.failure.check for r in runs if r.failure is not None} == \
+        {"UseAfterFree", "deadlock"}
+    assert len(runs) < 200
