@@ -197,25 +197,26 @@ class Recording(Strategy):
         """A step read `field`, which holds the container `box`: a read, and its task
         watches `box` from now on - the step of that task that changes it (through this
         field or any reference it kept) writes every field `box` was read from.  A
-        bytearray (a buffer) or a container of more than WATCH_MAX items is not
-        watched: its read is a write."""
+        container it cannot follow (_watchable: a buffer, too big, holding something
+        that changes unseen) is not watched: its read is a write.  The snapshot is the
+        box's, shared by every task watching it; each compares at its own step ends."""
         st = self.steps[-1]
-        if type(box) is bytearray or len(box) > WATCH_MAX or not _flat(box):
-            st.writes.add(field)
-            return
-        st.reads.add(field)
         w = self._watched.get(id(box))
-        if w is None or w[0] is not box:
+        if w is None:                       # (ids are not reused while recording)
+            if not _watchable(box):
+                st.writes.add(field)
+                return
             w = self._watched[id(box)] = [box, _snapshot(box), {field}]
         else:
             w[2].add(field)
+        st.reads.add(field)
         self._tasks_watch.setdefault(st.tid, {})[id(box)] = w
 
     def _changes(self) -> None:
         """The step that is ending writes the fields of each container its task
         watches and it changed since the last look (each of the task's steps ends with
-        one); a container grown past WATCH_MAX stops being watched (its fields stay
-        written)."""
+        one); a container that can no longer be followed (_watchable) stops being
+        watched, by every task, and its next read is a write."""
         st = self.steps[-1]
         mine = self._tasks_watch.get(st.tid)
         if not mine:
@@ -224,8 +225,10 @@ class Recording(Strategy):
             box, snap, fields = w
             if _changed(box, snap):
                 st.writes.update(fields)
-                if len(box) > WATCH_MAX:
-                    del mine[key]
+                if not _watchable(box):     # its next read decides again: a write
+                    for watching in self._tasks_watch.values():
+                        watching.pop(key, None)
+                    del self._watched[key]
                     continue
                 w[1] = _snapshot(box)
 
@@ -247,7 +250,11 @@ WATCH_MAX = 64
 _IMMUTABLE = frozenset((int, str, bytes, bool, float, type(None), frozenset, type))
 
 
-def _flat(box: Any) -> bool:
+def _watchable(box: Any) -> bool:
+    """Can Recording._watch follow `box` by snapshots?  Not a bytearray, not more than
+    WATCH_MAX items, nothing inside that can change in place unseen."""
+    if type(box) is bytearray or len(box) > WATCH_MAX:
+        return False
     items = box.values() if isinstance(box, dict) else box
     for x in items:
         t = type(x)
@@ -599,6 +606,17 @@ def _races(points: list[Point],
     decision: list[int | None] = []        # each step's decision (at or before it)
     first_step: dict[int, int] = {}        # decision -> the step it began
     d_now: int | None = None
+
+    def after(deps: set[int], key: Hashable, reads: bool, adds: bool) -> None:
+        """The step comes after key's last write, and its reads and adds since if asked."""
+        w = last_write.get(key)
+        if w is not None:
+            deps.add(w)
+        for seen in (readers if reads else None, adders if adds else None):
+            by_task = seen.get(key) if seen is not None else None
+            if by_task:
+                deps.update(by_task.values())
+
     for k, st in enumerate(steps):
         tid = st.tid
         if st.point is not None:
@@ -621,42 +639,18 @@ def _races(points: list[Point],
                 _join(vc, vcs[e])
         deps: set[int] = set()
         for o in st.reads:
-            w = last_write.get(o)
-            if w is not None:
-                deps.add(w)
-            ad = adders.get(o)
-            if ad:
-                deps.update(ad.values())
-            if type(o) is tuple:           # a field: after a write of the whole struct
-                w = last_write.get(o[0])
-                if w is not None:
-                    deps.add(w)
+            after(deps, o, False, True)
         for o in st.adds:                  # after writes and reads, not other adds
-            w = last_write.get(o)
-            if w is not None:
-                deps.add(w)
-            rd = readers.get(o)
-            if rd:
-                deps.update(rd.values())
-            if type(o) is tuple:
-                w = last_write.get(o[0])
-                if w is not None:
-                    deps.add(w)
-        for o in st.writes:
+            after(deps, o, True, False)
+        for o in st.writes:                # a whole struct's (kfree): each field's too
             for key in (o, *fields.get(o, ())) if type(o) is int else (o,):
-                w = last_write.get(key)  # a write of a whole struct (kfree): of each field
-                if w is not None:
-                    deps.add(w)
-                rd = readers.get(key)
-                if rd:
-                    deps.update(rd.values())
-                ad = adders.get(key)
-                if ad:
-                    deps.update(ad.values())
-            if type(o) is tuple:
-                w = last_write.get(o[0])
-                if w is not None:
-                    deps.add(w)
+                after(deps, key, True, True)
+        for part in (st.reads, st.adds, st.writes):
+            for o in part:
+                if type(o) is tuple:       # a field: after a write of the whole struct
+                    w = last_write.get(o[0])
+                    if w is not None:
+                        deps.add(w)
         deps = {j for j in deps if steps[j].tid != tid}
         for j in deps:
             tj, lj = steps[j].tid, local[j]
