@@ -41,6 +41,7 @@ from kernel_model.errno import EINVAL, ENOMEM, KernelError
 from kernel_model.fs import cdev, cdev_add, cdev_del, file_operations
 from kernel_model.hw.amdgpu import PCI_VENDOR_ID_ATI
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
+from kernel_model.hw.page_stack import PageStack
 from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
 from kernel_model.mm import VM_DONTDUMP, VM_DONTEXPAND, VM_IO, VM_PFNMAP, vm_operations_struct
 from kernel_model.pci import PCI_ANY_ID, pci_driver, pci_register_driver, pci_unregister_driver
@@ -55,7 +56,7 @@ class kfd_dev:
     def __init__(self, gpu: Any, gpu_id: int):
         self.gpu = gpu
         self.gpu_id = gpu_id
-        self.free_pages = list(range(gpu.nr_pages - 1, -1, -1))
+        self.free_pages = PageStack(gpu.nr_pages)   # lowest on top
 
     def __repr__(self) -> str:
         return f"kfd_dev {self.gpu.name} gpu_id {self.gpu_id:#x}"

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from c_ext import U64Array
 from kernel_model.errno import EINVAL, ENOMEM, KernelError
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE
+from kernel_model.hw.page_stack import PageStack
 from kernel_model.locking import mutex_init, mutex_lock, mutex_unlock
 from kernel_model.sched import touch
 from kernel_model.trace import traced
@@ -78,7 +79,7 @@ class NvDevice:
         self.nv_queue: workqueue_struct = nv_queue
         self.rm_lock = mutex_init("rm_lock")
         # protected by rm_lock:
-        self.free_pages: list[int] = list(range(gpu.nr_pages - 1, -1, -1))  # a stack
+        self.free_pages = PageStack(gpu.nr_pages)   # lowest on top
         # BAR1 bookkeeping, as arrays the C loop (c_ext bar1_map/bar1_unmap) walks:
         # per GPU page its window + 1 and how many mappings use it; the free windows
         # as a stack (popped in ascending order) with its top in a one-slot array
