@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from kernel_model.current import current_or_none
 from kernel_model.errno import KernelBug
-from kernel_model.sched import SCHED, Task, touch
+from kernel_model.sched import SCHED, Named, Task, touch
 
 if TYPE_CHECKING:
     from kernel_model.emu.machine import Machine
@@ -196,7 +196,7 @@ def lock_acquire(lock: object, *, read: bool = False, trylock: bool = False,
     return entry
 
 
-class lockdep_map:
+class lockdep_map(Named):
     """Mirrors struct lockdep_map: a lock class with no lock behind it.
 
     Used for things that behave like a lock towards deadlocks without being

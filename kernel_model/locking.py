@@ -40,11 +40,11 @@ from kernel_model.lockdep import (
     machine_now,
     might_sleep,
 )
-from kernel_model.sched import SCHED, Task, touch
+from kernel_model.sched import SCHED, Named, Task, touch
 from kernel_model.trace import traced
 
 
-class _Lock:
+class _Lock(Named):
     """The owner/waiter machinery shared by spinlock_t and mutex."""
 
     atomic = False  # True: holding it is atomic context
@@ -229,7 +229,7 @@ def mutex_is_locked(lock: mutex) -> bool:
 
 # -- wait queues ---------------------------------------------------------------
 
-class wait_queue_head:
+class wait_queue_head(Named):
     """Mirrors wait_queue_head_t: tasks sleeping until a condition holds."""
 
     def __init__(self, name: str | None = None):
@@ -303,7 +303,7 @@ wake_up_all = wake_up
 
 # -- completions -----------------------------------------------------------------
 
-class completion:
+class completion(Named):
     """Mirrors struct completion: a count of `complete()`s and a wait queue."""
 
     def __init__(self, name: str | None = None):

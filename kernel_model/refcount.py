@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import machine_now
-from kernel_model.sched import SCHED, touch
+from kernel_model.sched import SCHED, Named, touch
 from kernel_model.trace import traced
 
 INT_MAX = (1 << 31) - 1
@@ -37,7 +37,7 @@ REFCOUNT_SATURATED = INT_MIN // 2
 
 # -- atomic_t / atomic64_t ----------------------------------------------------------
 
-class atomic_t:
+class atomic_t(Named):
     """Mirrors atomic_t: a 32-bit signed counter."""
 
     bits = 32
@@ -190,7 +190,7 @@ REFCOUNT_SUB_UAF = "underflow; use-after-free."
 REFCOUNT_DEC_LEAK = "decrement hit 0; leaking memory."
 
 
-class refcount_t:
+class refcount_t(Named):
     """Mirrors refcount_t: an atomic_t with saturation instead of wraparound."""
 
     def __init__(self, n: int = 1):

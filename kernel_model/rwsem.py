@@ -38,7 +38,7 @@ from kernel_model.lockdep import (
     machine_now,
     might_sleep,
 )
-from kernel_model.sched import SCHED, Task, touch
+from kernel_model.sched import SCHED, Named, Task, touch
 from kernel_model.trace import traced
 
 RWSEM_WAITING_FOR_WRITE, RWSEM_WAITING_FOR_READ = "write", "read"
@@ -72,7 +72,7 @@ class rwsem_waiter:
         return sem.readers[0] if sem.readers else None
 
 
-class rw_semaphore:
+class rw_semaphore(Named):
     """Mirrors struct rw_semaphore."""
 
     atomic = False

@@ -236,10 +236,13 @@ class Scheduler:
         #: list, dict, set or deque: the recorder watches it, and the step that changes
         #: it in place writes the field (kernel_model.slab)
         self.fp_watch: Callable[[object, object], None] | None = None
-        #: while recording, every object a footprint names by its id (touched, or a
-        #: tracked struct): held until the run ends, so no id is reused by another
-        #: object meanwhile - a reused id would make two objects one
-        self.fp_keep: dict[int, object] | None = None
+        #: while recording, called (object, made) for every object a footprint names by
+        #: its id - a tracked struct when it is made (made True), anything else when
+        #: first touched: the recorder holds it until the run ends, so no id is reused
+        #: by another object meanwhile (a reused id would make two objects one), and
+        #: numbers it in that order, a name that is the same in every run with the same
+        #: schedule prefix (sleep sets compare steps of different runs by it)
+        self.fp_keep: Callable[[object, bool], None] | None = None
 
     def __repr__(self) -> str:
         return (f"Scheduler current={self.current.label} runnable={len(self.runq)} "
@@ -561,6 +564,23 @@ class Scheduler:
 SCHED = Scheduler()
 
 
+class Named:
+    """Emulator-level base of the primitives that report their own touches (locks, wait
+    queues, atomics, xarrays): each is named when it is made, while partial-order
+    reduction records (Scheduler.fp_keep) - so its name comes from the order things
+    were made, the same in every run up to the decision where two runs part, not
+    from whichever step first touches it."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: object, **kwargs: object) -> Any:
+        obj = object.__new__(cls)
+        keep = SCHED.fp_keep
+        if keep is not None:
+            keep(obj, True)
+        return obj
+
+
 def touch(obj: object, write: bool | str = True) -> None:
     """Emulator-level: the running step reads (write=False) or writes `obj`, a shared
     object another task may touch too, or adds to it (write="add": a change that
@@ -589,6 +609,7 @@ def touch_ram(mem: object, addr: int, n: int, write: bool) -> None:
     into a data page do not conflict (touch's twin for memory)."""
     st = SCHED.fp_step
     if st is not None and n > 0:
+        SCHED.fp_keep(mem, False)           # type: ignore[misc]
         keys = st.writes if write else st.reads
         o = id(mem)
         for pfn in range(addr >> 12, ((addr + n - 1) >> 12) + 1):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kernel_model.current import live_machines
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import call_site, machine_now
-from kernel_model.sched import SCHED, touch, touch_key
+from kernel_model.sched import SCHED, Named, touch, touch_key
 from kernel_model.trace import traced
 
 if TYPE_CHECKING:
@@ -208,7 +208,8 @@ _scanned = [0]                # len(sys.modules) when _struct_classes was made
 def _is_struct(cls: type, modname: str) -> bool:
     if type(cls) is not type or cls.__module__ != modname:
         return False
-    if issubclass(cls, BaseException) or cls.__new__ not in (object.__new__, _tracked_new):
+    if issubclass(cls, BaseException) or cls.__new__ not in (object.__new__, _tracked_new,
+                                                             Named.__new__):
         return False
     if any("__init_subclass__" in vars(c) for c in cls.__mro__[:-1]):
         return False
@@ -238,7 +239,7 @@ def _tracked_new(cls: type, *args: object, **kwargs: object) -> object:
     if SCHED.fp is None:
         return object.__new__(cls)
     obj = object.__new__(_tracked_class(cls))
-    SCHED.fp_keep[id(obj)] = obj            # type: ignore[index]
+    SCHED.fp_keep(obj, True)                # type: ignore[misc]
     return obj
 
 
@@ -280,7 +281,7 @@ def kmalloc_obj(obj: T) -> T:
     if SCHED.fp is not None:
         if type(obj) not in _tracked_classes:
             object.__setattr__(obj, "__class__", _tracked_class(type(obj)))
-        SCHED.fp_keep[id(obj)] = obj        # type: ignore[index]
+        SCHED.fp_keep(obj, True)            # type: ignore[misc]
     return obj
 
 

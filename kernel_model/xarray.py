@@ -13,12 +13,12 @@ from typing import Any
 
 from kernel_model.errno import EBUSY, KernelError
 from kernel_model.locking import spin_lock_init
-from kernel_model.sched import touch
+from kernel_model.sched import Named, touch
 
 U32_MAX = 0xFFFFFFFF
 
 
-class xarray:
+class xarray(Named):
     """Mirrors struct xarray (XA_FLAGS_ALLOC): index -> entry, and its xa_lock."""
 
     def __init__(self, name: str = "xa_lock"):

@@ -107,6 +107,79 @@ class Step:
     ends: bool = False               # its task ended in it
 
 
+@attrs.frozen
+class Footprint:
+    """A step's footprint in names that hold across runs (Recording.names: objects
+    numbered in the order they were made or first touched, the same in every run up to
+    the decision where runs part), for sleep sets: a task put to sleep at a decision
+    keeps the footprint of the step it took there in another run."""
+
+    reads: frozenset[Hashable]
+    writes: frozenset[Hashable]
+    adds: frozenset[Hashable]
+    #: the structs named whole or by a field (a kfree's write of the whole struct
+    #: conflicts with every field)
+    heads: frozenset[Hashable]
+    #: the structs written whole
+    whole: frozenset[Hashable]
+    #: its task could still run when the step ended (it did not block or end): moving
+    #: the step earlier then costs a preemption after it (see _DporSearch.pop)
+    stays: bool = True
+
+    @classmethod
+    def of(cls, st: Step, names: dict[int, tuple[int, int, bool]],
+           point: int | None = None) -> Footprint | None:
+        """`st`'s footprint by names.  With `point` (the decision st began at): None
+        when a name is not stable there - given to an object older than the decision
+        when st first touched it; objects nobody named get names of their own that
+        match no other (only another run's step at `point` could hold them)."""
+        heads: set[Hashable] = set()
+        whole: set[Hashable] = set()
+
+        def name(k: int) -> Hashable:
+            n = names.get(k)
+            if n is None:
+                if point is not None:
+                    raise _Unstable
+                return ("?", k)
+            if point is not None and n[1] > point and not n[2]:
+                raise _Unstable
+            return n[0]
+
+        def rename(keys: set[Hashable], written: bool) -> frozenset[Hashable]:
+            out = set()
+            for k in keys:
+                if type(k) is tuple:
+                    h = name(k[0])
+                    k = (h, *k[1:])
+                else:
+                    h = k = name(k)             # type: ignore[arg-type]
+                    if written:
+                        whole.add(h)
+                heads.add(h)
+                out.add(k)
+            return frozenset(out)
+
+        try:
+            fp = (rename(st.reads, False), rename(st.writes, True), rename(st.adds, False))
+        except _Unstable:
+            return None
+        return cls(*fp, frozenset(heads), frozenset(whole))
+
+    def conflicts(self, o: Footprint) -> bool:
+        """Do the two steps conflict: a common object, one writing (or one adding and
+        the other reading or writing), or a whole struct written and a field of it
+        touched?"""
+        return bool(self.writes & (o.reads | o.writes | o.adds)
+                    or o.writes & (self.reads | self.adds)
+                    or self.adds & o.reads or o.adds & self.reads
+                    or self.whole & o.heads or o.whole & self.heads)
+
+
+class _Unstable(Exception):
+    """Footprint.of: a name that another run could give to another object."""
+
+
 class Recording(Strategy):
     """Make the decisions of `prefix` (task ids), then those of `base`; record them all.
 
@@ -115,7 +188,8 @@ class Recording(Strategy):
     here, and objects kmalloc'd meanwhile report their attribute reads and writes."""
 
     def __init__(self, prefix: list[int], base: Strategy | None = None,
-                 lenient: bool = False, footprints: bool = False):
+                 lenient: bool = False, footprints: bool = False,
+                 sleep: dict[int, Sleeper] | None = None, bound: int | None = None):
         self.prefix = prefix
         self.base = base or DefaultStrategy()
         self.lenient = lenient        # a prefix step that cannot be taken: the base's
@@ -123,6 +197,19 @@ class Recording(Strategy):
         self.footprints = footprints
         self.steps: list[Step] = []
         self._decided: int | None = None   # the task the last decision switches to
+        #: each named object's id -> (its name, the decisions made before it was named,
+        #: made while recording): see Scheduler.fp_keep and Footprint
+        self.names: dict[int, tuple[int, int, bool]] = {}
+        #: the sleep set (task -> the footprint of the step it would take, and whether
+        #: it prunes: Sleeper), from the last decision of the prefix on: a sleeping task
+        #: is not chosen after the prefix while another can run within the preemption
+        #: `bound`, and wakes when a step conflicts with its footprint (explore_dpor)
+        self.sleep: dict[int, Sleeper] = {}
+        self._sleep = dict(sleep or {})     # put to sleep at the prefix's last decision
+        #: the sleep set at each decision from the prefix's last on (where not empty)
+        self.sleep_at: dict[int, dict[int, Sleeper]] = {}
+        self.bound = bound
+        self._npre = 0
 
     def choose(self, sched: Any, candidates: list[Task], reason: str) -> Task:
         i = len(self.points)
@@ -140,10 +227,17 @@ class Recording(Strategy):
                                        f"runnable: {[t.tid for t in candidates]}")
         if pick is None:
             pick = self.base.choose(sched, candidates, reason)
+            if pick.tid in self.sleep:
+                pick = self._awake(sched, candidates, reason, cur, pick)
         self.points.append(Point([t.tid for t in candidates], cur, pick.tid))
+        self._npre += self.points[-1].preempts
         if self.footprints:
             self._begin(pick, i)
             self._decided = None if pick is sched.current else pick.tid
+            if i == len(self.prefix) - 1:
+                self.sleep = self._sleep
+            if self.sleep:
+                self.sleep_at[i] = dict(self.sleep)
         return pick
 
     # -- footprints ---------------------------------------------------------------------
@@ -152,7 +246,8 @@ class Recording(Strategy):
         if self.footprints:
             SCHED.fp = self._touch
             SCHED.fp_watch = self._watch
-            SCHED.fp_keep = self._keep = {}
+            SCHED.fp_keep = self._name
+            self._keep: dict[int, Any] = {}
             self._watched: dict[int, list[Any]] = {}    # id -> [box, snapshot, fields]
             self._tasks_watch: dict[int, dict[int, list[Any]]] = {}
             SCHED.on_switch.append(self._switched)
@@ -163,15 +258,40 @@ class Recording(Strategy):
         """Unhook what install() hooked."""
         if self.footprints:
             self._changes()
+            if self.sleep:
+                self._wake(self.steps[-1])
             SCHED.fp = SCHED.fp_step = SCHED.fp_watch = SCHED.fp_keep = None
             self._keep.clear()
             SCHED.on_switch.remove(self._switched)
             self._watched.clear()
             self._tasks_watch.clear()
 
+    def _awake(self, sched: Any, candidates: list[Task], reason: str, cur: int | None,
+               pick: Task) -> Task:
+        """The base strategy picked a sleeping task: the base's choice among the tasks
+        awake instead - unless none is, or taking one costs a preemption the bound
+        cannot pay (then the sleeper runs, and its step wakes it)."""
+        awake = [t for t in candidates if t.tid not in self.sleep]
+        if not awake:
+            return pick
+        other = self.base.choose(sched, awake, reason)
+        cost = cur is not None and other.tid != cur and pick.tid == cur
+        if cost and (self.bound is None or self._npre + 1 > self.bound):
+            return pick
+        return other
+
+    def _name(self, obj: Any, made: bool) -> None:
+        """Scheduler.fp_keep: hold `obj` for the run and name it (in order)."""
+        i = id(obj)
+        if i not in self.names:
+            self._keep[i] = obj
+            self.names[i] = (len(self.names), len(self.points), made)
+
     def _begin(self, task: Task, point: int | None) -> None:
         if self.steps:
             self._changes()
+            if self.sleep:
+                self._wake(self.steps[-1])
         st = Step(task.tid, point, set(), set())
         self.steps.append(st)
         # fields are recorded from the first decision on: before it main runs alone,
@@ -182,10 +302,10 @@ class Recording(Strategy):
         st = self.steps[-1]
         if write is True or write is False:
             (st.writes if write else st.reads).add(id(obj))
-            self._keep[id(obj)] = obj
+            self._name(obj, False)
         elif write == "add":
             st.adds.add(id(obj))
-            self._keep[id(obj)] = obj
+            self._name(obj, False)
         elif write == "wake":               # obj is a task this step made runnable
             st.wakes.add(obj.tid)
         elif write == "join":
@@ -231,6 +351,25 @@ class Recording(Strategy):
                     del self._watched[key]
                     continue
                 w[1] = _snapshot(box)
+
+    def _wake(self, st: Step) -> None:
+        """Step `st` has ended: its task, and every sleeper whose step conflicts with
+        it, wake (leave the sleep set)."""
+        self.sleep.pop(st.tid, None)
+        if self.sleep:
+            fp = Footprint.of(st, self.names)
+            for t in [t for t, (f, _) in self.sleep.items() if f.conflicts(fp)]:
+                del self.sleep[t]
+
+    def footprint(self, point: int) -> Footprint | None:
+        """The footprint, in names every run with the same prefix gives alike, of the
+        step that began at decision `point` - None if there is none, or it touched an
+        object first named in that step that was not made in it (an object older than
+        the decision, named in another order in another run)."""
+        for st in self.steps:
+            if st.point == point:
+                return Footprint.of(st, self.names, point)
+        return None
 
     def _switched(self, cur: Task, nxt: Task, reason: str) -> None:
         if self._decided == nxt.tid:        # the decision's step has begun already
@@ -708,12 +847,26 @@ def _hb(vcs: list[list[int]], steps: list[Step], local: list[int], i: int,
 
 
 _Races = list[tuple[int, int, set[int], bool]]
+#: each decision's step's footprint (Recording.footprint), for the decisions a search
+#: may branch at
+_Fps = dict[int, "Footprint | None"]
+#: a sleeping task's entry: the footprint of the step it would take, and whether a
+#: search may skip it where it sleeps (_DporSearch.pop)
+Sleeper = tuple["Footprint", bool]
+#: the sleep set at each decision a search may branch at
+_Slept = dict[int, dict[int, Sleeper]]
 
 
-def _dpor_step(program: Program, prefix: list[int]) -> tuple[Run, _Races]:
+def _dpor_step(program: Program, prefix: list[int],
+               sleep: dict[int, Sleeper] | None = None,
+               bound: int | None = None) -> tuple[Run, _Races, _Fps, _Slept]:
     """One run of the DPOR search: the run, and its races (_races), each decision's
-    first one only where several races name the same task there."""
-    rec = Recording(prefix, footprints=True)
+    first one only where several races name the same task there; and the footprints
+    of the steps that began at the decisions the search may branch at (the prefix's
+    last, the races', and those where the CPU was free), for the sleep sets of the
+    runs that branch there, and the sleep sets at those decisions.  `sleep` is this
+    run's sleep set (Recording)."""
+    rec = Recording(prefix, footprints=True, sleep=sleep, bound=bound)
     run = run_once(program, rec)
     seen: set[tuple[int, int, bool]] = set()
     races = []
@@ -722,7 +875,25 @@ def _dpor_step(program: Program, prefix: list[int]) -> tuple[Run, _Races]:
         if (d, p, every) not in seen:
             seen.add((d, p, every))
             races.append(race)
-    return run, races
+    want = {d for d, _p, _l, _e in races}
+    want.update(i for i, pt in enumerate(run.points) if pt.cur is None and len(pt.cands) > 1)
+    if prefix:
+        want.add(len(prefix) - 1)
+    fps: _Fps = {}
+    steps = rec.steps
+    for i, st in enumerate(steps):
+        if st.point in want:
+            fp = Footprint.of(st, rec.names, st.point)
+            if fp is not None:
+                # did its task stay runnable: the next step began at a decision (not
+                # a forced switch) with the task among the runnable?
+                nxt = steps[i + 1] if i + 1 < len(steps) else None
+                stays = (nxt is not None and nxt.point is not None
+                         and st.tid in run.points[nxt.point].cands)
+                fp = attrs.evolve(fp, stays=stays)
+            fps[st.point] = fp
+    return run, races, fps, {d: rec.sleep_at[d] for d in want if d in rec.sleep_at}
+
 
 
 #: a sharded DPOR search splits once this many prefixes per shard wait to be run
@@ -732,8 +903,9 @@ SPLIT_AT = 8
 _WORKER_PROGRAM: list[Program] = []
 
 
-def _dpor_worker(prefix: list[int]) -> tuple[Run, _Races]:
-    return _dpor_step(_WORKER_PROGRAM[0], prefix)
+def _dpor_worker(job: tuple[list[int], dict[int, Sleeper], int]
+                 ) -> tuple[Run, _Races, _Fps, _Slept]:
+    return _dpor_step(_WORKER_PROGRAM[0], *job)
 
 
 class _DporSearch:
@@ -741,8 +913,9 @@ class _DporSearch:
     alternatives to try (keyed by the schedule prefix that reaches them) and the
     prefixes still to run."""
 
-    def __init__(self, bound: int):
+    def __init__(self, bound: int, sleep_sets: bool = True):
         self.bound = bound
+        self.sleep_sets = sleep_sets
         #: each decision with alternatives (keyed by the prefix reaching it): the tasks
         #: tried there or waiting to be (DPOR's backtrack and done sets in one)
         self.tried: dict[tuple[int, int], set[int]] = {}
@@ -750,14 +923,70 @@ class _DporSearch:
         #: left after it in the run that found it, times the cube of one more than the
         #: preemptions it may still spend (it splits dereg-vs-invalidate 128/237/214/211)
         self.stack: list[tuple[list[int], int]] = [([], 1)]
+        #: each decision with alternatives: the footprint of the step each task tried
+        #: there took (None: not comparable across runs) - its sleep set's source
+        self.fps: dict[tuple[int, int], dict[int, Footprint | None]] = {}
+        #: each decision with alternatives: the sleep set there, in the one run that
+        #: reached it by going on (the run that gave it its first alternative), and the
+        #: task that could have gone on running there (Point.cur)
+        self.slept: dict[tuple[int, int], dict[int, Sleeper]] = {}
+        self.cur: dict[tuple[int, int], int | None] = {}
+        self._fps: _Fps = {}                # the run add() is taking in: its footprints,
+        self._slept: _Slept = {}            # sleep sets and decisions
+        self._pts: list[Point] = []
 
-    def add(self, run: Run, races: _Races) -> None:
-        """Turn one run's races into alternatives at its decisions (within the bound)."""
+    def pop(self, last: bool) -> tuple[list[int], dict[int, Sleeper], int]:
+        """The next prefix to run (the last pushed, else the first), with its sleep
+        set (sleep sets, Godefroid 1996): the tasks already tried at the prefix's last
+        decision d, each with the footprint of the step it took there, and the sleep
+        set d had.  A sleeping task whose step would come first once it conflicts with
+        nothing before it makes a run equivalent to one of its own subtree, so it is
+        not chosen (Recording) until a step conflicts with its footprint.
+
+        Under a preemption bound that equivalent run may cost more: moving task t's
+        step from later to d costs c(t) at d (a preemption if another could have gone
+        on) and one after it if t stays runnable, and saves c(y) of the task y chosen
+        at d - never more (dropping a step from between two others never adds a
+        preemption).  So a branch to t where t sleeps is skipped (_try) only when
+        c(t) + stays <= c(y): its runs' equivalents in t's subtree are within the
+        bound whenever they are.  A sleeper that costs more still steers the run, it
+        never prunes - pruning it loses schedules a bounded search must run (the
+        counters toy in tests/kernel_model/test_explore_dpor.py)."""
+        prefix = self.stack.pop() if last else self.stack.pop(0)
+        p = prefix[0]
+        sleep: dict[int, Sleeper] = {}
+        if p and self.sleep_sets:
+            d = len(p) - 1
+            key = (d, hash(tuple(p[:d])))
+            cur = self.cur.get(key)
+            y = p[d]
+
+            def cost(t: int) -> int:
+                return int(cur is not None and t != cur)
+            sleep = dict(self.slept.get(key, {}))
+            for t, f in self.fps.get(key, {}).items():
+                if f is not None and t not in sleep:
+                    sleep[t] = (f, cost(t) + f.stays <= cost(y))
+            sleep.pop(y, None)
+        return p, sleep, self.bound
+
+    def add(self, run: Run, races: _Races, fps: _Fps | None = None,
+            slept: _Slept | None = None) -> None:
+        """Turn one run's races into alternatives at its decisions (within the bound);
+        keep its steps' footprints (`fps`) at the decisions that have alternatives."""
         pts = run.points
         chosen = [p.chosen for p in pts]
+        if fps:
+            for d, fp in fps.items():
+                node = self.fps.get((d, hash(tuple(chosen[:d]))))
+                if node is not None:
+                    node.setdefault(chosen[d], fp)
+        self._fps = fps or {}
+        self._slept = slept or {}
         npre = [0] * (len(pts) + 1)
         for i, p in enumerate(pts):
             npre[i + 1] = npre[i] + p.preempts
+        self._pts = pts
         for d, p, lead, every in races:
             node = self._node(chosen, d)
             if every:
@@ -787,12 +1016,17 @@ class _DporSearch:
         if node is None:
             # first visit with an alternative: every run through it so far chose this
             node = self.tried[key] = {chosen[d]}
+            self.fps[key] = {chosen[d]: self._fps.get(d)}
+            self.slept[key] = self._slept.get(d, {})
+            self.cur[key] = self._pts[d].cur
         return node
 
     def _try(self, chosen: list[int], d: int, node: set[int], x: int, size: int) -> None:
         if x not in node:
             node.add(x)
-            self.stack.append((chosen[:d] + [x], size))
+            asleep = self.slept.get((d, hash(tuple(chosen[:d]))), {}).get(x)
+            if asleep is None or not asleep[1]:    # (a pruning sleeper: explored)
+                self.stack.append((chosen[:d] + [x], size))
 
     def split(self, index: int, count: int) -> None:
         """Keep part `index` of `count` of the prefixes waiting: the same greedy
@@ -811,7 +1045,8 @@ class _DporSearch:
 
 
 def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = None,
-                 shard: tuple[int, int] = (0, 1), jobs: int = 1) -> Iterator[Run]:
+                 shard: tuple[int, int] = (0, 1), jobs: int = 1,
+                 sleep_sets: bool = True) -> Iterator[Run]:
     """The schedules of explore_dfs, one per equivalence class: dynamic partial-order
     reduction (Flanagan-Godefroid DPOR) within the same preemption bound.
 
@@ -835,7 +1070,7 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
     that leads back above the split may be run by two shards, never by none.  Shard 0
     reports the shared first schedules."""
     index, count = shard
-    search = _DporSearch(bound)
+    search = _DporSearch(bound, sleep_sets)
     runs = 0
     split = count == 1
     pool = None
@@ -850,16 +1085,16 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
     try:
         while search.stack and (max_schedules is None or runs < max_schedules):
             if not split:                      # breadth first until the split
-                results = [_dpor_step(program, search.stack.pop(0)[0])]
+                results = [_dpor_step(program, *search.pop(False))]
             elif pool is None:
-                results = [_dpor_step(program, search.stack.pop()[0])]
+                results = [_dpor_step(program, *search.pop(True))]
             else:
                 left = None if max_schedules is None else max_schedules - runs
-                batch = [search.stack.pop()[0] for _ in range(min(jobs, len(search.stack),
-                                                               left or jobs))]
+                batch = [search.pop(True) for _ in range(min(jobs, len(search.stack),
+                                                          left or jobs))]
                 results = pool.map(_dpor_worker, batch, chunksize=1)
-            for run, races in results:
-                search.add(run, races)
+            for run, races, fps, slept in results:
+                search.add(run, races, fps, slept)
                 if not split and len(search.stack) >= SPLIT_AT * count:
                     search.split(index, count)
                     split = True

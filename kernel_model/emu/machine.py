@@ -80,6 +80,8 @@ class Machine:
         self._mem_map = mmap.mmap(-1, self.nr_pages * 16, flags=flags)
         self.mem = c_ext.MemCtx(self._ram, self._mem_map, self.nr_pages, self.page_shift,
                                 self.levels)
+        if SCHED.fp_keep is not None:   # named when made, as a struct is (Footprint)
+            SCHED.fp_keep(self.mem, True)
         self.ops = c_ext.backend(backend)
         self.zone = zone(self)
         # pfn 0 stays reserved, as on x86: a zero physical address never names a page

@@ -12,7 +12,9 @@ import gc
 import pytest
 
 from kernel_model.emu.explore import (
+    Footprint,
     Recording,
+    Step,
     explore,
     explore_dfs,
     explore_dpor,
@@ -23,6 +25,7 @@ from kernel_model.emu.machine import Machine, live_machines
 from kernel_model.kthread import kthread_run
 from kernel_model.locking import cond_resched, mutex_init, mutex_lock, mutex_unlock
 from kernel_model.refcount import atomic_add, atomic_inc, atomic_read, atomic_t
+from kernel_model.sched import SCHED, touch
 from kernel_model.slab import kfree, kmalloc_obj
 
 OUTCOMES: list[tuple] = []
@@ -174,6 +177,29 @@ def in_place() -> None:
             kfree(c)
 
 
+def handoff() -> None:
+    """The writer hands the CPU on (sched_yield) just before it writes x: the run that
+    tries it first at the reader's read yields back to the reader unless the reader
+    sleeps (sleep sets) - without them the race is tried again, in vain."""
+    def reader(cs: list) -> None:
+        cond_resched()
+        v = cs[0].value
+        cond_resched()
+        cs[1].value = v + 10
+
+    def writer(cs: list) -> None:
+        cond_resched()
+        SCHED.yield_("sched_yield")
+        cs[0].value = 1
+        cond_resched()
+        cs[2].value = cs[2].value + 1
+
+    def other(cs: list) -> None:
+        cond_resched()
+        cs[2].value = cs[2].value + 2
+    OUTCOMES.append(tuple(_run_tasks([reader, writer, other], 3)))
+
+
 def _outcomes(runs) -> tuple[set, int]:
     OUTCOMES.clear()
     n = sum(1 for _ in runs)
@@ -186,6 +212,70 @@ def test_por_reaches_every_outcome_the_plain_search_does(program):
     por, n_por = _outcomes(explore_dpor(program, bound=2))
     assert por == plain
     assert n_por <= n_plain
+
+
+@pytest.mark.parametrize("program,bound", [(counters, 0), (racy, 1), (counters, 2),
+                                           (handoff, 1), (handoff, 2)])
+def test_sleep_sets_prune_only_what_the_bound_would_run_elsewhere(program, bound):
+    """A branch to a sleeping task is skipped only when its runs' equivalents in that
+    task's own subtree cost no more preemptions: pruning every sleeper loses
+    counters' (11, 13) at bound 0 and racy's (1, 1, 5) at bound 1."""
+    plain, _ = _outcomes(explore_dfs(program, bound=bound))
+    por, _ = _outcomes(explore_dpor(program, bound=bound))
+    assert por == plain
+
+
+def test_a_sleeping_task_spares_a_rerun_of_the_same_race():
+    asleep, n = _outcomes(explore_dpor(handoff, bound=1))
+    awake, n_awake = _outcomes(explore_dpor(handoff, bound=1, sleep_sets=False))
+    assert asleep == awake == {(1, 10, 3), (1, 11, 3)}
+    assert n < n_awake
+
+
+def test_footprints_name_objects_alike_in_every_run_with_the_prefix():
+    """Steps of two runs are compared by names (the order objects were made or first
+    touched), never by id: two runs of one prefix give the same footprint."""
+    prefix = [p.chosen for p in run_once(counters, Recording([])).points]
+    fps = []
+    for _ in range(2):
+        rec = Recording(prefix, footprints=True)
+        run_once(counters, rec)
+        fps.append([rec.footprint(d) for d in range(len(prefix))])
+    assert fps[0] == fps[1]
+    assert any(f is not None and f.adds for f in fps[0])      # the atomic_add's step
+
+
+def test_an_object_first_named_in_the_step_makes_its_footprint_incomparable():
+    """An object older than the decision, first touched in the step, could get another
+    name in a run that touches something else first: no footprint (never a sleeper)."""
+    old = [object()]                    # made before the run: named when first touched
+
+    def late_touch() -> None:
+        def body(cs: list) -> None:
+            cond_resched()
+            touch(old[0])
+
+        def idle(cs: list) -> None:
+            cond_resched()
+        _run_tasks([idle, body], 1)
+    rec = Recording([], footprints=True)
+    run_once(late_touch, rec)
+    d = next(st.point for st in rec.steps if st.point is not None
+             and id(old[0]) in st.writes)
+    assert rec.footprint(d) is None
+
+
+def test_adds_conflict_with_reads_either_way_round():
+    names = {i: (100 + i, 0, True) for i in (1, 2, 7)}     # id -> (name, when, made)
+
+    def fp(reads=(), writes=(), adds=()):
+        return Footprint.of(Step(0, None, set(reads), set(writes), set(adds)), names)
+    reader, adder, other = fp(reads={1}), fp(adds={1}), fp(adds={2})
+    assert reader.conflicts(adder) and adder.conflicts(reader)
+    assert not adder.conflicts(fp(adds={1})) and not reader.conflicts(fp(reads={1}))
+    assert not other.conflicts(reader)
+    # a kfree (the whole struct written) conflicts with any field of it
+    assert fp(writes={7}).conflicts(fp(reads={(7, "value")}))
 
 
 def test_commuting_steps_are_one_schedule_not_hundreds():
