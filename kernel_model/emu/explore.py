@@ -272,6 +272,10 @@ class Recording(Strategy):
         awake instead - unless none is, or taking one costs a preemption the bound
         cannot pay (then the sleeper runs, and its step wakes it)."""
         awake = [t for t in candidates if t.tid not in self.sleep]
+        if sched.current in candidates and candidates[0] is not sched.current:
+            # a yield: the yielder waits for the others - spinning on instead of a
+            # sleeper would only spend the bound on polls
+            awake = [t for t in awake if t is not sched.current]
         if not awake:
             return pick
         other = self.base.choose(sched, awake, reason)
