@@ -296,6 +296,8 @@ class Recording(Strategy):
             self._changes()
             if self.sleep:
                 self._wake(self.steps[-1])
+        if self.sleep:                      # a sleeper given the CPU is awake
+            self.sleep.pop(task.tid, None)
         st = Step(task.tid, point, set(), set())
         self.steps.append(st)
         # fields are recorded from the first decision on: before it main runs alone,

@@ -265,6 +265,35 @@ def test_an_object_first_named_in_the_step_makes_its_footprint_incomparable():
     assert rec.footprint(d) is None
 
 
+def test_a_yielder_is_not_kept_on_in_place_of_a_sleeper():
+    """At a sched_yield the yielder waits for the others: when the task it hands the
+    CPU to sleeps and nobody else is awake, the sleeper runs - keeping the poller on
+    would only spend the bound on polls that find nothing."""
+    def poll(cs: list) -> None:
+        while cs[0].value == 0:
+            SCHED.yield_("sched_yield")
+
+    def write(cs: list) -> None:
+        cond_resched()
+        cs[0].value = 1
+
+    def program() -> None:
+        _run_tasks([poll, write], 1)
+    pts = run_once(program, Recording([])).points
+    # the poller's first yield: the task running goes last, the CPU goes to cands[0]
+    y = next(i for i in range(1, len(pts))
+             if pts[i].cands[-1] == pts[i - 1].chosen != pts[i].cur)
+    writer = pts[y].cands[0]
+    never_wakes = Footprint.of(Step(writer, None, set(), set()), {})
+    # the writer sleeps from the decision before the yield on, woken by nothing
+    rec = Recording([p.chosen for p in pts[:y]], footprints=True,
+                    sleep={writer: (never_wakes, False)}, bound=2)
+    run = run_once(program, rec)
+    assert run.failure is None
+    assert run.points[y].chosen == writer and not run.points[y].preempts
+    assert not any(p.preempts for p in run.points)
+
+
 def test_adds_conflict_with_reads_either_way_round():
     names = {i: (100 + i, 0, True) for i in (1, 2, 7)}     # id -> (name, when, made)
 
