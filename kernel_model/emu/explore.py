@@ -258,8 +258,6 @@ class Recording(Strategy):
         """Unhook what install() hooked."""
         if self.footprints:
             self._changes()
-            if self.sleep:
-                self._wake(self.steps[-1])
             SCHED.fp = SCHED.fp_step = SCHED.fp_watch = SCHED.fp_keep = None
             self._keep.clear()
             SCHED.on_switch.remove(self._switched)
@@ -359,23 +357,36 @@ class Recording(Strategy):
                 w[1] = _snapshot(box)
 
     def _wake(self, st: Step) -> None:
-        """Step `st` has ended: its task, and every sleeper whose step conflicts with
-        it, wake (leave the sleep set)."""
-        self.sleep.pop(st.tid, None)
-        if self.sleep:
-            fp = Footprint.of(st, self.names)
-            for t in [t for t, (f, _) in self.sleep.items() if f.conflicts(fp)]:
-                del self.sleep[t]
+        """Step `st` has ended: every sleeper whose step conflicts with it wakes (leaves
+        the sleep set; its own task left it when the step began)."""
+        fp = Footprint.of(st, self.names)
+        for t in [t for t, (f, _) in self.sleep.items() if f.conflicts(fp)]:
+            del self.sleep[t]
+
+    def footprints_at(self, points: set[int]) -> dict[int, Footprint | None]:
+        """The footprints, in names every run with the same prefix gives alike, of the
+        steps that began at the decisions `points` - None for one that touched an
+        object first named in that step that was not made in it (an object older than
+        the decision, named in another order in another run).  `stays` says whether
+        the task could still run after it: the next step began at a decision (not a
+        forced switch) with the task among the runnable."""
+        out: dict[int, Footprint | None] = {}
+        steps = self.steps
+        for i, st in enumerate(steps):
+            if st.point not in points:
+                continue
+            fp = Footprint.of(st, self.names, st.point)
+            if fp is not None:
+                nxt = steps[i + 1] if i + 1 < len(steps) else None
+                stays = (nxt is not None and nxt.point is not None
+                         and st.tid in self.points[nxt.point].cands)
+                fp = attrs.evolve(fp, stays=stays)
+            out[st.point] = fp
+        return out
 
     def footprint(self, point: int) -> Footprint | None:
-        """The footprint, in names every run with the same prefix gives alike, of the
-        step that began at decision `point` - None if there is none, or it touched an
-        object first named in that step that was not made in it (an object older than
-        the decision, named in another order in another run)."""
-        for st in self.steps:
-            if st.point == point:
-                return Footprint.of(st, self.names, point)
-        return None
+        """footprints_at() of one decision (None if no step began there)."""
+        return self.footprints_at({point}).get(point)
 
     def _switched(self, cur: Task, nxt: Task, reason: str) -> None:
         if self._decided == nxt.tid:        # the decision's step has begun already
@@ -885,20 +896,8 @@ def _dpor_step(program: Program, prefix: list[int],
     want.update(i for i, pt in enumerate(run.points) if pt.cur is None and len(pt.cands) > 1)
     if prefix:
         want.add(len(prefix) - 1)
-    fps: _Fps = {}
-    steps = rec.steps
-    for i, st in enumerate(steps):
-        if st.point in want:
-            fp = Footprint.of(st, rec.names, st.point)
-            if fp is not None:
-                # did its task stay runnable: the next step began at a decision (not
-                # a forced switch) with the task among the runnable?
-                nxt = steps[i + 1] if i + 1 < len(steps) else None
-                stays = (nxt is not None and nxt.point is not None
-                         and st.tid in run.points[nxt.point].cands)
-                fp = attrs.evolve(fp, stays=stays)
-            fps[st.point] = fp
-    return run, races, fps, {d: rec.sleep_at[d] for d in want if d in rec.sleep_at}
+    return run, races, rec.footprints_at(want), {d: rec.sleep_at[d] for d in want
+                                              if d in rec.sleep_at}
 
 
 
@@ -914,32 +913,41 @@ def _dpor_worker(job: tuple[list[int], dict[int, Sleeper], int]
     return _dpor_step(_WORKER_PROGRAM[0], *job)
 
 
+@attrs.define(slots=True)
+class _Node:
+    """A decision with alternatives, as the search keeps it (keyed by the prefix that
+    reaches it): what the one run that reached it by going on (the run that gave it
+    its first alternative) saw there, and what has been tried since."""
+
+    #: the tasks tried there or waiting to be (DPOR's backtrack and done sets in one)
+    tried: set[int]
+    #: the footprint of the step each task tried there took (None: not comparable
+    #: across runs) - the sleep sets' source
+    fps: dict[int, Footprint | None]
+    #: the sleep set there
+    slept: dict[int, Sleeper]
+    #: the task that could have gone on running there (Point.cur)
+    cur: int | None
+
+
+def _key(chosen: list[int], d: int) -> tuple[int, int]:
+    """_DporSearch's key of decision d reached by the decisions `chosen`."""
+    return d, hash(tuple(chosen[:d]))
+
+
 class _DporSearch:
     """The DPOR search's bookkeeping, apart from running: the decisions that have
-    alternatives to try (keyed by the schedule prefix that reaches them) and the
-    prefixes still to run."""
+    alternatives to try (_Node, keyed by the schedule prefix that reaches them) and
+    the prefixes still to run."""
 
     def __init__(self, bound: int, sleep_sets: bool = True):
         self.bound = bound
         self.sleep_sets = sleep_sets
-        #: each decision with alternatives (keyed by the prefix reaching it): the tasks
-        #: tried there or waiting to be (DPOR's backtrack and done sets in one)
-        self.tried: dict[tuple[int, int], set[int]] = {}
+        self.nodes: dict[tuple[int, int], _Node] = {}
         #: the prefixes still to run, each with a guess of its subtree: the decisions
         #: left after it in the run that found it, times the cube of one more than the
         #: preemptions it may still spend (it splits dereg-vs-invalidate 128/237/214/211)
         self.stack: list[tuple[list[int], int]] = [([], 1)]
-        #: each decision with alternatives: the footprint of the step each task tried
-        #: there took (None: not comparable across runs) - its sleep set's source
-        self.fps: dict[tuple[int, int], dict[int, Footprint | None]] = {}
-        #: each decision with alternatives: the sleep set there, in the one run that
-        #: reached it by going on (the run that gave it its first alternative), and the
-        #: task that could have gone on running there (Point.cur)
-        self.slept: dict[tuple[int, int], dict[int, Sleeper]] = {}
-        self.cur: dict[tuple[int, int], int | None] = {}
-        self._fps: _Fps = {}                # the run add() is taking in: its footprints,
-        self._slept: _Slept = {}            # sleep sets and decisions
-        self._pts: list[Point] = []
 
     def pop(self, last: bool) -> tuple[list[int], dict[int, Sleeper], int]:
         """The next prefix to run (the last pushed, else the first), with its sleep
@@ -958,46 +966,51 @@ class _DporSearch:
         bound whenever they are.  A sleeper that costs more still steers the run, it
         never prunes - pruning it loses schedules a bounded search must run (the
         counters toy in tests/kernel_model/test_explore_dpor.py)."""
-        prefix = self.stack.pop() if last else self.stack.pop(0)
-        p = prefix[0]
-        sleep: dict[int, Sleeper] = {}
-        if p and self.sleep_sets:
-            d = len(p) - 1
-            key = (d, hash(tuple(p[:d])))
-            cur = self.cur.get(key)
-            y = p[d]
+        p = (self.stack.pop() if last else self.stack.pop(0))[0]
+        node = self.nodes.get(_key(p, len(p) - 1)) if p and self.sleep_sets else None
+        if node is None:
+            return p, {}, self.bound
+        y = p[-1]
 
-            def cost(t: int) -> int:
-                return int(cur is not None and t != cur)
-            sleep = dict(self.slept.get(key, {}))
-            for t, f in self.fps.get(key, {}).items():
-                if f is not None and t not in sleep:
-                    sleep[t] = (f, cost(t) + f.stays <= cost(y))
-            sleep.pop(y, None)
+        def cost(t: int) -> int:
+            return int(node.cur is not None and t != node.cur)
+        sleep = dict(node.slept)
+        for t, f in node.fps.items():
+            if f is not None and t not in sleep:
+                sleep[t] = (f, cost(t) + f.stays <= cost(y))
+        sleep.pop(y, None)
         return p, sleep, self.bound
 
     def add(self, run: Run, races: _Races, fps: _Fps | None = None,
             slept: _Slept | None = None) -> None:
         """Turn one run's races into alternatives at its decisions (within the bound);
-        keep its steps' footprints (`fps`) at the decisions that have alternatives."""
+        keep its steps' footprints (`fps`) and sleep sets (`slept`) at the decisions
+        that have alternatives."""
         pts = run.points
         chosen = [p.chosen for p in pts]
-        if fps:
-            for d, fp in fps.items():
-                node = self.fps.get((d, hash(tuple(chosen[:d]))))
-                if node is not None:
-                    node.setdefault(chosen[d], fp)
-        self._fps = fps or {}
-        self._slept = slept or {}
+        fps = fps or {}
+        slept = slept or {}
+        for d, fp in fps.items():
+            known = self.nodes.get(_key(chosen, d))
+            if known is not None:
+                known.fps.setdefault(chosen[d], fp)
+
+        def node_at(d: int) -> _Node:
+            key = _key(chosen, d)
+            node = self.nodes.get(key)
+            if node is None:
+                # first visit with an alternative: every run through it so far chose this
+                node = self.nodes[key] = _Node({chosen[d]}, {chosen[d]: fps.get(d)},
+                                               slept.get(d, {}), pts[d].cur)
+            return node
         npre = [0] * (len(pts) + 1)
         for i, p in enumerate(pts):
             npre[i + 1] = npre[i] + p.preempts
-        self._pts = pts
         for d, p, lead, every in races:
-            node = self._node(chosen, d)
+            node = node_at(d)
             if every:
-                todo = sorted(lead - node)
-            elif lead & node:
+                todo = sorted(lead - node.tried)
+            elif lead & node.tried:
                 continue
             else:
                 todo = [p if p in lead else min(lead)]
@@ -1010,27 +1023,16 @@ class _DporSearch:
                 for e in range(d, -1, -1):     # the last free switch before it
                     if pts[e].cur is None:
                         # x there, else every task runnable there (Coons et al.)
-                        node = self._node(chosen, e)
+                        free = node_at(e)
                         size = (len(pts) - e) * (self.bound - npre[e] + 1) ** 3
                         for y in [x] if x in pts[e].cands else pts[e].cands:
-                            self._try(chosen, e, node, y, size)
+                            self._try(chosen, e, free, y, size)
                         break
 
-    def _node(self, chosen: list[int], d: int) -> set[int]:
-        key = (d, hash(tuple(chosen[:d])))
-        node = self.tried.get(key)
-        if node is None:
-            # first visit with an alternative: every run through it so far chose this
-            node = self.tried[key] = {chosen[d]}
-            self.fps[key] = {chosen[d]: self._fps.get(d)}
-            self.slept[key] = self._slept.get(d, {})
-            self.cur[key] = self._pts[d].cur
-        return node
-
-    def _try(self, chosen: list[int], d: int, node: set[int], x: int, size: int) -> None:
-        if x not in node:
-            node.add(x)
-            asleep = self.slept.get((d, hash(tuple(chosen[:d]))), {}).get(x)
+    def _try(self, chosen: list[int], d: int, node: _Node, x: int, size: int) -> None:
+        if x not in node.tried:
+            node.tried.add(x)
+            asleep = node.slept.get(x)
             if asleep is None or not asleep[1]:    # (a pruning sleeper: explored)
                 self.stack.append((chosen[:d] + [x], size))
 
