@@ -79,22 +79,20 @@ class PageTable:
         self.ram_q = m.mem.ram_q
         self.pgd = pgd_alloc(mm)
 
-    def _index(self, va: int, level: int) -> int:
-        return (va >> (self.shift + level * self.bits)) & ((1 << self.bits) - 1)
-
     def pte_slot(self, va: int, alloc: bool) -> int | None:
         """Physical address of va's PTE; allocate missing tables when `alloc`."""
-        table = self.pgd
+        table, ram_q, shift, bits = self.pgd, self.ram_q, self.shift, self.bits
+        mask = (1 << bits) - 1
         for level in range(self.levels - 1, 0, -1):
-            slot = table + 8 * self._index(va, level)
-            e = self.ram_q[slot >> 3]
+            slot = table + 8 * ((va >> (shift + level * bits)) & mask)
+            e = ram_q[slot >> 3]
             if not e & _PAGE_PRESENT:
                 if not alloc:
                     return None
                 e = pte_alloc_one(self.mm) | _PAGE_TABLE
-                self.ram_q[slot >> 3] = e
+                ram_q[slot >> 3] = e
             table = e & PTE_ADDR_MASK
-        return table + 8 * self._index(va, 0)
+        return table + 8 * ((va >> shift) & mask)
 
     def get(self, va: int) -> int:
         """The PTE for va, or 0 when no table covers it."""
@@ -111,8 +109,8 @@ class PageTable:
 
     def _free_level(self, table: int, level: int) -> None:
         if level > 0:
-            for i in range(1 << self.bits):
-                e = self.ram_q[(table >> 3) + i]
+            ram_q, base = self.ram_q, table >> 3
+            for e in ram_q[base:base + (1 << self.bits)]:
                 if e & _PAGE_PRESENT:
                     self._free_level(e & PTE_ADDR_MASK, level - 1)
         pgtable_free(self.mm, table)

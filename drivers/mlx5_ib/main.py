@@ -151,8 +151,9 @@ def allocate_uars(dev: mlx5_ib_dev, context: mlx5_ib_ucontext) -> None:
             for j in range(i - 1, -1, -1):  # error:
                 _uar_dealloc_warn(dev, bfregi.sys_pages[j], context.devx_uid)
             raise
+    sys_pages = bfregi.sys_pages
     for i in range(bfregi.num_static_sys_pages, bfregi.num_sys_pages):
-        bfregi.sys_pages[i] = MLX5_IB_INVALID_UAR_INDEX
+        sys_pages[i] = MLX5_IB_INVALID_UAR_INDEX
 
 
 def _uar_dealloc_warn(dev: mlx5_ib_dev, uarn: int, uid: int) -> None:
@@ -167,9 +168,10 @@ def deallocate_uars(dev: mlx5_ib_dev, context: mlx5_ib_ucontext) -> None:
     """Mirrors deallocate_uars(): every static page, and every dynamic page that was
     mmapped (ALLOC_WC); a failing DEALLOC_UAR is ignored, as in the kernel."""
     bfregi = context.bfregi
+    sys_pages, nstatic = bfregi.sys_pages, bfregi.num_static_sys_pages
     for i in range(bfregi.num_sys_pages):
-        if i < bfregi.num_static_sys_pages or bfregi.sys_pages[i] != MLX5_IB_INVALID_UAR_INDEX:
-            _uar_dealloc_warn(dev, bfregi.sys_pages[i], context.devx_uid)
+        if i < nstatic or sys_pages[i] != MLX5_IB_INVALID_UAR_INDEX:
+            _uar_dealloc_warn(dev, sys_pages[i], context.devx_uid)
 
 
 # -- transport domain and loopback --------------------------------------------------------
