@@ -61,6 +61,11 @@ class _Lock(Named):
         wait = f", {len(self.waiters)} waiting" if self.waiters else ""
         return f"{self.kind} {self.name}{held}{wait}"
 
+    def fp_state(self) -> tuple:
+        """Emulator-level: what partial-order reduction compares to tell a lock taken
+        and given back within one step (only read) from one that changed hands."""
+        return (self.owner, tuple(self.waiters))
+
     def _take(self, func: str) -> None:
         """lockdep, then wait for the lock in FIFO order (the caller's point is done)."""
         t = SCHED.current

@@ -603,6 +603,128 @@ def touch_key(key: tuple, write: bool | str = True) -> None:
         (st.reads if write is False else st.adds if write == "add" else st.writes).add(key)
 
 
+class KeyedDict(dict):
+    """Emulator-level: a dict that reports its accesses to partial-order reduction key
+    by key (touch_key), for tables that tasks change entry by entry - the firmware's
+    object tables - so that destroying object 5 and looking up object 9 do not
+    conflict, as a whole-table watch would make them.  Which keys exist is a part of
+    its own (#keys): inserting a key writes it; deleting one adds to it (deletes of
+    different keys commute, insertion order would not); iterating and len() read it,
+    and iterating reads every entry.  Made by keyed_dict() only while the reduction
+    records, so it costs nothing otherwise."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: object, **kwargs: object) -> Any:
+        obj = dict.__new__(cls)
+        keep = SCHED.fp_keep
+        if keep is not None:
+            keep(obj, True)
+        return obj
+
+    def _all(self, write: bool | str = False) -> None:
+        st = SCHED.fp_step
+        if st is not None:
+            i = id(self)
+            keys = st.reads if write is False else st.adds if write == "add" else st.writes
+            keys.add((i, "#keys"))
+            keys.update([(i, k) for k in dict.keys(self)])
+
+    # (touch_key inlined: MLX5_GET and MLX5_SET come through here)
+    def __getitem__(self, k: Any) -> Any:
+        st = SCHED.fp_step
+        if st is not None:
+            st.reads.add((id(self), k))
+        return dict.__getitem__(self, k)
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        st = SCHED.fp_step
+        if st is not None:
+            st.reads.add((id(self), k))
+        return dict.get(self, k, default)
+
+    def __contains__(self, k: object) -> bool:
+        st = SCHED.fp_step
+        if st is not None:
+            st.reads.add((id(self), k))
+        return dict.__contains__(self, k)
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        st = SCHED.fp_step
+        if st is not None:
+            if not dict.__contains__(self, k):
+                st.writes.add((id(self), "#keys"))
+            st.writes.add((id(self), k))
+        dict.__setitem__(self, k, v)
+
+    def __delitem__(self, k: Any) -> None:
+        st = SCHED.fp_step
+        if st is not None:
+            st.writes.add((id(self), k))
+            if dict.__contains__(self, k):
+                st.adds.add((id(self), "#keys"))
+        dict.__delitem__(self, k)
+
+    def pop(self, k: Any, *default: Any) -> Any:
+        st = SCHED.fp_step
+        if st is not None:
+            st.writes.add((id(self), k))
+            if dict.__contains__(self, k):
+                st.adds.add((id(self), "#keys"))
+        return dict.pop(self, k, *default)
+
+    def setdefault(self, k: Any, default: Any = None) -> Any:
+        if not dict.__contains__(self, k):
+            self[k] = default
+        return self[k]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def popitem(self) -> tuple[Any, Any]:
+        self._all(True)
+        return dict.popitem(self)
+
+    def clear(self) -> None:
+        self._all(True)
+        dict.clear(self)
+
+    def __len__(self) -> int:
+        st = SCHED.fp_step
+        if st is not None:
+            st.reads.add((id(self), "#keys"))
+        return dict.__len__(self)
+
+    def __iter__(self) -> Any:
+        self._all()
+        return dict.__iter__(self)
+
+    def keys(self) -> Any:
+        st = SCHED.fp_step
+        if st is not None:
+            st.reads.add((id(self), "#keys"))
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._all()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._all()
+        return dict.items(self)
+
+    def copy(self) -> dict:
+        self._all()
+        return dict(dict.items(self))
+
+
+def keyed_dict() -> dict:
+    """An empty table for KeyedDict's uses: a KeyedDict while partial-order reduction
+    records (Scheduler.fp_keep set), else a plain dict."""
+    return KeyedDict() if SCHED.fp_keep is not None else {}
+
+
 def touch_ram(mem: object, addr: int, n: int, write: bool) -> None:
     """Emulator-level: the running step reads or writes RAM [addr, addr + n) of the
     machine whose memory is `mem` - page by page, so a CPU polling a CQ page and a DMA

@@ -146,6 +146,7 @@ def _poison_class(cls: type) -> type:
 #: (by exact type: isinstance would ask a tracked object for its __class__ again)
 _MUTABLE = frozenset((list, dict, set, deque, bytearray, defaultdict, OrderedDict))
 _tracked: dict[type, type] = {}    # class -> its footprint-recording twin
+_UNSET = object()                  # a field a step set for the first time
 _tracked_classes: set[type] = set()
 
 
@@ -162,6 +163,10 @@ def _tracked_class(cls: type) -> type:
         #: containers whose changes the class reports itself (touch_key, finer than
         #: the field): reading one is a plain read, never watched
         own = frozenset(getattr(cls, "POR_REPORTED", ()))
+        #: counters whose reads and writes are adds (POR_ADDS): changes that commute,
+        #: whose values no decision depends on (a command token)
+        adds = frozenset(getattr(cls, "POR_ADDS", ()))
+        hasdict, dict_of = cls.__dictoffset__ != 0, object.__getattribute__
 
         def tracked_get(self: object, name: str) -> Any:
             try:
@@ -173,7 +178,9 @@ def _tracked_class(cls: type) -> type:
                 raise
             st = SCHED.fp_step
             if st is not None:
-                if type(v) in _MUTABLE and name not in own:
+                if name in adds:
+                    st.adds.add((id(self), name))
+                elif type(v) in _MUTABLE and name not in own:
                     SCHED.fp_watch(v, (id(self), name))    # type: ignore[misc]
                 else:
                     st.reads.add((id(self), name))
@@ -182,7 +189,24 @@ def _tracked_class(cls: type) -> type:
         def tracked_set(self: object, name: str, value: object) -> None:
             st = SCHED.fp_step
             if st is not None:
-                st.writes.add((id(self), name))
+                key = (id(self), name)
+                if name in adds:
+                    st.adds.add(key)
+                    put(self, name, value)
+                    return
+                if key not in st.writes:    # the step's first write: keep the value
+                    if hasdict:             # it had, for Recording's silent writes
+                        # (by the instance dict: a property is never silent, and a
+                        # field being made raises nothing)
+                        d = dict_of(self, "__dict__")
+                        st.before[key] = (d.get, (name, _UNSET), d.get(name, _UNSET))
+                    else:
+                        try:
+                            was = get(self, name)
+                        except AttributeError:
+                            was = _UNSET
+                        st.before[key] = (get, (self, name), was)
+                st.writes.add(key)
             put(self, name, value)
 
         t = type(cls.__name__, (cls,), {
@@ -213,6 +237,8 @@ def _is_struct(cls: type, modname: str) -> bool:
         return False
     if any("__init_subclass__" in vars(c) for c in cls.__mro__[:-1]):
         return False
+    if vars(cls).get("POR_SELF_REPORTED"):
+        return False                        # it reports its own touches (IfcStruct)
     return cls not in _tracked_classes and cls not in _poison_classes
 
 
@@ -238,7 +264,7 @@ def _structs() -> list[type]:
 def _tracked_new(cls: type, *args: object, **kwargs: object) -> object:
     if SCHED.fp is None:
         return object.__new__(cls)
-    obj = object.__new__(_tracked_class(cls))
+    obj = object.__new__(_tracked.get(cls) or _tracked_class(cls))
     SCHED.fp_keep(obj, True)                # type: ignore[misc]
     return obj
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_model.current import current, running
 from kernel_model.errno import KernelBug
 from kernel_model.mm import mmput
+from kernel_model.sched import SCHED, touch_key
 from kernel_model.uapi.resource import (  # noqa: F401 - task_struct's rlimits, as ever
     MLOCK_LIMIT,
     RLIM_INFINITY,
@@ -56,6 +57,10 @@ class cred:
 
 class task_struct:
     """Mirrors struct task_struct (the parts this model uses)."""
+
+    #: partial-order reduction: the limits (shared by a process's threads) are read
+    #: limit by limit (rlimit()), not as a dict of lists that counts as written when read
+    POR_REPORTED = ("rlim",)
 
     def __init__(self, machine: Machine, pid: int, comm: str, mm: mm_struct | None,
                  files: files_struct | None, cred_: cred, rlim: dict[int, list[int]],
@@ -125,7 +130,11 @@ def capable(cap: int) -> bool:
 
 def rlimit(resource: int) -> int:
     """Mirrors rlimit(): current's soft limit."""
-    return current().rlim[resource][0]
+    rlim = current().rlim
+    if SCHED.fp_step is not None:           # the limit read, for partial-order reduction
+        SCHED.fp_keep(rlim, False)          # type: ignore[misc]
+        touch_key((id(rlim), resource), False)
+    return rlim[resource][0]
 
 
 def can_do_mlock() -> bool:

@@ -124,8 +124,11 @@ UNMAPS_FIXED = {**UNMAPS, "issue53_fix": 1}
       legacy="MLNX_OFED 5.3 with nv_peer_mem as an old-style client (peerdirect_support=1, "
              "as nv_peer_mem before 1.2 registered): deregistration calls put_pages under "
              "mapping_lock, put_pages waits for the free callback, the callback waits for "
-             "mapping_lock - the deadlock of MLNX bug 2696789",
-      finds=("deadlock",))
+             "mapping_lock - the deadlock of MLNX bug 2696789 (one preemption, or none); "
+             "and, when the callback runs while deregistration releases the MR, its "
+             "write of callback_task into the nv_mem_context release() freed "
+             "(nvidia-peermem.c's nv_get_p2p_free_callback, as in invalidate-during-reg)",
+      finds=("deadlock", "UseAfterFree"))
 def dereg_vs_invalidate(legacy: bool) -> None:
     """A GPU MR is deregistered by one thread while another cudaFrees its memory."""
     if legacy:

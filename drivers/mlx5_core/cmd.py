@@ -62,6 +62,7 @@ from drivers.mlx5_core.ifc import (
     mlx5_cmd_layout,
 )
 from kernel_model import trace
+from kernel_model.current import current
 from kernel_model.errno import (
     EAGAIN,
     EBUSY,
@@ -132,6 +133,11 @@ def mlx5_command_str(opcode: int) -> str:
 class mlx5_cmd:
     """Mirrors struct mlx5_cmd: queue geometry, the queue page and its entries."""
 
+    #: partial-order reduction: two commands' token increments commute - nothing
+    #: decides on a token's value (the firmware echoes it), and after both the counter
+    #: and the entry hold the same value whichever went first
+    POR_ADDS = ("token",)
+
     def __init__(self, log_sz: int, log_stride: int, pg: page, dma: int,
                  entries: list[mlx5_cmd_layout]):
         self.cmdif_rev = CMD_IF_REV
@@ -196,7 +202,13 @@ def mlx5_cmd_invoke(dev: mlx5_core_dev, in_: IfcStruct, out: IfcStruct) -> None:
         ent.type, ent.in_, ent.out, ent.token = MLX5_PCI_CMD_XPORT, in_, out, cmd.token
         ent.status_own = 1  # CMD_OWNER_HW
         try:
-            iowrite32be(1 << idx, dev.iseg + MLX5_ISEG_CMD_DBELL)
+            # EMU: the firmware runs the command inside this doorbell write (polling
+            # mode) and the interface's lock is held around it, so the write is no
+            # scheduling point of its own: a command is one step, lock to unlock, whose
+            # footprint is what the firmware's handler touches (the lock, the entry
+            # and the register file end it as they began it: Recording's silent writes)
+            current().machine.phys_write(dev.iseg + MLX5_ISEG_CMD_DBELL,
+                                         (1 << idx).to_bytes(4, "big"), point=False)
         except MachineCheck as e:  # the function is gone (hot-unplug): a PCI error
             raise KernelError(ENXIO, f"mlx5_cmd_invoke: {mlx5_command_str(opcode)}: {e}") \
                 from None

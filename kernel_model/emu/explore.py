@@ -44,6 +44,8 @@ from main, with no task alive).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import random
 import time
 import warnings
@@ -61,13 +63,15 @@ from kernel_model.sched import (
     SCHED,
     DeadlockError,
     DefaultStrategy,
+    KeyedDict,
+    Named,
     ReplayDivergence,
     Strategy,
     Task,
     format_schedule,
     parse_schedule,
 )
-from kernel_model.slab import _tracked_classes, track_structs
+from kernel_model.slab import _MUTABLE, _tracked_classes, track_structs
 from kernel_model.trace import Tracer
 
 Program = Callable[[], Any]
@@ -105,6 +109,10 @@ class Step:
     #: the tasks it joined: it comes after their ends, if they have ended
     joins: set[int] = attrs.Factory(set)
     ends: bool = False               # its task ended in it
+    #: each object or field it wrote (id or (id, field)) -> how to read it back (a
+    #: function and its arguments) and the value it had at the step's first write:
+    #: one that holds that value again when the step ends was only read (_silent)
+    before: dict[Hashable, tuple[Callable[..., Any], tuple, Any]] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -305,7 +313,14 @@ class Recording(Strategy):
     def _touch(self, obj: Any, write: bool | str) -> None:
         st = self.steps[-1]
         if write is True or write is False:
-            (st.writes if write else st.reads).add(id(obj))
+            k = id(obj)
+            if write:
+                state = getattr(obj, "fp_state", None)
+                if state is not None and k not in st.writes:
+                    st.before[k] = (state, (), state())
+                st.writes.add(k)
+            else:
+                st.reads.add(k)
             self._name(obj, False)
         elif write == "add":
             st.adds.add(id(obj))
@@ -340,8 +355,11 @@ class Recording(Strategy):
         """The step that is ending writes the fields of each container its task
         watches and it changed since the last look (each of the task's steps ends with
         one); a container that can no longer be followed (_watchable) stops being
-        watched, by every task, and its next read is a write."""
+        watched, by every task, and its next read is a write.  First, its silent
+        writes become reads (_silent)."""
         st = self.steps[-1]
+        if st.before:
+            _silent(st)
         mine = self._tasks_watch.get(st.tid)
         if not mine:
             return
@@ -395,6 +413,28 @@ class Recording(Strategy):
             self._begin(nxt, None)
 
 
+def _silent(st: Step) -> None:
+    """A step is one atomic move of the machine: nobody sees its values in between.
+    So an object or field that ends the step as it began it (a lock taken and given
+    back, a mailbox entry filled and emptied) was only read - the step depended on its
+    value and left it alone - and the step commutes with other steps that only read
+    it.  Compared by value for ints, strings and other immutable values, by identity
+    for objects that are not containers (a container is followed by _watch); a field
+    whose struct was freed meanwhile stays written."""
+    for k, (now, args, was) in st.before.items():
+        try:
+            v = now(*args)
+        except Exception:                  # freed (KASAN's poison), gone: a write
+            continue
+        if v is was:
+            if type(v) in _MUTABLE:
+                continue
+        elif type(v) is not type(was) or type(v) not in _STATES or v != was:
+            continue
+        st.writes.discard(k)
+        st.reads.add(k)
+
+
 #: the most items a watched container may hold (Recording._watch): a bigger one's read is
 #: a write, so no step end compares a page array item by item
 WATCH_MAX = 64
@@ -404,6 +444,8 @@ WATCH_MAX = 64
 #: structs (whose fields record themselves); anything else - a list in a dict, an
 #: untracked object - could change unseen, so reading its container is a write
 _IMMUTABLE = frozenset((int, str, bytes, bool, float, type(None), frozenset, type))
+#: what _silent compares by value: immutable values, and the primitives' states
+_STATES = _IMMUTABLE | {tuple}
 
 
 def _watchable(box: Any) -> bool:
@@ -415,9 +457,23 @@ def _watchable(box: Any) -> bool:
     for x in items:
         t = type(x)
         if t not in _IMMUTABLE and t not in _tracked_classes and not (
-                t is tuple and all(type(y) in _IMMUTABLE for y in x)):
+                t is tuple and all(type(y) in _IMMUTABLE for y in x)) and not _reports(t):
             return False
     return True
+
+
+_REPORTS: dict[type, bool] = {}
+
+
+def _reports(t: type) -> bool:
+    """Does an object of type t report its own touches (a primitive - sched.Named -, a
+    KeyedDict, a class that says POR_SELF_REPORTED), so that a container holding it
+    changes only when the container does?"""
+    r = _REPORTS.get(t)
+    if r is None:
+        r = _REPORTS[t] = (issubclass(t, (Named, KeyedDict))
+                           or bool(getattr(t, "POR_SELF_REPORTED", False)))
+    return r
 
 
 def _snapshot(box: Any) -> Any:
@@ -763,16 +819,7 @@ def _races(points: list[Point],
     first_step: dict[int, int] = {}        # decision -> the step it began
     d_now: int | None = None
 
-    def after(deps: set[int], key: Hashable, reads: bool, adds: bool) -> None:
-        """The step comes after key's last write, and its reads and adds since if asked."""
-        w = last_write.get(key)
-        if w is not None:
-            deps.add(w)
-        for seen in (readers if reads else None, adders if adds else None):
-            by_task = seen.get(key) if seen is not None else None
-            if by_task:
-                deps.update(by_task.values())
-
+    last_write_get, readers_get, adders_get = last_write.get, readers.get, adders.get
     for k, st in enumerate(steps):
         tid = st.tid
         if st.point is not None:
@@ -794,19 +841,53 @@ def _races(points: list[Point],
             if e is not None:
                 _join(vc, vcs[e])
         deps: set[int] = set()
+        deps_add = deps.add
+        # each read comes after the object's last write and the adds since; each add
+        # after the last write and the reads since (not other adds); each write after
+        # all three - a whole struct's (kfree) after each field's too; a field after
+        # a write of its whole struct.  (after(), inlined: this loop is the search's
+        # own hottest)
         for o in st.reads:
-            after(deps, o, False, True)
-        for o in st.adds:                  # after writes and reads, not other adds
-            after(deps, o, True, False)
-        for o in st.writes:                # a whole struct's (kfree): each field's too
-            for key in (o, *fields.get(o, ())) if type(o) is int else (o,):
-                after(deps, key, True, True)
-        for part in (st.reads, st.adds, st.writes):
-            for o in part:
-                if type(o) is tuple:       # a field: after a write of the whole struct
-                    w = last_write.get(o[0])
-                    if w is not None:
-                        deps.add(w)
+            w = last_write_get(o)
+            if w is not None:
+                deps_add(w)
+            by = adders_get(o)
+            if by:
+                deps.update(by.values())
+            if type(o) is tuple:
+                w = last_write_get(o[0])
+                if w is not None:
+                    deps_add(w)
+        for o in st.adds:
+            w = last_write_get(o)
+            if w is not None:
+                deps_add(w)
+            by = readers_get(o)
+            if by:
+                deps.update(by.values())
+            if type(o) is tuple:
+                w = last_write_get(o[0])
+                if w is not None:
+                    deps_add(w)
+        for o in st.writes:
+            if type(o) is tuple:
+                w = last_write_get(o[0])
+                if w is not None:
+                    deps_add(w)
+                keys: Any = (o,)
+            else:
+                f = fields.get(o)
+                keys = (o, *f) if f else (o,)
+            for key in keys:
+                w = last_write_get(key)
+                if w is not None:
+                    deps_add(w)
+                by = readers_get(key)
+                if by:
+                    deps.update(by.values())
+                by = adders_get(key)
+                if by:
+                    deps.update(by.values())
         deps = {j for j in deps if steps[j].tid != tid}
         for j in deps:
             tj, lj = steps[j].tid, local[j]
@@ -892,6 +973,24 @@ def _dpor_step(program: Program, prefix: list[int],
         if (d, p, every) not in seen:
             seen.add((d, p, every))
             races.append(race)
+    if run.failure is not None and run.points:
+        # a failure cut the run short: the tasks still runnable never took their next
+        # steps, so nothing tells what those would race with - as if each raced with
+        # every step since it last ran.  The search tries it at the last decision and,
+        # as the bound may not pay for what follows there, at the last decision where
+        # the CPU was free too (Coons et al.'s conservative branch, taken always):
+        # a deadlock found first must not hide a use-after-free behind it
+        pts = run.points
+        end = len(pts) - 1
+        for t in pts[end].cands:
+            if t == pts[end].chosen:
+                continue
+            free = next((e for e in range(end, -1, -1)
+                         if pts[e].cur is None and t in pts[e].cands), None)
+            for d in {end, free} - {None}:
+                if (d, t, False) not in seen and pts[d].chosen != t:
+                    seen.add((d, t, False))
+                    races.append((d, t, {t}, False))
     want = {d for d, _p, _l, _e in races}
     want.update(i for i, pt in enumerate(run.points) if pt.cur is None and len(pt.cands) > 1)
     if prefix:
@@ -985,7 +1084,15 @@ class _DporSearch:
             slept: _Slept | None = None) -> None:
         """Turn one run's races into alternatives at its decisions (within the bound);
         keep its steps' footprints (`fps`) and sleep sets (`slept`) at the decisions
-        that have alternatives."""
+        that have alternatives.
+
+        An alternative that costs a preemption is also tried at the last decision
+        before it where the CPU was free - when the bound cannot pay for it, and when
+        paying spends the last of the bound (Coons, Musuvathi and McKinley's bounded
+        partial-order reduction branches there always; these two cases are where the
+        plain search's schedule can hold what the reduced one's cannot: the use-after-
+        free of tests/scenarios/test_race_corpus.py's dereg-vs-invalidate at bound 1,
+        the issue-53 race of the pytest plugin's docstring)."""
         pts = run.points
         chosen = [p.chosen for p in pts]
         fps = fps or {}
@@ -1019,7 +1126,12 @@ class _DporSearch:
                 if npre[d] + cost <= self.bound:
                     self._try(chosen, d, node, x,
                               (len(pts) - d) * (self.bound - npre[d] - cost + 1) ** 3)
-                    continue
+                    if not cost or npre[d] + cost < self.bound:
+                        continue
+                    # the preemption spends the last of the bound: what follows must
+                    # run without one, where the plain search may have gone over to
+                    # x at a free switch earlier and kept a preemption - so try that
+                    # too (Coons et al.'s conservative branch, which they add always)
                 for e in range(d, -1, -1):     # the last free switch before it
                     if pts[e].cur is None:
                         # x there, else every task runnable there (Coons et al.)
@@ -1082,6 +1194,12 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
     runs = 0
     split = count == 1
     pool = None
+    # a first run that nobody records or counts: what the program imports as it runs
+    # (a driver at load_module, a device model at its first use) is imported by then,
+    # so every recorded run tracks those modules' structs alike - else the first runs
+    # of a search saw fewer conflicts than the later ones, and a search depended on
+    # what had run before it in the process
+    run_once(program, DefaultStrategy())
     if jobs > 1:
         import multiprocessing
         _WORKER_PROGRAM[:] = [program]
@@ -1090,6 +1208,8 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
         except OSError as e:    # a process too big to fork (overcommit): same search
             warnings.warn(f"explore: jobs={jobs}: cannot fork workers ({e}); running "
                           "the schedules in this process", RuntimeWarning, stacklevel=2)
+    collector = _few_collections()
+    collector.__enter__()
     try:
         while search.stack and (max_schedules is None or runs < max_schedules):
             if not split:                      # breadth first until the split
@@ -1111,9 +1231,27 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
                     run.frontier = len(search.stack)
                     yield run
     finally:
+        collector.__exit__(None, None, None)
         if pool is not None:
             pool.terminate()
             _WORKER_PROGRAM.clear()
+
+
+@contextlib.contextmanager
+def _few_collections() -> Iterator[None]:
+    """The cyclic garbage collector, quieter while a search runs: what exists when it
+    starts is frozen (never scanned again until it ends) and a collection comes every
+    50,000 allocations instead of 700.  A recorded run allocates a great deal (each
+    step's footprint sets), and the default thresholds spent a fifth of a run scanning
+    the same live objects over and over; the runs' own cycles are still collected."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 def explore_random(program: Program, seed: int = 0, max_schedules: int = 100,

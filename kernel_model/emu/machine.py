@@ -173,8 +173,11 @@ class Machine:
         touch(r)
         return r.read(addr - r.start, n)
 
-    def phys_write(self, addr: int, data: bytes) -> None:
-        """A store to a physical address: RAM or a device's MMIO."""
+    def phys_write(self, addr: int, data: bytes, *, point: bool = True) -> None:
+        """A store to a physical address: RAM or a device's MMIO.  With point False, an
+        MMIO store that is no scheduling point and whose effects the device reports
+        itself (partial-order reduction's touches), not as a write of the region -
+        see mlx5_cmd_invoke."""
         n = len(data)
         if 0 <= addr and addr + n <= self.ram_size:
             touch_ram(self.mem, addr, n, True)
@@ -183,8 +186,9 @@ class Machine:
         r = self.find_mmio(addr)
         if r is None or addr + n > r.end:
             raise MachineCheck(f"{self.name}: write of {n} bytes at unmapped physical {addr:#x}")
-        self.sched.point("mmio_write")
-        touch(r)
+        if point:
+            self.sched.point("mmio_write")
+            touch(r)
         r.write(addr - r.start, bytes(data))
 
     # -- debug -----------------------------------------------------------

@@ -145,7 +145,7 @@ from kernel_model.interrupt import msix_raise
 from kernel_model.iommu import IommuFault, dma_to_phys
 from kernel_model.ioport import MachineCheck
 from kernel_model.locking import init_waitqueue_head, wait_event, wake_up
-from kernel_model.sched import SCHED, DeadlockError, ReplayDivergence, Task, touch, touch_ram
+from kernel_model.sched import SCHED, DeadlockError, ReplayDivergence, Task, touch_ram
 from kernel_model.trace import traced, tracepoint
 
 if TYPE_CHECKING:
@@ -459,7 +459,12 @@ class Mlx5Engine:
 
     def mkey_revoked(self, index: int) -> None:
         """An mkey was just revoked (its context says free): wait until no DMA that
-        passed its checks before is still moving bytes."""
+        passed its checks before is still moving bytes.
+        # EMU: with none in flight the device answers at once - this is the device's
+        # wait, not the kernel's, so no scheduling point (wait_event's) comes first;
+        # a DMA step after it finds the context free, as it would a moment later"""
+        if index not in self.mkey_busy:
+            return
         self.draining.add(index)
         try:
             wait_event(self.drain_wq, lambda: index not in self.mkey_busy)
@@ -599,13 +604,6 @@ class Mlx5Engine:
         return hw
 
     # -- DMA -----------------------------------------------------------------------
-    def _touch_device(self) -> None:
-        """A DMA step's footprint for partial-order reduction: the device's own state
-        (mkeys, MTTs, QP contexts) that commands change - coarse, so any command and
-        any DMA are ordered; the RAM pages it reaches are touched where it reaches them
-        (Machine.phys_read/phys_write, _copy)."""
-        touch(self.hca.fw)
-
     def _phys(self, dma: int, n: int, write: bool) -> list[tuple[int, int]]:
         try:
             return dma_to_phys(self.dev, dma, n, write)
@@ -616,12 +614,10 @@ class Mlx5Engine:
     def dma_read(self, dma: int, n: int) -> bytes:
         """A small DMA read (doorbell record, WQE, context): through the IOMMU."""
         SCHED.point("dma_read")
-        self._touch_device()
         return b"".join(self.machine.phys_read(p, k) for p, k in self._phys(dma, n, False))
 
     def dma_write(self, dma: int, data: bytes) -> None:
         SCHED.point("dma_write")
-        self._touch_device()
         off = 0
         for p, k in self._phys(dma, len(data), True):
             self.machine.phys_write(p, data[off:off + k])
@@ -641,7 +637,6 @@ class Mlx5Engine:
     def hca_dma_gather(self, pieces: list[tuple[int, int]], length: int) -> bytearray:
         """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
         SCHED.point("dma_read")
-        self._touch_device()
         phys = self._to_phys(pieces, False)
         out = bytearray(length)
         if self._in_ram(phys):
@@ -668,7 +663,6 @@ class Mlx5Engine:
     def hca_dma_scatter(self, pieces: list[tuple[int, int]], payload: bytes | bytearray) -> None:
         """DMA-write a payload over the pieces."""
         SCHED.point("dma_write")
-        self._touch_device()
         phys = self._to_phys(pieces, True)
         if self._in_ram(phys):
             for p, n in phys:
@@ -730,7 +724,7 @@ class Mlx5Engine:
         """The context fields the engine reads, snapshotted once per object (a
         device caches contexts too); a QP's is dropped at every MODIFY_QP.
         # EMU: anything else that rewrites a context must drop obj.hw_cache."""
-        c = obj.__dict__.get("hw_cache")
+        c = getattr(obj, "hw_cache", None)
         if c is not None:
             return c
         ctx = obj.ctx
@@ -800,7 +794,7 @@ class Mlx5Engine:
         if length == 0:
             return []
         mk = self.hca.fw.mkeys.get(key >> 8)
-        k = mk.__dict__.get("hw_cache") if mk is not None else None
+        k = getattr(mk, "hw_cache", None) if mk is not None else None
         if mk is not None and k is None:
             m = mk.mkc
             k = mk.hw_cache = {
@@ -833,7 +827,7 @@ class Mlx5Engine:
         pg_bit = k["pg_bit"]
         off = (start & ((1 << pg_bit) - 1)) + (addr - start)
         n = len(mk.pas)
-        if mk.__dict__.get("pf_absent"):
+        if getattr(mk, "pf_absent", None):
             self._mtt_present(mk, key, pg_bit, off, addr, length, access, synd)
         # (at most n pieces whatever the room; MAX_PIECES caps a huge MTT's)
         a, b = self._scratch(0, min(n, MAX_PIECES) or 1)
@@ -881,7 +875,7 @@ class Mlx5Engine:
             n = min(left, size - (off & (size - 1)))
             _r, sub, va = struct.unpack(">IIQ", view[2 * i:2 * i + 2].tobytes())
             if sub == NULL_MKEY:
-                if mk.__dict__.get("pg_access"):
+                if getattr(mk, "pg_access", None):
                     raise OdpFault(synd, key, addr, length, write)
                 raise WqeError(synd, f"KSM key {key:#x}: slice {i} on the null mkey")
             try:
@@ -931,7 +925,7 @@ class Mlx5Engine:
         # fault on the lkey too (the device's WQE sub-type, which the driver resolves
         # by reading the WQE from the send queue, is not modelled)."""
         eq = next((q for q in self.hca.fw.eqs.values()
-                   if q.__dict__.get("event_bitmask", 0) >> EQE_TYPE_PAGE_FAULT & 1), None)
+                   if getattr(q, "event_bitmask", 0) >> EQE_TYPE_PAGE_FAULT & 1), None)
         if eq is None:
             return None
         token = self.pf_next_token
@@ -955,7 +949,7 @@ class Mlx5Engine:
         created to take that event type, then its MSI-X vector.  False when no EQ
         takes it (the event is lost, as on a device nobody asked for it)."""
         eq = next((q for q in self.hca.fw.eqs.values()
-                   if q.__dict__.get("event_bitmask", 0) >> event_type & 1), None)
+                   if getattr(q, "event_bitmask", 0) >> event_type & 1), None)
         if eq is None:
             return False
         eqe = bytearray(EQE_SIZE)
@@ -1128,7 +1122,7 @@ class Mlx5Engine:
         which must grant the local right behind the remote one (write: local write;
         read: local read)."""
         synd = SYND_REMOTE_ACCESS if remote else SYND_LOCAL_PROT
-        klm = mk.__dict__.get("klm")
+        klm = getattr(mk, "klm", None)
         if klm is None:
             raise WqeError(synd, f"window {key:#x} has no binding")
         mr_key, base, count = klm

@@ -61,6 +61,7 @@ from kernel_model.hw.mlx5_fw_cmd import (  # noqa: F401 - SYNDROMES, syndrome: t
     SYNDROMES,
     FwError,
     FwObject,
+    FwTable,
     fw_command,
     syndrome,
 )
@@ -98,7 +99,6 @@ from kernel_model.hw.mlx5_ifc import (
     IfcStruct,
     memcpy_ifc,
 )
-from kernel_model.sched import touch
 
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX
@@ -159,7 +159,16 @@ class IdAllocator:
 
 
 class Firmware:
-    """The firmware of one ConnectX function.  See the module docstring."""
+    """The firmware of one ConnectX function.  See the module docstring.
+
+    Partial-order reduction sees a command's footprint, and a DMA's, field by field,
+    its object tables key by key (FwTable) and a PRM context value by value
+    (IfcStruct); an MTT changed in place (UMR's update_xlt) is a write of its mkey's
+    `pas` field, which every DMA through the mkey reads."""
+
+    #: the command log is a record for tests, in the schedule's order; nothing the
+    #: machine does reads it, so appends commute (partial-order reduction)
+    POR_ADDS = ("cmd_log",)
 
     def __init__(self, hca: ConnectX, cap_overrides: dict[str, int]):
         self.hca = hca
@@ -197,24 +206,24 @@ class Firmware:
         self.caps_cur = {cap: page.copy() for cap, page in self.caps_max.items()}
         for field, value in mlx5_caps.GENERAL_CUR_DEFAULTS.items():
             MLX5_SET("cmd_hca_cap", self.caps_cur[MLX5_CAP_GENERAL], field, value)
-        self.uars: dict[int, Mlx5Uar] = {}
-        self.pds: dict[int, Mlx5Pd] = {}
-        self.tds: dict[int, Mlx5Td] = {}
-        self.uctxs: dict[int, Mlx5Uctx] = {}
-        self.eqs: dict = {}
-        self.cqs: dict = {}
-        self.qps: dict = {}
-        self.srqs: dict = {}    # srqn -> Mlx5Srq (mlx5_fw_srq.py)
-        self.dcts: dict = {}    # dctn -> Mlx5Dct (mlx5_fw_dct.py; QP numbers)
-        self.xrcds: dict = {}   # xrcdn -> Mlx5Xrcd (mlx5_fw_srq.py)
-        self.mkeys: dict = {}   # mkey index -> Mlx5Mkey
-        self.memics: dict = {}  # BAR-relative start -> Mlx5Memic (mlx5_fw_memic.py)
-        self.roce_addresses: dict = {}  # RoCE address (GID) index -> roce_addr_layout
-        self.tises: dict = {}   # tisn -> Mlx5Tis (mlx5_fw_wq.py)
-        self.tirs: dict = {}    # tirn -> Mlx5Tir
-        self.sqs: dict = {}     # sqn -> Mlx5Sq (numbered in the QP space)
-        self.rqs: dict = {}     # rqn -> Mlx5Rq
-        self.rqts: dict = {}    # rqtn -> Mlx5Rqt (an RSS indirection table of RQs)
+        self.uars: dict[int, Mlx5Uar] = FwTable()
+        self.pds: dict[int, Mlx5Pd] = FwTable()
+        self.tds: dict[int, Mlx5Td] = FwTable()
+        self.uctxs: dict[int, Mlx5Uctx] = FwTable()
+        self.eqs: dict = FwTable()
+        self.cqs: dict = FwTable()
+        self.qps: dict = FwTable()
+        self.srqs: dict = FwTable()    # srqn -> Mlx5Srq (mlx5_fw_srq.py)
+        self.dcts: dict = FwTable()    # dctn -> Mlx5Dct (mlx5_fw_dct.py; QP numbers)
+        self.xrcds: dict = FwTable()   # xrcdn -> Mlx5Xrcd (mlx5_fw_srq.py)
+        self.mkeys: dict = FwTable()   # mkey index -> Mlx5Mkey
+        self.memics: dict = FwTable()  # BAR-relative start -> Mlx5Memic (mlx5_fw_memic.py)
+        self.roce_addresses: dict = FwTable()  # RoCE address (GID) index -> roce_addr_layout
+        self.tises: dict = FwTable()   # tisn -> Mlx5Tis (mlx5_fw_wq.py)
+        self.tirs: dict = FwTable()    # tirn -> Mlx5Tir
+        self.sqs: dict = FwTable()     # sqn -> Mlx5Sq (numbered in the QP space)
+        self.rqs: dict = FwTable()     # rqn -> Mlx5Rq
+        self.rqts: dict = FwTable()    # rqtn -> Mlx5Rqt (an RSS indirection table of RQs)
         self._new_ids()
         self.vport = mlx5_fw_port.default_vport(self.hca)
 
@@ -297,7 +306,6 @@ class Firmware:
 
     def execute(self, in_: IfcStruct, out: IfcStruct) -> int:
         """Run one command; its status (and syndrome) land in `out`.  Returns the status."""
-        touch(self)       # the device's state, for partial-order reduction
         opcode = MLX5_GET("mbox_in", in_, "opcode")
         op_mod = MLX5_GET("mbox_in", in_, "op_mod")
         try:
@@ -497,6 +505,6 @@ def destroy_uctx(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     uid = MLX5_GET("destroy_uctx_in", in_, "uid")
     if uid not in fw.uctxs:
         raise FwError(MLX5_CMD_STAT_BAD_RES_ERR, "uctx_not_found")
-    if any(o.uid == uid for o in fw.live_objects() if not isinstance(o, Mlx5Uctx)):
+    if any(t.owns(uid) for t in fw.tables().values() if t is not fw.uctxs):
         raise FwError(MLX5_CMD_STAT_RES_BUSY, "uctx_busy")
     del fw.uctxs[uid]

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from kernel_model.sched import KeyedDict, touch_key
 
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5_fw import Firmware
@@ -61,6 +63,59 @@ def fw_command(opcode: int, name: str, state: str = "initialized") -> Callable:
         return fn
 
     return mark
+
+
+# -- the tables that hold them ---------------------------------------------------------------
+class FwTable(KeyedDict):
+    """One of the firmware's object tables (number -> FwObject): a KeyedDict, so that
+    partial-order reduction sees commands on different objects as independent, which
+    also counts the objects each uid owns - DESTROY_UCTX asks whether a uid still owns
+    any (owns()), which depends on that uid's objects only, not on every table's."""
+
+    __slots__ = ("owned",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owned: dict[int, int] = {}
+
+    def _count(self, obj: object, n: int) -> None:
+        uid = getattr(obj, "uid", 0)
+        touch_key((id(self), "uid", uid), "add")
+        left = self.owned.get(uid, 0) + n
+        if left:
+            self.owned[uid] = left
+        else:
+            self.owned.pop(uid, None)
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        if dict.__contains__(self, k):
+            self._count(dict.__getitem__(self, k), -1)
+        self._count(v, 1)
+        super().__setitem__(k, v)
+
+    def __delitem__(self, k: Any) -> None:
+        if dict.__contains__(self, k):
+            self._count(dict.__getitem__(self, k), -1)
+        super().__delitem__(k)
+
+    def pop(self, k: Any, *default: Any) -> Any:
+        if dict.__contains__(self, k):
+            self._count(dict.__getitem__(self, k), -1)
+        return super().pop(k, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        k, v = super().popitem()
+        self._count(v, -1)
+        return k, v
+
+    def clear(self) -> None:
+        super().clear()
+        self.owned.clear()
+
+    def owns(self, uid: int) -> bool:
+        """Does uid own an object here?"""
+        touch_key((id(self), "uid", uid), False)
+        return uid in self.owned
 
 
 # -- the objects commands create -----------------------------------------------------------

@@ -31,6 +31,7 @@ from kernel_model.hw.mlx5_ifc import (
     MLX5_SET,
     IfcStruct,
 )
+from kernel_model.sched import touch_key
 
 if TYPE_CHECKING:
     from c_ext import U64Array
@@ -76,12 +77,15 @@ def emu_umr_update_xlt(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     # a KSM mkey's entries (implicit ODP's parent) are 16 bytes: two of the table's words
     ksm = mkey.mkc["access_mode_4_2"] << 2 | mkey.mkc["access_mode_1_0"] == MLX5_MKC_ACCESS_MODE_KSM
     w = 2 if ksm else 1
-    if not mkey.__dict__.get("pg_access") or (first + n) * w > mkey.pas.n:
+    if not getattr(mkey, "pg_access", None) or (first + n) * w > mkey.pas.n:
         raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, "umr_update_xlt_range")
     src = MLX5_ADDR_OF("emu_umr_update_xlt_in", in_, "klm_pas_mtt")
     if not zap and src.n < n * w:
         raise FwError(MLX5_CMD_STAT_BAD_INP_LEN_ERR, "umr_update_xlt_entries")
     view = mkey.pas.view
+    # the table changes in place: for partial-order reduction, a write of the field
+    # every DMA through the mkey reads (the C array reports nothing itself)
+    touch_key((id(mkey), "pas"), True)
     if zap:
         view[first * w:(first + n) * w] = memoryview(bytes(8 * n * w)).cast("Q")
     else:

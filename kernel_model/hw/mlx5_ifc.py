@@ -35,6 +35,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from c_ext import U64Array
+from kernel_model.sched import keyed_dict, touch_key
 
 if TYPE_CHECKING:
     from kernel_model.emu.machine import Machine
@@ -547,18 +548,26 @@ class IfcStruct:
     """
 
     __slots__ = ("typ", "vals", "subs", "arrays", "__weakref__")
+    #: partial-order reduction: not a tracked struct - its fields are fixed once made
+    #: (memcpy_ifc copies in place), and it reports what it holds itself: each value
+    #: through `vals` (keyed_dict), each flexible array where MLX5_ADDR_OF hands it out
+    POR_SELF_REPORTED = True
 
     def __init__(self, typ: str, **flex: int):
         layout = LAYOUTS.get(typ)
         if layout is None:
             raise TypeError(f"IfcStruct: no layout mlx5_ifc_{typ}_bits")
         self.typ = typ
-        self.vals: dict[str, int | bytearray] = {}
+        # partial-order reduction sees the fields one by one (keyed_dict): a command
+        # reading a capability does not conflict with another setting a QP's field
+        self.vals: dict[str, int | bytearray] = keyed_dict()
         self.subs: dict[str, IfcStruct] = {}
         self.arrays: dict[str, U64Array] = {}
         for name, kind in layout.items():
             if kind == ARRAY:
-                self.arrays[name] = U64Array(flex.pop(name, 0))
+                n = flex.pop(name, 0)
+                if n:                       # an empty one is made when first asked for
+                    self.arrays[name] = U64Array(n)
             elif isinstance(kind, str) and kind.startswith("@"):
                 self.subs[name] = IfcStruct(kind[1:])
         if flex:
@@ -571,11 +580,13 @@ class IfcStruct:
         """A deep copy (memcpy of the buffer), arrays included."""
         new = IfcStruct.__new__(IfcStruct)
         new.typ = self.typ
-        new.vals = {k: bytearray(v) if isinstance(v, bytearray) else v
-                    for k, v in self.vals.items()}
+        new.vals = keyed_dict()
+        new.vals.update({k: bytearray(v) if isinstance(v, bytearray) else v
+                         for k, v in self.vals.items()})
         new.subs = {k: v.copy() for k, v in self.subs.items()}
         new.arrays = {}
         for k, arr in self.arrays.items():
+            touch_key((id(self.vals), "[]" + k), False)
             new.arrays[k] = U64Array(arr.n)
             new.arrays[k].view[: arr.n] = arr.view[: arr.n]
         return new
@@ -589,10 +600,11 @@ def _resolve(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruc
     """Walk a dotted field path ("memory_key_mkey_entry.mkey_7_0") to (struct, name, kind)."""
     if not isinstance(obj, IfcStruct):
         raise TypeError(f"{macro}: {type(obj).__name__} is not an ifc structure")
-    if obj.typ != typ and typ not in UNIONS.get(obj.typ, ()) and not (
-            typ in ("mbox_in", "mbox_out") and obj.typ.endswith(typ[4:])):
+    otyp = obj.typ
+    if otyp != typ and typ not in UNIONS.get(otyp, ()) and not (
+            typ in ("mbox_in", "mbox_out") and otyp.endswith(typ[4:])):
         # mbox_in/mbox_out: the header every command's in/out begins with
-        raise TypeError(f"{macro}: object is mlx5_ifc_{obj.typ}, not {typ}")
+        raise TypeError(f"{macro}: object is mlx5_ifc_{otyp}, not {typ}")
     layout = LAYOUTS.get(typ)
     if layout is None:
         raise TypeError(f"{macro}: no layout mlx5_ifc_{typ}_bits")
@@ -660,13 +672,20 @@ def MLX5_ADDR_OF(typ: str, obj: IfcStruct, field: str) -> IfcStruct | U64Array |
     """Mirrors MLX5_ADDR_OF(): a nested structure, a flexible array, or a byte string."""
     s, name, kind = _resolve(typ, obj, field, "MLX5_ADDR_OF")
     if kind == ARRAY:
-        return s.arrays[name]
+        # the caller may write the entries in place: for partial-order reduction, a write
+        touch_key((id(s.vals), "[]" + name), True)
+        arr = s.arrays.get(name)
+        if arr is None:
+            arr = s.arrays[name] = U64Array(0)
+        return arr
     if isinstance(kind, str) and kind.startswith("@"):
         return s.subs[name]
     if isinstance(kind, str):
         buf = s.vals.get(name)
         if buf is None:
             buf = s.vals[name] = bytearray(int(kind[5:]))
+        # the caller may write the bytes in place: for partial-order reduction, a write
+        touch_key((id(s.vals), name), True)
         return buf  # type: ignore[return-value]
     raise TypeError(f"MLX5_ADDR_OF: {typ}.{field} is a scalar: use MLX5_GET")
 
@@ -674,7 +693,20 @@ def MLX5_ADDR_OF(typ: str, obj: IfcStruct, field: str) -> IfcStruct | U64Array |
 def memcpy_ifc(dst: IfcStruct, src: IfcStruct) -> None:
     """memcpy(dst, src, MLX5_ST_SZ_BYTES(...)) between two ifc buffers."""
     dup = src.copy()
-    dst.vals, dst.subs = dup.vals, dup.subs
+    _assign(dst, dup)
+
+
+def _assign(dst: IfcStruct, src: IfcStruct) -> None:
+    """dst's values and nested structures become src's, in place (what a memcpy does)."""
+    dst.vals.clear()
+    dst.vals.update(src.vals)
+    for k, sub in src.subs.items():
+        if k in dst.subs:
+            _assign(dst.subs[k], sub)
+        else:
+            dst.subs[k] = sub
+    for k in [k for k in dst.subs if k not in src.subs]:
+        del dst.subs[k]
 
 
 def cpu_to_be64(v: int) -> int:
@@ -835,6 +867,9 @@ class mlx5_cmd_layout:
     """
 
     __slots__ = ("type", "in_", "out", "token", "status_own")
+    #: partial-order reduction: the token is the last command's, whichever ran last
+    #: (see mlx5_cmd.POR_ADDS)
+    POR_ADDS = ("token",)
 
     def __init__(self) -> None:
         self.type = 0

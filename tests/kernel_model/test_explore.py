@@ -117,8 +117,8 @@ def test_the_legacy_driver_race_is_found_and_replays():
 
 
 def test_the_fixed_driver_survives_the_schedules_tried():
-    ex = explore(lambda: RACE.run(False), "dfs", bound=2, max_schedules=60)
-    assert ex.failure is None and ex.runs == 60 and len(ex.schedules) == 60
+    ex = explore(lambda: RACE.run(False), "dfs", bound=2, max_schedules=40)
+    assert ex.failure is None and ex.runs == 40 and len(ex.schedules) == 40
 
 
 def test_pct_finds_the_legacy_race_too():
@@ -141,7 +141,9 @@ def test_the_pre_unmaps_dereg_vs_invalidate_deadlock_is_found_and_not_in_the_fix
     r = RACES["dereg-vs-invalidate"]
     ex = explore(lambda: r.run(True), "dfs", bound=1)
     assert ex.failure is not None and ex.failure.check == "deadlock"
-    assert ex.failure.preemptions == 1
+    # (a command is one step now: the schedule that needed a preemption inside the
+    # command interface needs none)
+    assert ex.failure.preemptions <= 1
     # with UNMAPS there is no deadlock in any schedule at bound 1 - but the explorer does
     # find nv_peer_memory issue 53: deregistration's dma_unmap, outside mapping_lock,
     # after the free callback returned and the driver freed the page table

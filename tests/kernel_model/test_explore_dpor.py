@@ -8,6 +8,7 @@ equivalent when every outcome one of them reaches the other reaches too.
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 
@@ -386,12 +387,14 @@ def test_each_step_records_what_it_touched():
     run_once(locked_log, rec)
     assert rec.steps[0].tid == 0 and rec.steps[0].point is None
     assert {s.tid for s in rec.steps} >= {0, 1, 2}
-    # both threads' steps that take the mutex write the same lock object
-    lock_writers = {}
+    # both threads' steps write the log; the mutex each takes and gives back within
+    # the step is only read (a silent write)
+    writers: dict = {}
     for s in rec.steps:
         for o in s.writes:
-            lock_writers.setdefault(o, set()).add(s.tid)
-    assert any({1, 2} <= tids for tids in lock_writers.values())
+            writers.setdefault(o, set()).add(s.tid)
+    assert any({1, 2} <= tids for tids in writers.values())
+    assert not any(type(o) is int and {1, 2} <= tids for o, tids in writers.items())
 
 
 def test_the_recorder_unhooks_after_the_run():
@@ -519,3 +522,268 @@ def test_a_plain_struct_of_a_kernel_module_is_seen_too(monkeypatch):
         assert state.value == 2, f"lost update: {state.value}"
     ex = explore(program, "dfs", bound=1)
     assert ex.failure is not None and "lost update" in ex.failure.detail
+
+
+# -- silent writes, keyed tables, adds by declaration ------------------------------------------
+def _locked_cells(hold: bool) -> None:
+    """Two tasks, each adding to a cell of its own under one shared mutex - taken and
+    given back within one step, or (`hold`) held across a scheduling point."""
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        cs = [kmalloc_obj(Cell()), kmalloc_obj(Cell())]
+        lock = mutex_init("toy_lock")
+
+    def add(i: int):
+        def body() -> None:
+            for _ in range(2):
+                cond_resched()
+                mutex_lock(lock)
+                cs[i].value += 1
+                if hold:
+                    cond_resched()
+                mutex_unlock(lock)
+        return body
+    with m.kernel():
+        ts = [kthread_run(add(0), name="a"), kthread_run(add(1), name="b")]
+    for t in ts:
+        t.join()
+    OUTCOMES.append(tuple(c.value for c in cs))
+    with m.kernel():
+        for c in cs:
+            kfree(c)
+
+
+def test_a_lock_taken_and_given_back_in_one_step_is_only_read():
+    """A step is atomic: a lock it takes and gives back ends the step as it began it,
+    so the step only read it, and two such steps on other data commute.  Held across
+    a scheduling point, the lock changed hands: a write, and both orders are tried."""
+    def one_step() -> None:
+        _locked_cells(False)
+
+    def held() -> None:
+        _locked_cells(True)
+    silent, n_silent = _outcomes(explore_dpor(one_step, bound=2))
+    changed, n_changed = _outcomes(explore_dpor(held, bound=2))
+    plain, _ = _outcomes(explore_dfs(one_step, bound=2))
+    assert silent == plain == changed == {(2, 2)}
+    assert n_silent * 3 <= n_changed
+
+
+def test_a_field_set_and_put_back_within_a_step_is_a_read():
+    """x.value = 1 then back to 0 in one step: nobody can see the 1, so against a
+    reader it is a read - and a field left changed is a write."""
+    def flip(restore: bool):
+        def body(cs: list) -> None:
+            cond_resched()
+            cs[0].value = 1
+            if restore:
+                cs[0].value = 0
+            cond_resched()
+        return body
+
+    def look(cs: list) -> None:
+        cond_resched()
+        cs[1].value = cs[0].value
+
+    for restore, outcomes in ((True, {(0, 0)}), (False, {(1, 0), (1, 1)})):
+        def program(restore: bool = restore) -> None:
+            OUTCOMES.append(tuple(_run_tasks([flip(restore), look], 2)))
+        got, n = _outcomes(explore_dpor(program, bound=2))
+        assert got == outcomes == _outcomes(explore_dfs(program, bound=2))[0]
+        rec = Recording([], footprints=True)
+        run_once(program, rec)
+        flips = [s for s in rec.steps if s.tid == 1 and s.before]
+        assert flips
+        wrote = any(type(k) is tuple and k[1] == "value" for s in flips for k in s.writes)
+        assert wrote is not restore
+
+
+def _table_program(ops: list) -> Any:
+    """Tasks that each do one operation on a KeyedDict table {1: "a", 2: "b"} and
+    log what they saw."""
+    from kernel_model.sched import keyed_dict
+
+    def program() -> None:
+        m = Machine(ram_size=16 << 20, name="toy")
+        with m.kernel():
+            table = keyed_dict()
+            table.update({1: "a", 2: "b"})
+            log = kmalloc_obj(Cell(()))
+
+        def task(op):
+            def body() -> None:
+                cond_resched()
+                seen = op(table)
+                log.value = log.value + ((op.__name__, seen),) if seen is not None \
+                    else log.value
+            return body
+        with m.kernel():
+            ts = [kthread_run(task(op), name=op.__name__) for op in ops]
+        for t in ts:
+            t.join()
+        OUTCOMES.append((tuple(sorted(table.items())), tuple(sorted(log.value))))
+        with m.kernel():
+            kfree(log)
+    return program
+
+
+def test_a_keyed_table_orders_only_what_touches_the_same_key():
+    from kernel_model.sched import SCHED, KeyedDict
+
+    def del1(t: dict) -> None:
+        del t[1]
+
+    def del2(t: dict) -> None:
+        del t[2]
+
+    def add3(t: dict) -> None:
+        t[3] = "c"
+
+    def get1(t: dict) -> object:
+        return t.get(1)
+
+    def size(t: dict) -> int:
+        return len(t)
+    # deletes of different keys commute; a lookup races only with its key's delete;
+    # len() races with every change of the keys
+    for ops in ([del1, del2], [del1, get1], [del1, del2, add3, size], [get1, del2]):
+        prog = _table_program(ops)
+        got, n = _outcomes(explore_dpor(prog, bound=2))
+        assert got == _outcomes(explore_dfs(prog, bound=2))[0], ops
+    assert len(_outcomes(explore_dpor(_table_program([del1, get1]), bound=2))[0]) == 2
+    assert len(_outcomes(explore_dpor(_table_program([del1, del2, add3, size]),
+                                      bound=2))[0]) > 2
+    def pop1(t: dict) -> None:
+        t.pop(1, None)
+    _, n_apart = _outcomes(explore_dpor(_table_program([del1, del2]), bound=2))
+    _, n_same = _outcomes(explore_dpor(_table_program([del1, pop1]), bound=2))
+    assert n_apart < n_same
+    # made only while the reduction records: a plain dict otherwise
+    from kernel_model.sched import keyed_dict
+    assert SCHED.fp_keep is None and type(keyed_dict()) is dict
+    assert issubclass(KeyedDict, dict)
+
+
+def test_a_firmware_table_counts_what_each_uid_owns():
+    from kernel_model.hw.mlx5_fw_cmd import FwObject, FwTable
+    t = FwTable()
+    t[1] = FwObject(1, uid=5)
+    t[2] = FwObject(2, uid=5)
+    t[3] = FwObject(3, uid=0)
+    assert t.owns(5) and t.owns(0) and not t.owns(7)
+    del t[1]
+    assert t.owns(5)
+    t.pop(2)
+    assert not t.owns(5)
+    t[3] = FwObject(3, uid=7)              # replaced: uid 0 gives it up
+    assert t.owns(7) and not t.owns(0)
+    t.clear()
+    assert not t.owns(7) and not t.owned
+
+
+class Ticket:
+    """A counter whose value no decision depends on (POR_ADDS): increments commute."""
+
+    POR_ADDS = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def test_fields_declared_adds_commute():
+    def program() -> None:
+        m = Machine(ram_size=16 << 20, name="toy")
+        with m.kernel():
+            tk = kmalloc_obj(Ticket())
+
+        def bump() -> None:
+            for _ in range(2):
+                cond_resched()
+                tk.n = tk.n + 1
+        with m.kernel():
+            ts = [kthread_run(bump, name="a"), kthread_run(bump, name="b")]
+        for t in ts:
+            t.join()
+        OUTCOMES.append((tk.n,))
+        with m.kernel():
+            kfree(tk)
+    got, n = _outcomes(explore_dpor(program, bound=2))
+    assert got == {(4,)}
+    plain, n_plain = _outcomes(explore_dpor(lost_update_like(), bound=2))
+    assert n < n_plain
+
+
+def lost_update_like() -> Any:
+    """The same program with a plain field: the increments race."""
+    def program() -> None:
+        OUTCOMES.append(tuple(_run_tasks([_bump2, _bump2], 1)))
+    return program
+
+
+def _bump2(cs: list) -> None:
+    for _ in range(2):
+        cond_resched()
+        cs[0].value = cs[0].value + 1
+
+
+def _ifc_program(ops: list) -> Any:
+    """Tasks that each do one access to a shared PRM structure (an IfcStruct, which
+    records itself value by value) and log what they read."""
+    from kernel_model.hw.mlx5_ifc import IfcStruct
+
+    def program() -> None:
+        m = Machine(ram_size=16 << 20, name="toy")
+        with m.kernel():
+            s = IfcStruct("mbox_in")
+            log = kmalloc_obj(Cell(()))
+
+        def task(op):
+            def body() -> None:
+                cond_resched()
+                seen = op(s)
+                if seen is not None:
+                    log.value = log.value + ((op.__name__, seen),)
+            return body
+        with m.kernel():
+            ts = [kthread_run(task(op), name=op.__name__) for op in ops]
+        for t in ts:
+            t.join()
+        OUTCOMES.append(tuple(sorted(log.value)))
+        with m.kernel():
+            kfree(log)
+    return program
+
+
+def test_a_prm_structure_orders_only_accesses_to_the_same_value():
+    from kernel_model.hw.mlx5_ifc import MLX5_GET, MLX5_SET
+
+    def set_uid(s: Any) -> None:
+        MLX5_SET("mbox_in", s, "uid", 7)
+
+    def get_uid(s: Any) -> int:
+        return MLX5_GET("mbox_in", s, "uid")
+
+    def get_opcode(s: Any) -> int:
+        return MLX5_GET("mbox_in", s, "opcode")
+    same = _ifc_program([set_uid, get_uid])
+    got, n_same = _outcomes(explore_dpor(same, bound=2))
+    assert got == _outcomes(explore_dfs(same, bound=2))[0] == {(("get_uid", 0),),
+                                                                (("get_uid", 7),)}
+    other = _ifc_program([set_uid, get_opcode])
+    got, n_other = _outcomes(explore_dpor(other, bound=2))
+    assert got == {(("get_opcode", 0),)} and n_other < n_same
+
+
+def test_a_search_quiets_the_collector_and_gives_it_back():
+    """A reduced search freezes what exists and collects every 50,000 allocations
+    while it runs (a recorded run allocates a great deal); closing it restores both."""
+    import gc
+    before = gc.get_threshold()
+    seen = []
+    runs = explore_dpor(racy, bound=1)
+    for _ in runs:
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+        break
+    runs.close()
+    assert seen == [(50_000, True)]
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

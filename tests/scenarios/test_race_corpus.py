@@ -137,7 +137,7 @@ def test_the_reduction_meets_every_failure_the_plain_search_meets():
     classes must still hold every way the program can fail.  The legacy
     free-callback-vs-put-pages at bound 1: the plain search's ~1,000 schedules fail
     with the use-after-free and, when the kworker's callback runs before the unpin
-    frees the mapping, with the driver's double BAR1 unmap - so must the few dozen
+    frees the mapping, with the driver's double BAR1 unmap - so must the hundred or so
     the reduction runs."""
     race = RACES["free-callback-vs-put-pages"]
 
@@ -148,7 +148,8 @@ def test_the_reduction_meets_every_failure_the_plain_search_meets():
     plain, n_plain = checks(False)
     por, n_por = checks(True)
     assert plain == por == {"UseAfterFree", "exception"}
-    assert n_por * 10 < n_plain
+    # (the conservative branches that keep a bounded search whole cost some: 125 of 966)
+    assert n_por * 5 < n_plain
 
 
 def test_a_branch_the_bound_moves_up_is_not_lost():
@@ -156,7 +157,9 @@ def test_a_branch_the_bound_moves_up_is_not_lost():
     last decision where the CPU was free; when the task is not runnable there, every
     task that is must be tried (Coons et al.'s conservative branch).  Trying none lost
     the legacy dereg-vs-invalidate's use-after-free at bound 1, which the plain search
-    (1,907 schedules) finds."""
+    (1,674 schedules) finds.  So did a deadlock that cut runs short: the task left
+    runnable never showed what it would race with, and is now tried at the last
+    decision and the last free one (explore._dpor_step)."""
     race = RACES["dereg-vs-invalidate"]
     runs = list(explore_dpor(lambda: race.run(True), bound=1))
     assert {r.failure.check for r in runs if r.failure is not None} == \

@@ -24,14 +24,15 @@ def test_legacy_the_invalidation_waits_on_the_peer_id_the_dereg_freed():
     assert f is not None and f.check == "UseAfterFree" and f.preemptions == 1
     assert "of mlx5_ib_peer_id" in f.detail and "mlx5_invalidate_umem_ticket" in f.detail
     assert "freed by app-" in f.detail and "_dereg_mr_ticket" in f.detail
-    # the window: the dereg won mr->invalidated, disabled the mkey and freed the peer_id;
-    # its ib_umem_release had not yet taken the ticket off the list (it waits for the
-    # client's lock) when the free callback's invalidation found the ticket and called in
+    # the window: the dereg won mr->invalidated, disabled the mkey and freed the peer_id
+    # while its ib_umem_release had not yet taken the ticket off the list (it waits for
+    # the client's lock); the free callback's invalidation found the ticket and called
+    # in - before the free or while it ran, and used the peer_id after it
     calls = schedule_trace(lambda: RACE.run(True), f.schedule).calls()
     freed = next(c for c in calls if c.func == "kfree" and "mlx5_ib_peer_id" in c.args)
     inval = next(c for c in calls if c.func == "mlx5_invalidate_umem_ticket")
     untick = next(c for c in calls if c.func == "ib_peer_destroy_invalidation_ctx")
-    assert freed.end < inval.start < untick.end
+    assert freed.end < inval.end and inval.start < untick.end
     assert freed.track == untick.track != inval.track
 
 

@@ -246,3 +246,31 @@ def test_unloading_with_a_firmware_object_still_allocated_is_a_leak():
                              "TEARDOWN_HCA: PD 0x1 uid=0"]
     assert find_leaks(m) == [f"mlx5 {hca.fw.leaked[0]}"]
     m.leak_check_expected = False
+
+
+def test_a_command_is_one_step_from_lock_to_unlock(monkeypatch):
+    """The firmware runs a command inside the doorbell write with the interface's lock
+    held: no scheduling point comes between taking the lock and giving it back (so
+    partial-order reduction sees the lock only read), and the doorbell is no MMIO
+    write point - the command path's points are the mutex's own."""
+    from kernel_model.sched import SCHED
+    m = rdma_host()
+    mdev = mdev_of(m.hcas[0])
+    held, reasons = [], []
+    point = type(SCHED).point
+
+    def spy(self, reason):
+        reasons.append(reason)
+        held.append(mdev.cmd.lock.owner is self.current)
+        return point(self, reason)
+    monkeypatch.setattr(type(SCHED), "point", spy)
+    with m.kernel():
+        in_ = IfcStruct("alloc_pd_in")
+        MLX5_SET("alloc_pd_in", in_, "opcode", MLX5_CMD_OP_ALLOC_PD)
+        pd = MLX5_GET("alloc_pd_out", mlx5_cmd_exec_inout(mdev, in_), "pd")
+        in_ = IfcStruct("dealloc_pd_in")
+        MLX5_SET("dealloc_pd_in", in_, "opcode", MLX5_CMD_OP_DEALLOC_PD)
+        MLX5_SET("dealloc_pd_in", in_, "pd", pd)
+        mlx5_cmd_exec_inout(mdev, in_)
+    assert reasons and "mmio_write" not in reasons and not any(held)
+    assert reasons.count("mutex_lock") == reasons.count("mutex_unlock") == 2

@@ -269,3 +269,30 @@ def test_a_blueflame_copy_to_a_qp_not_ready_is_dropped(host):
     assert [(wc.wr_id, wc.status) for wc in cq.poll_until(2)] == [(1, 0), (2, 0)]
     assert mr.read(16, 2048) == b"REAL!!!!REAL!!!!"
     assert mr.read(8, 1024) == bytes(8)           # the stray copy never ran
+
+
+def test_a_revoke_waits_only_while_a_dma_on_the_mkey_is_in_flight(host, monkeypatch):
+    """The firmware's revoke (mkey_revoked) answers at once when no DMA holds the
+    mkey - the device's own wait, no kernel scheduling point - and otherwise sleeps
+    until the DMA step that holds it is over."""
+    from kernel_model.kthread import kthread_run
+    engine = host.hcas[0].engine
+    reasons: list[str] = []
+    point = type(SCHED).point
+
+    def spy(self, reason):
+        reasons.append(reason)
+        return point(self, reason)
+    monkeypatch.setattr(type(SCHED), "point", spy)
+    with host.kernel():
+        engine.mkey_revoked(9)
+    assert "wait_event" not in reasons and 9 not in engine.draining
+    engine.mkey_busy[9] = 1                # a DMA step passed its checks on mkey 9
+    engine._held.append(9)
+    with host.kernel():
+        t = kthread_run(engine.mkey_revoked, 9, name="revoke")
+    SCHED.yield_("test")
+    assert "wait_event" in reasons and not t.done and 9 in engine.draining
+    engine._release_held()                 # its bytes have moved
+    t.join()
+    assert t.done and not engine.draining and not engine.mkey_busy
