@@ -657,20 +657,21 @@ class KeyedDict(dict):
             st.writes.add((id(self), k))
         dict.__setitem__(self, k, v)
 
-    def __delitem__(self, k: Any) -> None:
+    def _forget(self, k: Any) -> None:
+        """Key k is about to be deleted (it may be absent): a write of it, and an add to
+        the keys if it is there.  A subclass hooks deletions here (FwTable)."""
         st = SCHED.fp_step
         if st is not None:
             st.writes.add((id(self), k))
             if dict.__contains__(self, k):
                 st.adds.add((id(self), "#keys"))
+
+    def __delitem__(self, k: Any) -> None:
+        self._forget(k)
         dict.__delitem__(self, k)
 
     def pop(self, k: Any, *default: Any) -> Any:
-        st = SCHED.fp_step
-        if st is not None:
-            st.writes.add((id(self), k))
-            if dict.__contains__(self, k):
-                st.adds.add((id(self), "#keys"))
+        self._forget(k)
         return dict.pop(self, k, *default)
 
     def setdefault(self, k: Any, default: Any = None) -> Any:

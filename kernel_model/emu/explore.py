@@ -847,28 +847,18 @@ def _races(points: list[Point],
         # all three - a whole struct's (kfree) after each field's too; a field after
         # a write of its whole struct.  (after(), inlined: this loop is the search's
         # own hottest)
-        for o in st.reads:
-            w = last_write_get(o)
-            if w is not None:
-                deps_add(w)
-            by = adders_get(o)
-            if by:
-                deps.update(by.values())
-            if type(o) is tuple:
-                w = last_write_get(o[0])
+        for part, other_get in ((st.reads, adders_get), (st.adds, readers_get)):
+            for o in part:
+                w = last_write_get(o)
                 if w is not None:
                     deps_add(w)
-        for o in st.adds:
-            w = last_write_get(o)
-            if w is not None:
-                deps_add(w)
-            by = readers_get(o)
-            if by:
-                deps.update(by.values())
-            if type(o) is tuple:
-                w = last_write_get(o[0])
-                if w is not None:
-                    deps_add(w)
+                by = other_get(o)
+                if by:
+                    deps.update(by.values())
+                if type(o) is tuple:
+                    w = last_write_get(o[0])
+                    if w is not None:
+                        deps_add(w)
         for o in st.writes:
             if type(o) is tuple:
                 w = last_write_get(o[0])
@@ -1208,33 +1198,31 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
         except OSError as e:    # a process too big to fork (overcommit): same search
             warnings.warn(f"explore: jobs={jobs}: cannot fork workers ({e}); running "
                           "the schedules in this process", RuntimeWarning, stacklevel=2)
-    collector = _few_collections()
-    collector.__enter__()
-    try:
-        while search.stack and (max_schedules is None or runs < max_schedules):
-            if not split:                      # breadth first until the split
-                results = [_dpor_step(program, *search.pop(False))]
-            elif pool is None:
-                results = [_dpor_step(program, *search.pop(True))]
-            else:
-                left = None if max_schedules is None else max_schedules - runs
-                batch = [search.pop(True) for _ in range(min(jobs, len(search.stack),
-                                                          left or jobs))]
-                results = pool.map(_dpor_worker, batch, chunksize=1)
-            for run, races, fps, slept in results:
-                search.add(run, races, fps, slept)
-                if not split and len(search.stack) >= SPLIT_AT * count:
-                    search.split(index, count)
-                    split = True
-                if split or index == 0:
-                    runs += 1
-                    run.frontier = len(search.stack)
-                    yield run
-    finally:
-        collector.__exit__(None, None, None)
-        if pool is not None:
-            pool.terminate()
-            _WORKER_PROGRAM.clear()
+    with _few_collections():
+        try:
+            while search.stack and (max_schedules is None or runs < max_schedules):
+                if not split:                      # breadth first until the split
+                    results = [_dpor_step(program, *search.pop(False))]
+                elif pool is None:
+                    results = [_dpor_step(program, *search.pop(True))]
+                else:
+                    left = None if max_schedules is None else max_schedules - runs
+                    batch = [search.pop(True) for _ in range(min(jobs, len(search.stack),
+                                                              left or jobs))]
+                    results = pool.map(_dpor_worker, batch, chunksize=1)
+                for run, races, fps, slept in results:
+                    search.add(run, races, fps, slept)
+                    if not split and len(search.stack) >= SPLIT_AT * count:
+                        search.split(index, count)
+                        split = True
+                    if split or index == 0:
+                        runs += 1
+                        run.frontier = len(search.stack)
+                        yield run
+        finally:
+            if pool is not None:
+                pool.terminate()
+                _WORKER_PROGRAM.clear()
 
 
 @contextlib.contextmanager

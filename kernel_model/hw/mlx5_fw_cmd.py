@@ -93,15 +93,10 @@ class FwTable(KeyedDict):
         self._count(v, 1)
         super().__setitem__(k, v)
 
-    def __delitem__(self, k: Any) -> None:
+    def _forget(self, k: Any) -> None:
+        super()._forget(k)
         if dict.__contains__(self, k):
             self._count(dict.__getitem__(self, k), -1)
-        super().__delitem__(k)
-
-    def pop(self, k: Any, *default: Any) -> Any:
-        if dict.__contains__(self, k):
-            self._count(dict.__getitem__(self, k), -1)
-        return super().pop(k, *default)
 
     def popitem(self) -> tuple[Any, Any]:
         k, v = super().popitem()
