@@ -30,10 +30,11 @@ def kthread_create(threadfn: Callable[..., Any], *args: object, name: str) -> Ta
     ts = task_struct(m, m.alloc_pid(), name, None, None, cred(0, init.cred.cap_effective),
                      {k: list(v) for k, v in init.rlim.items()}, PF_KTHREAD)
     ts.kthread_flags = 0
-    t = SCHED.spawn(threadfn, *args, name=name, ts=ts)
+    t = SCHED.new_task(threadfn, *args, name=name, ts=ts)
     ts.sched_task = t
     m.kthreads[ts.pid] = t
     t.on_exit.append(lambda: m.kthreads.pop(ts.pid, None))
+    SCHED.point("wake_up_new_task")          # wake_up_process: set up, then runnable
     return t
 
 

@@ -270,13 +270,22 @@ class Scheduler:
     def spawn(self, fn: Callable[..., Any], *args: object, name: str,
               ts: task_struct | None = None) -> Task:
         """Create a runnable task (it first runs at a later scheduling point)."""
+        t = self.new_task(fn, *args, name=name, ts=ts)
+        self.point("wake_up_new_task")
+        return t
+
+    def new_task(self, fn: Callable[..., Any], *args: object, name: str,
+                 ts: task_struct | None = None) -> Task:
+        """spawn without its scheduling point: the caller finishes setting the task
+        up (stores it, registers it) before anything can run - as kthread_create
+        does before wake_up_process - and then calls point("wake_up_new_task").
+        A caller that stored the task after spawn's point raced the task itself."""
         t = Task(self, next(self._tids), name, fn, args, ts)
         t.greenlet = greenlet(t._run, parent=self.main.greenlet)
         self.alive[t.tid] = t
         self.runq.append(t)
         if self.fp is not None:   # the child's first step comes after this one
             self.fp(t, "wake")
-        self.point("wake_up_new_task")
         return t
 
     def join(self, t: Task) -> Any:

@@ -225,6 +225,7 @@ BTH, DETH, UDP_HDR, ICRC, IPV4_HDR = 12, 8, 8, 4, 20
 # a frame handed from one port to another (or looped back): who to whom, what
 # the doorbell record's counter as the engine read it, and where each WQE came from
 trace_hca_dbrec = tracepoint("hca_dbrec", "qpn send_counter", layer="hw")
+trace_hca_quiesced = tracepoint("hca_quiesced", "kind num", layer="hw")
 trace_hca_wqe = tracepoint("hca_wqe", "qpn counter source", layer="hw")
 trace_roce_frame = tracepoint("roce_frame", "src dst kind op src_qpn dest_qpn wqe payload",
                               layer="hw")
@@ -241,6 +242,13 @@ class WqeError(Exception):
     def __init__(self, syndrome: int, why: str):
         super().__init__(f"{SYND_NAMES.get(syndrome, hex(syndrome))}: {why}")
         self.syndrome = syndrome
+
+
+class QpQuiesced(Exception):
+    """MODIFY_QP to RESET, DESTROY_QP or DESTROY_CQ committed while an engine step was
+    between two DMAs for that QP or CQ: the device touches none of its memory after
+    the command (the real command returns once the queue is quiesced), so the step
+    ends there (Mlx5Engine._quiesced)."""
 
 
 class OdpFault(WqeError):
@@ -404,8 +412,12 @@ class Mlx5Engine:
         if self.stopping:
             return
         if self.task is None or self.task.done:
-            self.task = SCHED.spawn(self._run, name=f"mlx5_hca {self.hca.name}")
+            # stored before the task can run: a kick from the engine itself or from
+            # whoever runs at the spawn's point must find it (two engine tasks, one
+            # blocked forever, deadlocked the machine's shutdown)
+            self.task = SCHED.new_task(self._run, name=f"mlx5_hca {self.hca.name}")
             self.task.machine = self.machine
+            SCHED.point("wake_up_new_task")
         elif self.task.state == "blocked":
             SCHED.wake(self.task)
 
@@ -436,6 +448,8 @@ class Mlx5Engine:
         fails on it) while the engine keeps serving every other QP."""
         try:
             fn(arg)
+        except QpQuiesced:
+            pass                          # its QP was reset or destroyed meanwhile
         except (KernelBug, DeadlockError, ReplayDivergence):
             raise
         except Exception as e:  # noqa: BLE001 - reported, see above
@@ -557,15 +571,30 @@ class Mlx5Engine:
         return True
 
     def qp_state_changed(self, qp: Mlx5Qp, old: int, new: int) -> None:
-        """MODIFY_QP ran: RESET forgets the queues, ERR flushes them, RTS starts them."""
+        """MODIFY_QP ran: RESET forgets the queues, ERR flushes them, RTS runs what was
+        posted before it (_posted)."""
         qp.hw_cache = None                # the command may have changed any field
         if new == QPS_RST:
             self.qps.pop(qp.num, None)
             self.retry = deque(r for r in self.retry if r[0] != qp.num)
-        elif new in (QPS_ERR, QPS_RTS):
+        elif new == QPS_ERR or (new == QPS_RTS and self._posted(qp)):
             self._queue(qp.num)
         if new == QPS_ERR and old != QPS_ERR:
             self.hca_last_wqe_reached(qp)
+
+    def _posted(self, qp: Mlx5Qp) -> bool:
+        """Entering RTS: did the process post send WQEs the queue has not run (its
+        doorbell record's send counter ahead of the device's)?  Only then does the
+        engine get work - the WQEs posted before RTS run now.
+        # EMU: the command reads the record itself, within MODIFY_QP; an engine step
+        # that would only find the counters equal is left out (it made the engine a
+        # task runnable through every race after a connect, for nothing)"""
+        try:
+            raw = self._read_now(self._c(qp)["dbr_addr"], 8)
+        except (WqeError, MachineCheck):
+            return True                   # the engine's own read reports the fault
+        hw = self.qps.get(qp.num)
+        return bool((_be32(raw, 4) - (hw.sq_ci if hw is not None else 0)) & 0xFFFF)
 
     def object_destroyed(self, kind: str, num: int) -> None:
         """DESTROY_QP / DESTROY_CQ / DEALLOC_UAR: forget the engine's state for that
@@ -611,17 +640,47 @@ class Mlx5Engine:
             self.hca.device_errors.append(f"DMA fault: {e}")
             raise WqeError(SYND_LOCAL_PROT, str(e)) from None
 
-    def dma_read(self, dma: int, n: int) -> bytes:
-        """A small DMA read (doorbell record, WQE, context): through the IOMMU."""
+    def dma_read(self, dma: int, n: int, of: tuple = ()) -> bytes:
+        """A small DMA read (doorbell record, WQE, context): through the IOMMU.  `of`:
+        the QPs and CQs it reads for (_quiesced)."""
         SCHED.point("dma_read")
+        if of:
+            self._quiesced(of)
+        return self._read_now(dma, n)
+
+    def _read_now(self, dma: int, n: int) -> bytes:
         return b"".join(self.machine.phys_read(p, k) for p, k in self._phys(dma, n, False))
 
-    def dma_write(self, dma: int, data: bytes) -> None:
+    def dma_write(self, dma: int, data: bytes, of: tuple = ()) -> None:
         SCHED.point("dma_write")
+        if of:
+            self._quiesced(of)
         off = 0
         for p, k in self._phys(dma, len(data), True):
             self.machine.phys_write(p, data[off:off + k])
             off += k
+
+    def _quiesced(self, objs: tuple) -> None:
+        """QpQuiesced if one of the QPs was reset or destroyed, or one of the CQs or
+        SRQs destroyed, since the step began: the step that found work for them ends at
+        this DMA, which would read or write memory the process may have unpinned
+        and freed by then (found by the race explorer: a flush overtaken by exit
+        read the freed doorbell record's poison as a send counter)."""
+        fw = self.hca.fw
+        for o in objs:
+            kind = o.kind
+            if kind == "QP":
+                gone = fw.qps.get(o.num) is not o or o.state == QPS_RST
+            elif kind == "CQ":
+                gone = fw.cqs.get(o.num) is not o
+            elif kind == "SRQ":
+                gone = fw.srqs.get(o.num) is not o
+            else:
+                continue
+            if gone:
+                if trace.enabled:
+                    trace_hca_quiesced(o.kind, hex(o.num))
+                raise QpQuiesced(f"{o.kind} {o.num:#x}")
 
     def _to_phys(self, pieces: list[tuple[int, int]], write: bool) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
@@ -713,11 +772,11 @@ class Mlx5Engine:
         return [(a.view[i], b.view[i]) for i in range(k)]
 
     def _read_queue(self, obj: Mlx5Qp | Mlx5Cq, off: int, n: int) -> bytes:
-        return b"".join(self.dma_read(a, k) for a, k in self._pas_pieces(obj, off, n))
+        return b"".join(self.dma_read(a, k, (obj,)) for a, k in self._pas_pieces(obj, off, n))
 
     def _dbrec(self, qp: Mlx5Qp) -> tuple[int, int]:
         """The doorbell record: (receive counter, send counter), big-endian words."""
-        raw = self.dma_read(self._c(qp)["dbr_addr"], 8)
+        raw = self.dma_read(self._c(qp)["dbr_addr"], 8, (qp,))
         return _be32(raw, 0), _be32(raw, 4)
 
     def _c(self, obj: Mlx5Qp | Mlx5Cq) -> dict:
@@ -1979,7 +2038,7 @@ class Mlx5Engine:
         log = cqc["log_cq_size"]
         pi = self.cq_pi.get(cqn, 0)
         try:
-            ci = _be32(self.dma_read(cqc["dbr_addr"], 4), 0) & 0xFFFFFF
+            ci = _be32(self.dma_read(cqc["dbr_addr"], 4, (qp, cq)), 0) & 0xFFFFFF
             at = (pi & ((1 << log) - 1)) * cqc["cqe_size"] + (cqc["cqe_size"] - 64)
             pieces = self._pas_pieces(cq, at, 64)
         except WqeError as e:             # the CQ's memory is not reachable: a CQ error
@@ -2006,7 +2065,7 @@ class Mlx5Engine:
         cqe[63] = op << 4 | (pi >> log & 1)
         try:
             for dma, n in pieces:
-                self.dma_write(dma, bytes(cqe[:n]))
+                self.dma_write(dma, bytes(cqe[:n]), (qp, cq))
                 cqe = cqe[n:]
         except WqeError as e:
             self.async_events.append(("cq_error", cqn, str(e)))

@@ -23,6 +23,7 @@ import struct
 import attrs
 import pytest
 
+from kernel_model.emu.explore import explore_dfs, explore_dpor
 from kernel_model.emu.platform import rdma_host
 from kernel_model.emu.tracefilter import assert_call_flow
 from kernel_model.hw.fabric import Fabric
@@ -557,6 +558,82 @@ def test_rtr_refuses_sends():
     a.recv(5, 0, 8)
 
 
+def test_a_wqe_posted_before_rts_runs_when_the_qp_enters_it():
+    """MODIFY_QP to RTS runs what the doorbell record shows posted (the command reads
+    the record: Mlx5Engine._posted); a move to RTS with nothing posted gives the
+    engine no work.  libmlx5 refuses a send before RTS, so the process passes its
+    own library's state check here, as any process may (the state is its memory)."""
+    link = make_link("loopback", connected=False)
+    a, b = link.a, link.b
+    engine = a.hca.engine
+    connect(b.ep, a.ep.dest())
+    assert b.fw_state() == QPS_RTS
+    assert engine.task is None and not engine.work       # nothing posted: no step
+    modify_state(a, v.IBV_QPS_INIT)
+    to_rtr(a, b)
+    a.qp.qp.sq.qp_state_max_gs = 4
+    a.mr.write(b"early!!!")
+    a.qp.post_send(link.write(1, 0, 0, 8))
+    assert read_dbrec(a.qp.qp) == (0, 1)
+    assert settle(a) == [] and b.mr.read(8) == bytes(8)  # RTR: the doorbell is not run
+    modify(a, v.ibv_qp_attr(qp_state=v.IBV_QPS_RTS, sq_psn=a.ep.psn, timeout=14,
+                            retry_cnt=7, rnr_retry=7, max_rd_atomic=1),
+           v.IBV_QP_STATE | v.IBV_QP_SQ_PSN | v.IBV_QP_TIMEOUT | v.IBV_QP_RETRY_CNT
+           | v.IBV_QP_RNR_RETRY | v.IBV_QP_MAX_QP_RD_ATOMIC)
+    assert status(a.cq.poll_until(1)) == [(1, "SUCCESS")]
+    assert b.mr.read(8) == b"early!!!"
+
+
+def test_one_engine_task_whatever_runs_at_its_spawn():
+    """The engine stores its task before the task can run (SCHED.new_task, then the
+    wake_up_new_task point).  It stored it after spawn's point: a schedule that ran
+    the new engine there saw no task on its own loopback kick, started a second
+    engine, and the machine's shutdown waited forever for the one left blocked."""
+    def program() -> None:
+        link = make_link("loopback")
+        link.a.mr.write(b"12345678")
+        link.a.qp.post_send(link.write(1, 0, 0, 8))
+        assert status(link.a.cq.poll_until(1)) == [(1, "SUCCESS")]
+        assert link.b.mr.read(8) == b"12345678"
+    runs = list(explore_dfs(program, bound=1))
+    assert len(runs) > 1
+    assert [(r.failure.check, r.schedule) for r in runs if r.failure] == []
+
+
+def test_the_engine_reads_nothing_of_a_qp_destroyed_under_its_flush(monkeypatch):
+    """A flush (ERR) that a process's exit overtakes between two of the QP's DMAs
+    ends at the next one (QpQuiesced): the device touches none of a QP's memory
+    after DESTROY_QP.  It went on: it read the freed doorbell record's poison as a
+    send counter and fetched a ring's worth of 'WQEs' from freed pages."""
+    from kernel_model.hw import mlx5_engine
+
+    quiesced, freed_reads = [], []
+    real_read = mlx5_engine.Mlx5Engine._read_now
+
+    class Counted(mlx5_engine.QpQuiesced):
+        def __init__(self, *a: object) -> None:
+            quiesced.append(a)
+            super().__init__(*a)
+
+    def read_now(self, dma: int, n: int) -> bytes:
+        for phys, _ in self._phys(dma, n, False):
+            if self.machine.zone.owner_of(phys >> self.machine.page_shift) is None:
+                freed_reads.append(phys)
+        return real_read(self, dma, n)
+    monkeypatch.setattr(mlx5_engine, "QpQuiesced", Counted)
+    monkeypatch.setattr(mlx5_engine.Mlx5Engine, "_read_now", read_now)
+
+    def program() -> None:
+        link = make_link("loopback")
+        link.b.recv(100, 0, 8)
+        modify_state(link.b, v.IBV_QPS_ERR)
+        link.b.p.exit(0)
+        link.a.p.exit(0)
+    runs = list(explore_dpor(program, bound=2))
+    assert [(r.failure.check, r.schedule) for r in runs if r.failure] == []
+    assert quiesced and freed_reads == []
+
+
 def test_more_wrs_than_the_queue_holds(link):
     a, b = link.a, link.b
     max_post = a.qp.qp.sq.max_post
@@ -907,9 +984,7 @@ def test_rdma_write_call_flow_and_tasks():
     pts = [(p.name, p.fields) for p in t.trace.points() if p.name.startswith(
         ("mlx5_", "hca_", "roce_"))]
     qpn_a, qpn_b = hex(a.qp.qp_num), hex(link.b.qp.qp_num)
-    # (both engines first ran the sq_process the move to RTS queued: nothing to do)
-    assert pts[:2] == [("hca_dbrec", {"qpn": qpn_a, "send_counter": 0})] * 2
-    pts = pts[2:]
+    # (the move to RTS found nothing posted: no engine step before the WQE's)
     assert [n for n, _ in pts] == ["mlx5_wqe", "mlx5_dbrec", "mlx5_doorbell", "hca_dbrec",
                                    "hca_wqe", "roce_frame", "roce_frame", "mlx5_cqe"]
     f = [fields for _, fields in pts]
