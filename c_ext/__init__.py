@@ -138,21 +138,37 @@ class _Backend:
             return twins.gup_fast(mem, pgd, start, nr, need, deny, pfns.view, off)
         return lib.pm_gup_fast(mem.c, pgd, start, nr, need, deny, pfns.ptr + off)
 
+    def count_pages(self, lens: U64Array, n: int, shift: int) -> int:
+        """The pages n byte lengths cover, each rounded up to 2^shift bytes."""
+        _check(lens, 0, n, "lens")
+        if not 0 <= shift < 64:
+            raise ValueError(f"page shift {shift} out of range")
+        if self.name == "python":
+            return twins.count_pages(lens.view, n, shift)
+        return lib.pm_count_pages(lens.ptr, n, shift)
+
     def unpin(self, mem: MemCtx, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool,
-              freed: U64Array) -> int:
+              freed: U64Array, len_shift: int = -1) -> int:
+        """Drop a pin from each page of n runs (first pfn, count); counts None: one
+        page each; len_shift >= 0: counts are byte lengths, rounded up to pages of
+        2^len_shift bytes.  The pages freed go to `freed`; their number returned."""
         _check(pfns, 0, n, "pfns")
         total = n
         if counts is not None:
+            if not -1 <= len_shift < 64:
+                raise ValueError(f"page shift {len_shift} out of range")
             _check(counts, 0, n, "counts")
-            total = sum(counts.view[:n])
+            total = sum(counts.view[:n]) if len_shift < 0 else \
+                self.count_pages(counts, n, len_shift)
         _check(freed, 0, total, "freed")
         if self.name == "python":
-            r, err = twins.unpin(mem, pfns.view, counts.view if counts else None, n, dirty,
-                                 freed.view)
+            r, err = twins.unpin(mem, pfns.view, counts.view if counts else None, n,
+                                 len_shift if counts is not None else -1, dirty, freed.view)
         else:
             errp = ffi.new("uint64_t[3]")
             r = lib.pm_unpin(mem.c, pfns.ptr, counts.ptr if counts else ffi.NULL, n,
-                             int(dirty), freed.ptr, errp)
+                             len_shift if counts is not None else -1, int(dirty), freed.ptr,
+                             errp)
             err = tuple(errp)
         if r < 0:
             raise UnpinUnderflow(*err)

@@ -61,12 +61,19 @@ def gup_fast(mem, pgd, start, nr, need, deny, pfns, off):
     return nr
 
 
-def unpin(mem, pfns, counts, n, dirty, freed):
+def count_pages(lens, n, shift):
+    rnd = (1 << shift) - 1
+    return sum((lens[i] + rnd) >> shift for i in range(n))
+
+
+def unpin(mem, pfns, counts, n, len_shift, dirty, freed):
     pages = mem.pages
     nfreed = 0
     done = 0
+    rnd = (1 << len_shift) - 1 if len_shift >= 0 else 0
     for i in range(n):
-        cnt = counts[i] if counts is not None else 1
+        cnt = 1 if counts is None else counts[i] if len_shift < 0 else \
+            (counts[i] + rnd) >> len_shift
         for j in range(cnt):
             pfn = pfns[i] + j
             p = pfn * 4

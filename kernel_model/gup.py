@@ -187,13 +187,15 @@ def _pin_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int, pages: 
     return nr
 
 
-def _unpin(m, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool) -> None:
-    total = n if counts is None else sum(counts.view[:n])
+def _unpin(m, pfns: U64Array, counts: U64Array | None, n: int, dirty: bool,
+           len_shift: int = -1) -> None:
+    total = n if counts is None else sum(counts.view[:n]) if len_shift < 0 else \
+        m.ops.count_pages(counts, n, len_shift)
     freed = getattr(m, "_unpin_scratch", None)  # reused: a 1 GiB unpin needs 2 MiB of it
     if freed is None or freed.n < total:
         freed = m._unpin_scratch = U64Array(total, zero=False)
     try:
-        nfreed = m.ops.unpin(m.mem, pfns, counts, n, dirty, freed)
+        nfreed = m.ops.unpin(m.mem, pfns, counts, n, dirty, freed, len_shift)
     except UnpinUnderflow as e:
         # account for what was done before the bad page, then WARN and fail
         _free_unpinned(m, freed, e.nfreed, e.done)
@@ -224,10 +226,12 @@ def unpin_user_pages_dirty_lock(pages: U64Array, npages: int, make_dirty: bool) 
 
 @traced
 def unpin_user_page_range_dirty_lock(pfns: U64Array, counts: U64Array, n: int,
-                                     make_dirty: bool) -> None:
+                                     make_dirty: bool, len_shift: int = -1) -> None:
     """Mirrors unpin_user_page_range_dirty_lock(), for n ranges at once.
 
-    ib_umem_release() calls it once per scatterlist entry; taking the entries'
-    (first pfn, page count) arrays lets the whole release be one C loop.
+    ib_umem_release() calls it once per scatterlist entry with
+    DIV_ROUND_UP(sg->length, PAGE_SIZE) pages; taking the entries' arrays lets the
+    whole release be one C loop.  With len_shift (PAGE_SHIFT) the counts are the
+    entries' byte lengths and the loop does the division: no array of counts.
     """
-    _unpin(current().machine, pfns, counts, n, make_dirty)
+    _unpin(current().machine, pfns, counts, n, make_dirty, len_shift)

@@ -23,7 +23,6 @@ Lock order: none; ib_umem holds no lock.  The caller owns the umem.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -269,32 +268,9 @@ def __ib_umem_release(device: ib_device, umem: ib_umem, dirty: bool) -> None:
     n = sgt.orig_nents
     if n:
         # EMU: one C call over every entry, so no cond_resched() per 4096 entries
-        unpin_user_page_range_dirty_lock(sgt.sg_pfn, _pages_per_entry(sgt), n,
-                                         umem.writable and dirty)
+        unpin_user_page_range_dirty_lock(sgt.sg_pfn, sgt.sg_len, n, umem.writable and dirty,
+                                         len_shift=sgt.page_shift)
     sg_free_append_table(umem.sgt_append)
-
-
-def _pages_per_entry(sgt: sg_table) -> U64Array:
-    """DIV_ROUND_UP(sg->length, PAGE_SIZE) of every CPU entry, as one array.
-
-    Every entry ib_umem_get builds is whole pages (offset 0, pinned <<
-    PAGE_SHIFT bytes), so the division is exact: a shift.  A Python loop
-    over a fragmented 1 GiB table (262,144 entries) would cost more than
-    pinning it, so the column is shifted as one big integer of 64-bit slots;
-    the zero low bits of each slot are what slides into its neighbour.
-    """
-    n, shift = sgt.orig_nents, sgt.page_shift
-    lens = sgt.sg_len.view[:n]
-    counts = U64Array(n, zero=False)
-    order = sys.byteorder  # a native u64 column: slot i is element i either way
-    slots = int.from_bytes(lens, order)
-    if slots & int.from_bytes(((1 << shift) - 1).to_bytes(8, order) * n, order):
-        # not built by ib_umem_get: round up entry by entry
-        for i, length in enumerate(lens):
-            counts.view[i] = (length + (1 << shift) - 1) >> shift
-    else:
-        counts.view[:n] = memoryview((slots >> shift).to_bytes(8 * n, order)).cast("Q")
-    return counts
 
 
 @traced

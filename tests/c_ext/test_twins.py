@@ -355,9 +355,11 @@ def test_gup_fast_agrees_on_corrupt_page_tables(k):
 @given(state=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2)), min_size=1, max_size=24),
        entries=st.lists(st.tuples(st.integers(-1, 26), st.integers(0, 3)), min_size=1,
                         max_size=10),
-       ranged=st.booleans(), dirty=st.booleans())
-def test_unpin_agrees_including_underflow(state, entries, ranged, dirty):
-    """state: (base reference, pins) per page; entries: (page index, count) to unpin."""
+       ranged=st.booleans(), dirty=st.booleans(), short=st.one_of(st.none(), st.integers(0, 4095)))
+def test_unpin_agrees_including_underflow(state, entries, ranged, dirty, short):
+    """state: (base reference, pins) per page; entries: (page index, count) to unpin;
+    short not None: the counts go as byte lengths that many bytes short of whole
+    pages (len_shift: the unpin rounds each up, as __ib_umem_release's entries)."""
     machines, results = [], []
     for b in BACKENDS:
         m = Machine(ram_size=RAM, backend=b)
@@ -370,10 +372,13 @@ def test_unpin_agrees_including_underflow(state, entries, ranged, dirty):
             # -1: a free page; past the list: pages after them (free) or past RAM
             pfns[i] = (pages[idx].pfn if 0 <= idx < len(pages)
                        else m.nr_pages - 1 if idx < 0 else pages[-1].pfn + idx)
-            counts[i] = cnt
+            counts[i] = cnt if short is None else max(0, (cnt << m.page_shift) - short)
+        shift = -1 if short is None else m.page_shift
+        if short is not None:
+            assert m.ops.count_pages(counts, n, shift) == sum(c for _, c in entries)
         freed = U64Array(sum(c for _, c in entries) if ranged else n)
         try:
-            r = m.ops.unpin(m.mem, pfns, counts if ranged else None, n, dirty, freed)
+            r = m.ops.unpin(m.mem, pfns, counts if ranged else None, n, dirty, freed, shift)
             results.append(("ok", r, freed[:r]))
         except UnpinUnderflow as e:
             results.append(("underflow", e.pfn))
@@ -532,6 +537,14 @@ def test_wrapper_refuses_what_would_overflow_c(backend):
     counts = _arr([3])
     with pytest.raises(ValueError, match="freed"):
         ops.unpin(m.mem, _arr([1]), counts, 1, False, U64Array(2))
+    with pytest.raises(ValueError, match="freed"):          # 3 pages of 4 KiB: 3 freed
+        ops.unpin(m.mem, _arr([1]), _arr([2 * 4096 + 1]), 1, False, U64Array(2), 12)
+    with pytest.raises(ValueError, match="page shift"):
+        ops.unpin(m.mem, _arr([1]), counts, 1, False, U64Array(3), 64)
+    with pytest.raises(ValueError, match="page shift"):
+        ops.count_pages(counts, 1, -1)
+    with pytest.raises(ValueError, match="overflow"):
+        ops.count_pages(counts, 2, 12)
     with pytest.raises(ValueError, match="max_seg below one page"):
         ops.sg_append(12, _arr([1]), 0, 1, 0, 4096, 100, U64Array(1), U64Array(1),
                       U64Array(1), 0)
