@@ -138,6 +138,35 @@ class _Backend:
             return twins.gup_fast(mem, pgd, start, nr, need, deny, pfns.view, off)
         return lib.pm_gup_fast(mem.c, pgd, start, nr, need, deny, pfns.ptr + off)
 
+    def pin_append(self, mem: MemCtx, pgd: int, start: int, npages: int, need: int,
+                   deny: int, page_list: U64Array, max_seg: int, sg_pfn: U64Array,
+                   sg_off: U64Array, sg_len: U64Array, nents: int) -> tuple[int, int]:
+        """ib_umem_get's batches, page_list.n pages each, pinned by the fast path and
+        appended to the sg table (offset 0) until npages are in or a batch comes
+        back short: (pages pinned and appended, the table's new count).  The columns
+        must hold nents + npages entries."""
+        batch = page_list.n
+        if npages < 0 or batch < 1:
+            raise ValueError(f"pin_append: {npages} pages in batches of {batch}")
+        if max_seg < (1 << mem.page_shift):
+            raise ValueError("max_seg below one page")
+        for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len")):
+            _check(arr, 0, nents + npages, name)
+        cap = min(sg_pfn.n, sg_off.n, sg_len.n)
+        if self.name == "python":
+            done, nents = twins.pin_append(mem, pgd, start, npages, batch, need, deny,
+                                           page_list.view, max_seg, sg_pfn.view, sg_off.view,
+                                           sg_len.view, nents, cap)
+        else:
+            nents_p = ffi.new("long *", nents)
+            done = lib.pm_pin_append(mem.c, pgd, start, npages, batch, need, deny,
+                                     page_list.ptr, max_seg, sg_pfn.ptr, sg_off.ptr,
+                                     sg_len.ptr, nents_p, cap)
+            nents = nents_p[0]
+        if done < 0:
+            raise ValueError("pin_append: the sg table overflowed")
+        return done, nents
+
     def count_pages(self, lens: U64Array, n: int, shift: int) -> int:
         """The pages n byte lengths cover, each rounded up to 2^shift bytes."""
         _check(lens, 0, n, "lens")

@@ -134,6 +134,43 @@ bad:
 }
 
 /*
+ * ib_umem_get()'s loop in one call: pin `batch` pages at a time by the fast path
+ * (pm_gup_fast) and append each batch to the sg table (pm_sg_append, offset 0),
+ * until npages are in or a batch comes back short - a page the fast path cannot
+ * pin, left to the caller's slow path.  What was pinned is appended either way.
+ * Returns the pages pinned and appended; *nents is the table's new count.  The
+ * caller reserves cap >= *nents + npages entries, so the append cannot overflow
+ * (-1 if it would, with the batch's pages still pinned: a caller bug).
+ */
+long pm_pin_append(const struct pm_mem *m, uint64_t pgd, uint64_t start,
+		   long npages, long batch, uint64_t need, uint64_t deny,
+		   uint64_t *page_list, uint64_t max_seg, uint64_t *sg_pfn,
+		   uint64_t *sg_off, uint64_t *sg_len, long *nents, long cap)
+{
+	int shift = m->page_shift;
+	long done = 0;
+
+	while (done < npages) {
+		long want = npages - done < batch ? npages - done : batch;
+		long got = pm_gup_fast(m, pgd, start + ((uint64_t)done << shift), want,
+				       need, deny, page_list);
+
+		if (got > 0) {
+			long r = pm_sg_append(shift, page_list, got, 0,
+					      (uint64_t)got << shift, max_seg, sg_pfn,
+					      sg_off, sg_len, *nents, cap);
+			if (r < 0)
+				return -1;
+			*nents = r;
+			done += got;
+		}
+		if (got < want)
+			break;
+	}
+	return done;
+}
+
+/*
  * The pages n byte lengths cover, each rounded up to 2^shift bytes: the sum of
  * DIV_ROUND_UP(sg->length, PAGE_SIZE) that __ib_umem_release unpins.
  */

@@ -43,6 +43,10 @@ long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 	      const uint64_t *counts, long n, int len_shift, int dirty,
 	      uint64_t *freed, uint64_t *err);
 uint64_t pm_count_pages(const uint64_t *lens, long n, int shift);
+long pm_pin_append(const struct pm_mem *m, uint64_t pgd, uint64_t start,
+		   long npages, long batch, uint64_t need, uint64_t deny,
+		   uint64_t *page_list, uint64_t max_seg, uint64_t *sg_pfn,
+		   uint64_t *sg_off, uint64_t *sg_len, long *nents, long cap);
 long pm_sg_append(int page_shift, const uint64_t *pfns, long n,
 		  uint64_t offset, uint64_t size, uint64_t max_seg,
 		  uint64_t *sg_pfn, uint64_t *sg_off, uint64_t *sg_len,

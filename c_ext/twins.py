@@ -61,6 +61,25 @@ def gup_fast(mem, pgd, start, nr, need, deny, pfns, off):
     return nr
 
 
+def pin_append(mem, pgd, start, npages, batch, need, deny, page_list, max_seg, sg_pfn,
+               sg_off, sg_len, nents, cap):
+    shift = mem.page_shift
+    done = 0
+    while done < npages:
+        want = min(batch, npages - done)
+        got = gup_fast(mem, pgd, start + (done << shift), want, need, deny, page_list, 0)
+        if got > 0:
+            r = sg_append(shift, page_list, got, 0, got << shift, max_seg, sg_pfn, sg_off,
+                          sg_len, nents, cap)
+            if r < 0:
+                return -1, nents
+            nents = r
+            done += got
+        if got < want:
+            break
+    return done, nents
+
+
 def count_pages(lens, n, shift):
     rnd = (1 << shift) - 1
     return sum((lens[i] + rnd) >> shift for i in range(n))

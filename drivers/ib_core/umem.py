@@ -43,6 +43,7 @@ from drivers.ib_core.ib_umem import (  # noqa: F401 - ib_umem.h, re-exported
 from drivers.ib_core.peer_mem import ib_peer_umem_get, ib_peer_umem_release
 from drivers.ib_core.umem_dmabuf import ib_umem_dmabuf_release
 from drivers.ib_core.umem_odp import ib_umem_odp_release, to_ib_umem_odp
+from kernel_model import trace
 from kernel_model.current import current
 from kernel_model.dma import (
     DMA_ATTR_WEAK_ORDERING,
@@ -61,12 +62,14 @@ from kernel_model.gup import (
 )
 from kernel_model.locking import cond_resched
 from kernel_model.mm import mmdrop, mmgrab
+from kernel_model.pgtable import _PAGE_PRESENT, _PAGE_RW, _PAGE_SPECIAL, _PAGE_USER
 from kernel_model.scatterlist import (
     UINT_MAX,
     sg_alloc_append_table_from_pages,
     sg_free_append_table,
     sg_table,
 )
+from kernel_model.sched import SCHED
 from kernel_model.task import CAP_IPC_LOCK, RLIMIT_MEMLOCK, can_do_mlock, capable, rlimit
 from kernel_model.trace import traced
 
@@ -237,6 +240,11 @@ def _pin_pages(device: ib_device, umem: ib_umem, cur_base: int, npages: int,
     gup_flags = FOLL_LONGTERM | (FOLL_WRITE if umem.writable else 0)
     max_seg = ib_dma_max_seg_size(device)
     while npages:
+        done = _pin_batches_at_once(umem, cur_base, npages, page_list, max_seg)
+        cur_base += done << shift
+        npages -= done
+        if not npages:
+            break
         cond_resched()
         pinned = pin_user_pages_fast(cur_base, min(npages, page_list.n), gup_flags, page_list)
         if pinned <= 0:  # gup raises rather than return < 0; 0 would loop for ever
@@ -249,6 +257,50 @@ def _pin_pages(device: ib_device, umem: ib_umem, cur_base: int, npages: int,
         except KernelError:
             unpin_user_pages_dirty_lock(page_list, pinned, False)
             raise
+
+
+#: _pin_batches_at_once may run the batches in one C call (tests that watch each
+#: batch's pin_user_pages_fast call turn it off)
+PIN_AT_ONCE = True
+
+
+def _pin_batches_at_once(umem: ib_umem, cur_base: int, npages: int, page_list: U64Array,
+                         max_seg: int) -> int:
+    """_pin_pages' batches in one C call (ops.pin_append), as long as each batch's
+    pin_user_pages_fast is its fast path alone; the pages pinned and appended (0:
+    the loop takes the batch one call at a time).
+
+    # EMU: a shortcut that changes nothing anyone can see.  It is taken only with
+    # tracing off (the per-batch calls would trace nothing), no other task runnable
+    # and not in atomic context (each batch's cond_resched() could switch to nobody
+    # and warn of nothing), and the range inside the task's address space (the
+    # per-batch checks would pass).  It stops at the first page the fast path
+    # cannot pin: that batch goes the kernel's way, the slow path included.  The
+    # table is the same either way: an append extends the last entry up to
+    # max_segment wherever the batches were cut (tests/c_ext: pin_append)."""
+    task = current()
+    m, mm = task.machine, task.mm
+    shift = m.page_shift
+    max_seg &= ~((1 << shift) - 1)
+    if not PIN_AT_ONCE or trace.enabled or SCHED.runq or SCHED.current.preempt_count > 0 \
+            or max_seg < 1 << shift or cur_base + (npages << shift) > mm.task_size:
+        return 0
+    sgt_append = umem.sgt_append
+    sgt = sgt_append.sgt
+    if sgt_append.prv is None and sgt.orig_nents:
+        return 0
+    need = _PAGE_PRESENT | _PAGE_USER | (_PAGE_RW if umem.writable else 0)
+    sgt.ensure_capacity(sgt.orig_nents + npages)
+    done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base, npages, need, _PAGE_SPECIAL,
+                                   page_list, max_seg, sgt.sg_pfn, sgt.sg_off, sgt.sg_len,
+                                   sgt.orig_nents)
+    if done:
+        m.vmstat["nr_foll_pin_acquired"] += done
+        sgt.orig_nents = sgt.nents = nents
+        sgt_append.prv = nents - 1
+        sgt_append.total_nents = sgt.capacity
+        sgt_append.end_marked = done == npages
+    return done
 
 
 def _refund_pinned_vm(umem: ib_umem, mm: mm_struct) -> None:

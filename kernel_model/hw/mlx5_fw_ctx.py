@@ -191,7 +191,7 @@ def _check_pas(pas: U64Array, log_page_size: int, page_offset: int, nbytes: int,
 
 
 def _copy_pas(pas: U64Array) -> U64Array:
-    keep = U64Array(pas.n)
+    keep = U64Array(pas.n, zero=False)          # every entry written next
     keep.view[: pas.n] = pas.view[: pas.n]
     return keep
 

@@ -308,6 +308,7 @@ class PinSpy:
             return real(start, min(nr_pages, cap or nr_pages), gup_flags, pages, pages_off)
 
         monkeypatch.setattr(umem_mod, "pin_user_pages_fast", spy)
+        monkeypatch.setattr(umem_mod, "PIN_AT_ONCE", False)    # every batch, one call each
 
 
 @pytest.mark.parametrize("access,writable", [
@@ -437,6 +438,74 @@ def test_blocks_of_a_scattered_umem_follow_the_page_tables(machine):
     assert ib_umem_find_best_pgsz(umem, genmask(43, 12), VA + 0x123) == K4
     assert not ib_umem_is_contiguous(umem)
     release(p, umem)
+
+
+# -- the batches in one C call (_pin_batches_at_once) --------------------------------------
+def _pin_layout(backend: str, seed: int, at_once: bool, monkeypatch) -> tuple:
+    """A registration over 1,300 pages faulted in a shuffled order with holes (pages
+    the fast path cannot pin, left to the slow path), max_seg 40 pages: its table,
+    pins, pin count and end mark, by batches one call each or at once."""
+    monkeypatch.setattr(umem_mod, "PIN_AT_ONCE", at_once)
+    took = []
+    real = umem_mod._pin_batches_at_once
+    monkeypatch.setattr(umem_mod, "_pin_batches_at_once",
+                        lambda *a: took.append(real(*a)) or took[-1])
+    rng = random.Random(seed)
+    m = Machine(ram_size=64 << 20, backend=backend)
+    p = m.spawn("app")
+    n = 1300
+    p.mmap(VA, n * K4, flags=ANON)
+    order = list(range(n))
+    rng.shuffle(order) if seed % 2 else None      # odd seeds: fragmented
+    holes = set(rng.sample(range(n), rng.randrange(0, 12)))
+    for i in order:
+        if i not in holes:
+            p.store(VA + i * K4, b"x")
+    before = m.vmstat["nr_foll_pin_acquired"]
+    umem = get(p, IbDev(m, max_seg=40 * K4), VA, n * K4, IB_ACCESS_LOCAL_WRITE)
+    seen = (umem.sgt_append.sgt.cpu_entries(), pins(p, VA, n),
+            m.vmstat["nr_foll_pin_acquired"] - before, umem.sgt_append.end_marked,
+            len(holes))
+    release(p, umem)
+    assert pins(p, VA, n) == [0] * n
+    assert (sum(took) >= n - 512 * len(holes)) if at_once else not any(took)
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_at_once_build_what_batch_by_batch_builds(seed, monkeypatch):
+    """The shortcut pins, appends and counts exactly as the kernel's loop, on the C
+    loops and on their Python twins; a page the fast path cannot pin (a hole) makes
+    it stop and that batch go the kernel's way, slow path included."""
+    got = {(b, once): _pin_layout(b, seed, once, monkeypatch)
+           for b in ("c", "python") for once in (True, False)}
+    assert len({repr(v) for v in got.values()}) == 1
+    entries, pinned, acquired, end, _ = got["c", True]
+    assert pinned == [1] * 1300 and acquired == 1300 and end
+    assert all(length <= 40 * K4 for _, _, length in entries)
+
+
+def test_a_traced_registration_pins_batch_by_batch(m):
+    """Tracing on: each batch's pin_user_pages_fast and append is in the trace, the
+    shortcut not taken."""
+    p = m.spawn("app")
+    p.mmap(VA, 1000 * K4, flags=ANON)
+    p.store(VA, bytes(1000 * K4))
+    with Tracer() as t:
+        umem = get(p, IbDev(m), VA, 1000 * K4)
+    calls = [c.func for c in t.trace.calls() if c.func in (
+        "pin_user_pages_fast", "sg_alloc_append_table_from_pages")]
+    assert calls == ["pin_user_pages_fast", "sg_alloc_append_table_from_pages"] * 2
+    release(p, umem)
+
+
+def test_pin_append_refuses_columns_too_short(m):
+    """ops.pin_append checks the table has room for every page before C runs."""
+    small = U64Array(3)
+    with pytest.raises(ValueError, match="overflow"):
+        m.ops.pin_append(m.mem, 0, VA, 4, 0, 0, U64Array(512), 1 << 30, small, small, small, 0)
+    with pytest.raises(ValueError, match="max_seg"):
+        m.ops.pin_append(m.mem, 0, VA, 1, 0, 0, U64Array(512), 100, small, small, small, 0)
 
 
 # -- a 64 KiB-page machine -----------------------------------------------------------
