@@ -23,18 +23,30 @@ KTHREAD_SHOULD_STOP = 1
 
 
 @traced
-def kthread_create(threadfn: Callable[..., Any], *args: object, name: str) -> Task:
-    """Mirrors kthread_create() + wake_up_process() (kthread_run): a runnable kthread."""
+def kthread_create(threadfn: Callable[..., Any], *args: object, name: str,
+                   idle_on: Any = None) -> Task:
+    """Mirrors kthread_create() + wake_up_process() (kthread_run): a runnable kthread.
+
+    With `idle_on` (a wait queue), a thread whose first act is to sleep there until
+    there is work starts asleep on it instead: its first run - finding nothing and
+    sleeping - changes nothing anyone sees, and as a runnable task it only made a
+    choice of every scheduling point until it ran (a pool's idle worker, already
+    asleep, as alloc_workqueue's workers are in the kernel).  Waking `idle_on`, or
+    kthread_stop, runs it."""
     m = current().machine
     init = m.init_task
     ts = task_struct(m, m.alloc_pid(), name, None, None, cred(0, init.cred.cap_effective),
                      {k: list(v) for k, v in init.rlim.items()}, PF_KTHREAD)
     ts.kthread_flags = 0
-    t = SCHED.new_task(threadfn, *args, name=name, ts=ts)
+    if idle_on is not None:
+        t = SCHED.new_sleeping_task(threadfn, *args, name=name, ts=ts, on=idle_on)
+    else:
+        t = SCHED.new_task(threadfn, *args, name=name, ts=ts)
     ts.sched_task = t
     m.kthreads[ts.pid] = t
     t.on_exit.append(lambda: m.kthreads.pop(ts.pid, None))
-    SCHED.point("wake_up_new_task")          # wake_up_process: set up, then runnable
+    if idle_on is None:
+        SCHED.point("wake_up_new_task")      # wake_up_process: set up, then runnable
     return t
 
 

@@ -120,6 +120,7 @@ class Task:
     # the body of a spawned task's greenlet
     def _run(self, *_ignored: object) -> None:
         s = self.sched
+        self.blocked_on = None          # (a task started asleep: new_sleeping_task)
         s._resumed(self)
         try:
             self.result = self.fn(*self.args)
@@ -272,6 +273,18 @@ class Scheduler:
         """Create a runnable task (it first runs at a later scheduling point)."""
         t = self.new_task(fn, *args, name=name, ts=ts)
         self.point("wake_up_new_task")
+        return t
+
+    def new_sleeping_task(self, fn: Callable[..., Any], *args: object, name: str,
+                          ts: task_struct | None, on: Any) -> Task:
+        """A task that starts asleep on the wait queue `on` (its `sleepers`): it first
+        runs, from the top, when someone wakes it - as a kernel thread waiting for
+        work that was never given any.  No scheduling point: nothing new can run."""
+        t = self.new_task(fn, *args, name=name, ts=ts)
+        self.runq.remove(t)
+        t.state = BLOCKED
+        t.blocked_on = on
+        on.sleepers.append(t)
         return t
 
     def new_task(self, fn: Callable[..., Any], *args: object, name: str,

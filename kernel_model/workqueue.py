@@ -214,7 +214,9 @@ def alloc_workqueue(name: str, flags: int = 0, max_active: int = 0) -> workqueue
     """Mirrors alloc_workqueue(): a workqueue and its worker kthread."""
     wq = workqueue_struct(name, flags, max_active)
     m = wq.machine
-    wq.worker = kthread_create(worker_thread, wq, name=f"kworker/{name}")
+    # EMU: one worker per workqueue, asleep on more_work until the first item or
+    # destroy_workqueue wakes it (kthread_create's idle_on)
+    wq.worker = kthread_create(worker_thread, wq, name=f"kworker/{name}", idle_on=wq.more_work)
     wq.worker.on_exit.append(_wake_flushers_on_exit(wq))
     _registry(m).append(wq)
     return wq

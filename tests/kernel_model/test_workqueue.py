@@ -41,6 +41,35 @@ def _logging_work(log, tag, sleep=0):
     return INIT_WORK(fn)
 
 
+def test_a_new_worker_sleeps_until_there_is_work(m):
+    """alloc_workqueue's worker starts asleep on more_work (kthread_create's idle_on):
+    no scheduling point, never a choice until the first item wakes it - then it runs
+    from the top and takes the item."""
+    seen = []
+    with m.kernel():
+        before = len(SCHED.decisions)
+        wq = alloc_workqueue("idle")
+        w = wq.worker
+        assert w.state == "blocked" and w.blocked_on is wq.more_work
+        assert w not in SCHED.runq and w in wq.more_work.sleepers
+        assert len(SCHED.decisions) == before          # nothing new could run
+        assert queue_work(wq, INIT_WORK(lambda work: seen.append(current().comm)))
+        flush_workqueue(wq)
+        assert seen == ["kworker/idle"] and w.blocked_on is wq.more_work   # idle again
+        destroy_workqueue(wq)
+        assert w.done and w.result is None
+
+
+def test_a_worker_never_woken_is_stopped_without_running(m):
+    """destroy_workqueue of a workqueue that never had an item: kthread_stop on a
+    thread that never ran - its function is not called (-EINTR)."""
+    with m.kernel():
+        wq = alloc_workqueue("unused")
+        w = wq.worker
+        destroy_workqueue(wq)
+        assert w.done and w.result == -4                # -EINTR
+
+
 def test_items_run_in_fifo_order_on_the_worker(m):
     log = []
     with m.kernel():

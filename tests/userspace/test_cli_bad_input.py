@@ -250,7 +250,7 @@ def test_explore_replay_that_diverges_exits_1(capsys):
         SCHED.failed.clear()
     assert rc == 1 and "Traceback" not in out + err
     assert err == ("peermem explore: --replay '99': explore: decision 0 wants task 99, "
-                   "runnable: [0, 1]\n")
+                   "runnable: [0, 2]\n")
     assert out.startswith(f"{RACE} (fixed): ") and out.count("\n") == 1  # the title only
 
 
