@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import queue
 import random
 import time
 import warnings
@@ -1198,18 +1199,29 @@ def explore_dpor(program: Program, bound: int = 2, max_schedules: int | None = N
         except OSError as e:    # a process too big to fork (overcommit): same search
             warnings.warn(f"explore: jobs={jobs}: cannot fork workers ({e}); running "
                           "the schedules in this process", RuntimeWarning, stacklevel=2)
+    done: queue.SimpleQueue = queue.SimpleQueue()    # the workers' runs, as they end
+    inflight = 0
     with _few_collections():
         try:
-            while search.stack and (max_schedules is None or runs < max_schedules):
+            while (search.stack or inflight) and (max_schedules is None or runs < max_schedules):
                 if not split:                      # breadth first until the split
                     results = [_dpor_step(program, *search.pop(False))]
                 elif pool is None:
                     results = [_dpor_step(program, *search.pop(True))]
                 else:
-                    left = None if max_schedules is None else max_schedules - runs
-                    batch = [search.pop(True) for _ in range(min(jobs, len(search.stack),
-                                                              left or jobs))]
-                    results = pool.map(_dpor_worker, batch, chunksize=1)
+                    # every worker kept busy: a prefix goes out as soon as a run comes
+                    # back (waiting for a whole batch left one worker idle behind the
+                    # other's longer run, and both idle while this process added them)
+                    while inflight < jobs and search.stack and \
+                            (max_schedules is None or runs + inflight < max_schedules):
+                        pool.apply_async(_dpor_worker, (search.pop(True),),
+                                         callback=done.put, error_callback=done.put)
+                        inflight += 1
+                    got = done.get()
+                    inflight -= 1
+                    if isinstance(got, BaseException):
+                        raise got
+                    results = [got]
                 for run, races, fps, slept in results:
                     search.add(run, races, fps, slept)
                     if not split and len(search.stack) >= SPLIT_AT * count:
