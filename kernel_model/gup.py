@@ -155,6 +155,12 @@ def pin_user_pages_remote(mm: mm_struct, start: int, nr_pages: int, gup_flags: i
     return _pin_pages(mm, start, nr_pages, gup_flags | FOLL_PIN, pages, pages_off)
 
 
+def gup_fast_need(gup_flags: int) -> int:
+    """The PTE bits gup_fast_pte_range requires for these flags (present, user, and
+    writable for FOLL_WRITE); a PTE with _PAGE_SPECIAL is refused."""
+    return _PAGE_PRESENT | _PAGE_USER | (_PAGE_RW if gup_flags & FOLL_WRITE else 0)
+
+
 def _pin_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int, pages: U64Array,
                off: int) -> int:
     """gup_fast_fallback(): validate, C fast path, then the slow path for the rest."""
@@ -172,8 +178,8 @@ def _pin_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int, pages: 
         raise KernelError(EFAULT, "pin_user_pages_fast: range beyond TASK_SIZE")
     if off < 0 or off + nr_pages > len(pages):
         raise KernelError(EINVAL, "pin_user_pages_fast: pages array too small")
-    need = _PAGE_PRESENT | _PAGE_USER | (_PAGE_RW if gup_flags & FOLL_WRITE else 0)
-    nr = m.ops.gup_fast(m.mem, mm.pgd, start, nr_pages, need, _PAGE_SPECIAL, pages, off)
+    nr = m.ops.gup_fast(m.mem, mm.pgd, start, nr_pages, gup_fast_need(gup_flags),
+                        _PAGE_SPECIAL, pages, off)
     if nr < nr_pages:
         try:
             nr += __get_user_pages(mm, start + (nr << m.page_shift), nr_pages - nr, gup_flags,

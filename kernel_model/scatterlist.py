@@ -203,9 +203,19 @@ def sg_alloc_append_table_from_pages(sgt_append: sg_append_table, pages: U64Arra
         nents = sgt.ops.sg_append(sgt.page_shift, pages, pages_off, n_pages, offset, size,
                                   max_segment, sgt.sg_pfn, sgt.sg_off, sgt.sg_len,
                                   sgt.orig_nents)
-        sgt.orig_nents = sgt.nents = nents
-        sgt_append.prv = nents - 1
-        sgt_append.total_nents = sgt.capacity
+        sg_appended(sgt_append, nents, left_pages)
+    elif not left_pages:
+        sgt_append.end_marked = True  # sg_mark_end(s)
+
+
+def sg_appended(sgt_append: sg_append_table, nents: int, left_pages: int) -> None:
+    """A batch was appended and the table now has nents entries: the end of
+    sg_alloc_append_table_from_pages (prv is the last entry; sg_mark_end once no
+    pages are left).  Also for a caller whose C loop appended the batches itself."""
+    sgt = sgt_append.sgt
+    sgt.orig_nents = sgt.nents = nents
+    sgt_append.prv = nents - 1
+    sgt_append.total_nents = sgt.capacity
     if not left_pages:
         sgt_append.end_marked = True  # sg_mark_end(s)
 

@@ -280,8 +280,7 @@ class Scheduler:
         """A task that starts asleep on the wait queue `on` (its `sleepers`): it first
         runs, from the top, when someone wakes it - as a kernel thread waiting for
         work that was never given any.  No scheduling point: nothing new can run."""
-        t = self.new_task(fn, *args, name=name, ts=ts)
-        self.runq.remove(t)
+        t = self._make_task(fn, args, name, ts)
         t.state = BLOCKED
         t.blocked_on = on
         on.sleepers.append(t)
@@ -293,10 +292,15 @@ class Scheduler:
         up (stores it, registers it) before anything can run - as kthread_create
         does before wake_up_process - and then calls point("wake_up_new_task").
         A caller that stored the task after spawn's point raced the task itself."""
+        t = self._make_task(fn, args, name, ts)
+        self.runq.append(t)
+        return t
+
+    def _make_task(self, fn: Callable[..., Any], args: tuple, name: str,
+                   ts: task_struct | None) -> Task:
         t = Task(self, next(self._tids), name, fn, args, ts)
         t.greenlet = greenlet(t._run, parent=self.main.greenlet)
         self.alive[t.tid] = t
-        self.runq.append(t)
         if self.fp is not None:   # the child's first step comes after this one
             self.fp(t, "wake")
         return t

@@ -56,16 +56,18 @@ from kernel_model.errno import EACCES, EFAULT, EINVAL, ENOMEM, EOPNOTSUPP, EPERM
 from kernel_model.gup import (
     FOLL_LONGTERM,
     FOLL_WRITE,
+    gup_fast_need,
     pin_user_pages_fast,
     unpin_user_page_range_dirty_lock,
     unpin_user_pages_dirty_lock,
 )
 from kernel_model.locking import cond_resched
 from kernel_model.mm import mmdrop, mmgrab
-from kernel_model.pgtable import _PAGE_PRESENT, _PAGE_RW, _PAGE_SPECIAL, _PAGE_USER
+from kernel_model.pgtable import _PAGE_SPECIAL
 from kernel_model.scatterlist import (
     UINT_MAX,
     sg_alloc_append_table_from_pages,
+    sg_appended,
     sg_free_append_table,
     sg_table,
 )
@@ -277,7 +279,7 @@ def _pin_batches_at_once(umem: ib_umem, cur_base: int, npages: int, page_list: U
     # per-batch checks would pass).  It stops at the first page the fast path
     # cannot pin: that batch goes the kernel's way, the slow path included.  The
     # table is the same either way: an append extends the last entry up to
-    # max_segment wherever the batches were cut (tests/c_ext: pin_append)."""
+    # max_segment wherever the batches were cut (test_umem.py compares the two)."""
     task = current()
     m, mm = task.machine, task.mm
     shift = m.page_shift
@@ -285,21 +287,15 @@ def _pin_batches_at_once(umem: ib_umem, cur_base: int, npages: int, page_list: U
     if not PIN_AT_ONCE or trace.enabled or SCHED.runq or SCHED.current.preempt_count > 0 \
             or max_seg < 1 << shift or cur_base + (npages << shift) > mm.task_size:
         return 0
-    sgt_append = umem.sgt_append
-    sgt = sgt_append.sgt
-    if sgt_append.prv is None and sgt.orig_nents:
-        return 0
-    need = _PAGE_PRESENT | _PAGE_USER | (_PAGE_RW if umem.writable else 0)
+    sgt = umem.sgt_append.sgt
     sgt.ensure_capacity(sgt.orig_nents + npages)
-    done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base, npages, need, _PAGE_SPECIAL,
-                                   page_list, max_seg, sgt.sg_pfn, sgt.sg_off, sgt.sg_len,
-                                   sgt.orig_nents)
+    done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base, npages,
+                                   gup_fast_need(FOLL_WRITE if umem.writable else 0),
+                                   _PAGE_SPECIAL, page_list, max_seg, sgt.sg_pfn, sgt.sg_off,
+                                   sgt.sg_len, sgt.orig_nents)
     if done:
         m.vmstat["nr_foll_pin_acquired"] += done
-        sgt.orig_nents = sgt.nents = nents
-        sgt_append.prv = nents - 1
-        sgt_append.total_nents = sgt.capacity
-        sgt_append.end_marked = done == npages
+        sg_appended(umem.sgt_append, nents, npages - done)
     return done
 
 
