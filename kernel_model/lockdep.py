@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -56,8 +57,41 @@ _TOPS = tuple({os.path.dirname(os.path.dirname(p)).replace("\\", "/") + "/"
 
 
 def call_site(skip: tuple[str, ...] = _SKIP) -> str:
-    """"file.py:LINE func" of the nearest caller outside the locking code."""
-    first = f = sys._getframe(1)
+    """"file.py:LINE func" of the nearest caller outside the locking code.
+
+    Every lock acquire and every kmalloc/kfree names its caller, so the walk
+    is cached: whether a code object's file is skipped, once per code object,
+    and the formatted name, once per (code object, line).
+    """
+    if skip is not _SKIP:
+        return _call_site_walk(sys._getframe(1), skip)
+    f = sys._getframe(1)
+    skipped = _SKIPPED
+    while f is not None:
+        co = f.f_code
+        s = skipped.get(co)
+        if s is None:
+            s = skipped[co] = co.co_filename.replace("\\", "/").endswith(_SKIP)
+        if not s:
+            break
+        f = f.f_back
+    if f is None:
+        return _call_site_walk(sys._getframe(1), skip)
+    key = (f.f_code, f.f_lineno)
+    site = _SITES.get(key)
+    if site is None:
+        site = _SITES[key] = _site_name(f)
+    return site
+
+
+#: code object -> is its file one of _SKIP's; (code object, line) -> its site name
+_SKIPPED: dict[types.CodeType, bool] = {}
+_SITES: dict[tuple[types.CodeType, int], str] = {}
+
+
+def _call_site_walk(first: types.FrameType, skip: tuple[str, ...]) -> str:
+    """call_site() without its caches (another skip list, or only skipped frames)."""
+    f: types.FrameType | None = first
     while f is not None and f.f_code.co_filename.replace("\\", "/").endswith(skip):
         f = f.f_back
     if f is None:  # only model code on the stack (a workqueue worker): name the
@@ -66,6 +100,11 @@ def call_site(skip: tuple[str, ...] = _SKIP) -> str:
             f = f.f_back
         if f is None:
             return "?"
+    return _site_name(f)
+
+
+def _site_name(f: types.FrameType) -> str:
+    """"file.py:LINE func" of one frame, the file relative to the checkout."""
     path = f.f_code.co_filename.replace("\\", "/")
     for top in _TOPS:  # relative to the checkout: "tests/drivers/..." stays whole
         if path.startswith(top):
@@ -114,11 +153,12 @@ class lockdep_graph:
         self.after: dict[str, set[str]] = {}
         self.reported: set[frozenset[str]] = set()
 
-    def add(self, a: held_lock, b_name: str, b_where: str, b_write: bool, who: str) -> None:
+    def add(self, a: held_lock, b_name: str, b_where: str, b_write: bool, task: Task) -> None:
         """Record a -> b; report a cycle the new edge would close."""
         key = (a.lock.name, b_name)
         if key in self.edges or a.lock.name == b_name:
             return
+        who = task.label  # formatted only for an edge seen for the first time
         path = self._path(b_name, a.lock.name)
         self.edges[key] = (a.where, b_where, who, b_write)
         self.after.setdefault(a.lock.name, set()).add(b_name)
@@ -190,7 +230,7 @@ def lock_acquire(lock: object, *, read: bool = False, trylock: bool = False,
             break
     if m is not None and not trylock:
         for h in t.held_locks:
-            m.lockdep.add(h, lock.name, where, not read, t.label)
+            m.lockdep.add(h, lock.name, where, not read, t)
     entry = held_lock(lock, read, where)
     t.held_locks.append(entry)
     return entry

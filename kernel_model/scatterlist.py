@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 UINT_MAX = 0xFFFFFFFF
 _COLUMNS = ("sg_pfn", "sg_off", "sg_len", "dma_addr", "dma_len")
+#: the columns of every table of capacity 0, shared: no entry to read or write
+#: (its view is cut to length 0, so a stray store raises IndexError)
+_EMPTY = U64Array(0)
+_EMPTY.view = _EMPTY.view[:0]
 
 
 class sg_table:
@@ -50,6 +54,9 @@ class sg_table:
 
     def _alloc(self, capacity: int, zero: bool = False) -> None:
         self.capacity = capacity
+        if not capacity:  # an empty (new or freed) table: nothing to hold, nothing to make
+            self.sg_pfn = self.sg_off = self.sg_len = self.dma_addr = self.dma_len = _EMPTY
+            return
         for name in _COLUMNS:
             setattr(self, name, U64Array(capacity, zero=zero))  # filled before read, or 0
 

@@ -314,7 +314,10 @@ def kmalloc_obj(obj: T) -> T:
 def _owner(obj: object) -> kmem_objects | None:
     """The records holding `obj`: the current machine's, else any live machine's."""
     m = machine_now()
-    for mach in ([m] if m is not None else []) + list(live_machines):
+    s = getattr(m, "slab", None)
+    if s is not None and s.live.get(id(obj), (None,))[0] is obj:
+        return s
+    for mach in list(live_machines):        # freed on another machine than it was made
         s = getattr(mach, "slab", None)
         if s is not None and s.live.get(id(obj), (None,))[0] is obj:
             return s

@@ -37,6 +37,7 @@ kernel_model.syscalls -> syscall, kernel_model.hw -> hw, ...) unless given.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 import types
@@ -82,11 +83,24 @@ class _Traced:
         self.name = name
         self.code = fn.__code__
         self.kwdefaults = fn.__kwdefaults__
-        sig = inspect.signature(fn)  # follows __wrapped__ through functools.wraps
-        self.params = [p.name for p in sig.parameters.values()
-                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self.fid = len(_REGISTRY)
-        self.tramps = {clock: _trampoline(fn, self.fid, clock) for clock in ("virtual", "wall")}
+        # the signature and the trampolines are made when first needed: every module
+        # registers its functions at import, and most processes never trace
+        self._tramps: dict[str, types.CodeType] = {}
+
+    @functools.cached_property
+    def params(self) -> list[str]:
+        """The positional parameters' names, as the trace prints the arguments."""
+        sig = inspect.signature(self.fn)  # follows __wrapped__ through functools.wraps
+        return [p.name for p in sig.parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    def tramp(self, clock: str) -> types.CodeType:
+        """The trampoline's code for `clock` ("virtual" or "wall"), made once."""
+        code = self._tramps.get(clock)
+        if code is None:
+            code = self._tramps[clock] = _trampoline(self.copy(), self.fid, clock)
+        return code
 
     def copy(self) -> types.FunctionType:
         """The original function as a separate object, for the trampoline to call."""
@@ -298,7 +312,7 @@ class Tracer:
         defaults = {"_pm_a": self._events.append, "_pm_c": _cur, "_pm_s": SCHED}
         if self.clock == "wall":
             defaults["_pm_t"] = time.perf_counter_ns
-        r.fn.__code__ = r.tramps[self.clock]
+        r.fn.__code__ = r.tramp(self.clock)
         r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), **defaults}
         self._patched.append(r)
 

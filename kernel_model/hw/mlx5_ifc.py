@@ -536,6 +536,12 @@ def _build() -> dict[str, dict[str, int | str]]:
 
 #: typ -> field -> width in bits | "@nested" | "[]" | "bytesN"
 LAYOUTS = _build()
+#: typ -> (its flexible arrays, its nested structures as (field, typ)): what
+#: IfcStruct() lays out, read from LAYOUTS once rather than on every command
+_SHAPES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    typ: (tuple(n for n, k in layout.items() if k == ARRAY),
+          tuple((n, k[1:]) for n, k in layout.items() if isinstance(k, str) and k[:1] == "@"))
+    for typ, layout in LAYOUTS.items()}
 
 
 # -- the object and the macros ------------------------------------------------------------
@@ -561,17 +567,16 @@ class IfcStruct:
         # partial-order reduction sees the fields one by one (keyed_dict): a command
         # reading a capability does not conflict with another setting a QP's field
         self.vals: dict[str, int | bytearray] = keyed_dict()
-        self.subs: dict[str, IfcStruct] = {}
+        arrays, subs = _SHAPES[typ]
+        self.subs: dict[str, IfcStruct] = {name: IfcStruct(sub) for name, sub in subs}
         self.arrays: dict[str, U64Array] = {}
-        for name, kind in layout.items():
-            if kind == ARRAY:
+        if flex:
+            for name in arrays:
                 n = flex.pop(name, 0)
                 if n:                       # an empty one is made when first asked for
                     self.arrays[name] = U64Array(n)
-            elif isinstance(kind, str) and kind.startswith("@"):
-                self.subs[name] = IfcStruct(kind[1:])
-        if flex:
-            raise TypeError(f"IfcStruct: {typ} has no flexible array {sorted(flex)}")
+            if flex:
+                raise TypeError(f"IfcStruct: {typ} has no flexible array {sorted(flex)}")
 
     def __getitem__(self, field: str) -> int:
         return MLX5_GET(self.typ, self, field)
@@ -597,7 +602,37 @@ class IfcStruct:
 
 
 def _resolve(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruct, str, int | str]:
-    """Walk a dotted field path ("memory_key_mkey_entry.mkey_7_0") to (struct, name, kind)."""
+    """Walk a dotted field path ("memory_key_mkey_entry.mkey_7_0") to (struct, name, kind).
+
+    What the C macros resolve at compile time is resolved here once per
+    (typ, the object's typ, field) and kept in _FIELDS: the nested structures
+    to step through, the field's name and its kind.  Only a resolution that
+    succeeded is kept, so every misuse still raises its TypeError.
+    """
+    if type(obj) is IfcStruct:
+        hit = _FIELDS.get((typ, obj.typ, field))
+        if hit is not None:
+            path, name, kind = hit
+            for head in path:
+                obj = obj.subs[head]
+            return obj, name, kind
+    s, name, kind = _walk(typ, obj, field, macro)
+    if type(obj) is IfcStruct:
+        path: list[str] = []
+        sub = obj
+        for head in field.split(".")[:-1]:
+            path.append(head)
+            sub = sub.subs[head]
+        _FIELDS[(typ, obj.typ, field)] = (tuple(path), name, kind)
+    return s, name, kind
+
+
+#: (typ, the object's typ, field) -> (nested structures on the way, name, kind)
+_FIELDS: dict[tuple[str, str, str], tuple[tuple[str, ...], str, int | str]] = {}
+
+
+def _walk(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruct, str, int | str]:
+    """_resolve's first resolution of a field: every check, then the walk."""
     if not isinstance(obj, IfcStruct):
         raise TypeError(f"{macro}: {type(obj).__name__} is not an ifc structure")
     otyp = obj.typ
@@ -615,7 +650,7 @@ def _resolve(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruc
     if rest:
         if not (isinstance(kind, str) and kind.startswith("@")):
             raise TypeError(f"{macro}: {typ}.{head} is not a structure")
-        return _resolve(kind[1:], obj.subs[head], rest, macro)
+        return _walk(kind[1:], obj.subs[head], rest, macro)
     return obj, head, kind
 
 

@@ -36,22 +36,31 @@ class UStruct:
     SIZE: ClassVar[int] = 0
     _OFFSETS: ClassVar[dict[str, int]] = {}
     _NESTED: ClassVar[dict[str, type[UStruct]]] = {}
+    #: the layout compiled once (struct.Struct) and the non-pad field names in order
+    _STRUCT: ClassVar[struct.Struct] = struct.Struct("<")
+    _NAMES: ClassVar[tuple[str, ...]] = ()
 
     def pack(self) -> bytes:
         """The struct's bytes, as the C compiler lays it out."""
-        return struct.pack(self.FMT, *(
-            getattr(self, n).pack() if n in self._NESTED else getattr(self, n)
-            for n, c in self.FIELDS if not _is_pad(c)))
+        if self._NESTED:
+            return self._STRUCT.pack(*(
+                getattr(self, n).pack() if n in self._NESTED else getattr(self, n)
+                for n in self._NAMES))
+        return self._STRUCT.pack(*[getattr(self, n) for n in self._NAMES])
 
     @classmethod
     def unpack(cls: type[T], data: bytes | bytearray | memoryview) -> T:
         """Read a struct from bytes; a short buffer is zero-extended (the
         kernel's copy of min(inlen, sizeof) into a zeroed struct)."""
-        raw = bytes(data[:cls.SIZE]).ljust(cls.SIZE, b"\0")
-        values = struct.unpack(cls.FMT, raw)
-        names = [n for n, c in cls.FIELDS if not _is_pad(c)]
-        return cls(**{n: cls._NESTED[n].unpack(v) if n in cls._NESTED else v
-                      for n, v in zip(names, values, strict=True)})
+        size = cls.SIZE
+        raw = data[:size]
+        if len(raw) < size:
+            raw = bytes(raw).ljust(size, b"\0")
+        values = cls._STRUCT.unpack(raw)
+        if cls._NESTED:
+            return cls(**{n: cls._NESTED[n].unpack(v) if n in cls._NESTED else v
+                          for n, v in zip(cls._NAMES, values, strict=True)})
+        return cls(**dict(zip(cls._NAMES, values, strict=True)))
 
     @classmethod
     def offsetof(cls, name: str) -> int:
@@ -77,6 +86,8 @@ def uapi_struct(cls: type[T]) -> type[T]:
         fmt += f"{code.SIZE}s" if name in nested else code
     cls.FMT, cls.SIZE, cls._OFFSETS = fmt, struct.calcsize(fmt), offsets
     cls._NESTED = nested
+    cls._STRUCT = struct.Struct(fmt)
+    cls._NAMES = tuple(n for n, c in cls.FIELDS if not _is_pad(c))
     these = {n: attrs.field(factory=nested[n]) if n in nested else
              attrs.field(default=_default(c)) for n, c in cls.FIELDS if not _is_pad(c)}
     return attrs.define(these=these, slots=False, eq=True)(cls)
