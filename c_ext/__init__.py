@@ -1,6 +1,7 @@
 """c_ext: the per-page loops in C, each with a pure-Python twin.
 
-The C side (pm.c, behind pm.h) never calls Python and never allocates; this
+The C side (pm.c, behind pm.h) never calls Python and its loops never allocate
+(pm_calloc/pm_free are only U64Array's allocator); this
 wrapper validates every argument first (types, counts against array sizes) so
 C cannot write outside a buffer, then calls the selected backend:
 
@@ -24,6 +25,14 @@ except ImportError:  # pragma: no cover - only when the build was skipped
     ffi = lib = None
 
 _alloc = ffi.new if ffi is not None else None
+# a large zeroed array is its own anonymous mapping (pm_calloc): the kernel zeroes
+# its pages when first touched, where ffi.new would memset all of it - and glibc,
+# once one such block is freed, serves the next from its heap and clears it all
+# (a GPU's 262,144-entry bookkeeping arrays, made for every machine, 2 MiB each).
+# Small ones stay with ffi.new: the custom allocator costs a microsecond per call.
+_alloc_big = (ffi.new_allocator(alloc=lib.pm_calloc, free=lib.pm_free,
+                                should_clear_after_alloc=False) if ffi is not None else None)
+_BIG = 1 << 17      # entries: 1 MiB, pm.c's PM_MMAP_MIN
 _alloc_noclear = ffi.new_allocator(should_clear_after_alloc=False) if ffi is not None else None
 
 __all__ = ["U64Array", "MemCtx", "backend", "default_backend_name", "UnpinUnderflow"]
@@ -64,7 +73,8 @@ class U64Array:
             self.buf = bytearray(8 * max(n, 1))
             self.ptr = None
         else:
-            self.ptr = (_alloc if zero else _alloc_noclear)("uint64_t[]", max(n, 1))
+            alloc = (_alloc_big if n >= _BIG else _alloc) if zero else _alloc_noclear
+            self.ptr = alloc("uint64_t[]", max(n, 1))
             self.buf = ffi.buffer(self.ptr)
         self.view = memoryview(self.buf).cast("Q")
 
@@ -131,6 +141,17 @@ class _Backend:
     def __repr__(self) -> str:
         return f"<c_ext backend {self.name}>"
 
+    def pte_get(self, mem: MemCtx, pgd: int, va: int) -> int:
+        """The PTE mapping va under the root table at pgd, 0 when no table covers
+        it (an address beyond 64 bits has none)."""
+        if not 0 <= va < 1 << 64:
+            return 0
+        if not 0 <= pgd < mem.nr_pages << mem.page_shift:
+            raise ValueError(f"pte_get: root table {pgd:#x} outside RAM")
+        if self.name == "python":
+            return twins.pte_get(mem, pgd, va)
+        return lib.pm_pte_get(mem.c, pgd, va)
+
     def gup_fast(self, mem: MemCtx, pgd: int, start: int, nr: int, need: int, deny: int,
                  pfns: U64Array, off: int = 0) -> int:
         _check(pfns, off, nr, "pfns")
@@ -142,16 +163,16 @@ class _Backend:
                    deny: int, page_list: U64Array, max_seg: int, sg_pfn: U64Array,
                    sg_off: U64Array, sg_len: U64Array, nents: int) -> tuple[int, int]:
         """ib_umem_get's batches, page_list.n pages each, pinned by the fast path and
-        appended to the sg table (offset 0) until npages are in or a batch comes
-        back short: (pages pinned and appended, the table's new count).  The columns
-        must hold nents + npages entries."""
+        appended to the sg table (offset 0) until npages are in, a batch comes
+        back short, or the columns lack room for the next batch's worst case (one
+        entry per page): (pages pinned and appended, the table's new count)."""
         batch = page_list.n
         if npages < 0 or batch < 1:
             raise ValueError(f"pin_append: {npages} pages in batches of {batch}")
         if max_seg < (1 << mem.page_shift):
             raise ValueError("max_seg below one page")
         for arr, name in ((sg_pfn, "sg_pfn"), (sg_off, "sg_off"), (sg_len, "sg_len")):
-            _check(arr, 0, nents + npages, name)
+            _check(arr, 0, nents, name)
         cap = min(sg_pfn.n, sg_off.n, sg_len.n)
         if self.name == "python":
             done, nents = twins.pin_append(mem, pgd, start, npages, batch, need, deny,
@@ -308,6 +329,22 @@ class _Backend:
                                     plen.view, addr.n)
         return lib.pm_mtt_pieces(mtt.ptr, nmtt, pg_bit, offset, length, addr.ptr, plen.ptr,
                                  addr.n)
+
+    def sg_congruent(self, dma_addr: U64Array, dma_len: U64Array, nents: int, va: int,
+                     pps: int) -> tuple[int, int]:
+        """The peer layout rule's walk (ib_peer_sg_violation): from VA `va`, is each
+        entry's DMA address congruent with its VA modulo `pps` (a power of two)?
+        (index of the first entry that is not, or -1; bytes covered before it);
+        -(index + 2) for an entry whose length runs past 2^64."""
+        _check(dma_addr, 0, nents, "dma_addr")
+        _check(dma_len, 0, nents, "dma_len")
+        if pps <= 0 or pps & (pps - 1) or not 0 <= va < 1 << 64:
+            raise ValueError("sg_congruent: bad page size or VA")
+        if self.name == "python":
+            return twins.sg_congruent(dma_addr.view, dma_len.view, nents, va, pps)
+        total = _alloc("uint64_t *")
+        bad = lib.pm_sg_congruent(dma_addr.ptr, dma_len.ptr, nents, va, pps, total)
+        return bad, total[0]
 
     def dma_copy(self, dst, dst_addr: U64Array, dst_len: U64Array, ndst: int,
                  src, src_addr: U64Array, src_len: U64Array, nsrc: int) -> int:

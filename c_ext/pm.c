@@ -10,6 +10,11 @@
  * The checks that need Python state (VMAs, rlimits, errno messages) are done
  * by the callers before and after; these loops only stop, never fail loudly.
  */
+#define _DEFAULT_SOURCE		/* MAP_ANONYMOUS under -std=c99 */
+#include <stdlib.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 #include <string.h>
 #include "pm.h"
 
@@ -46,6 +51,17 @@ static uint64_t walk_to_pte_table(const struct pm_mem *m, uint64_t pgd,
 			return 0;
 	}
 	return table;
+}
+
+/* The PTE mapping va (follow_pte's walk, as the MMU does it); 0 if no table covers va. */
+uint64_t pm_pte_get(const struct pm_mem *m, uint64_t pgd, uint64_t va)
+{
+	uint64_t table = walk_to_pte_table(m, pgd, va);
+	int bits = m->page_shift - 3;
+
+	if (!table)
+		return 0;
+	return rd64(m, table + ((va >> m->page_shift) & ((1ull << bits) - 1)) * 8);
 }
 
 /*
@@ -136,11 +152,12 @@ bad:
 /*
  * ib_umem_get()'s loop in one call: pin `batch` pages at a time by the fast path
  * (pm_gup_fast) and append each batch to the sg table (pm_sg_append, offset 0),
- * until npages are in or a batch comes back short - a page the fast path cannot
- * pin, left to the caller's slow path.  What was pinned is appended either way.
- * Returns the pages pinned and appended; *nents is the table's new count.  The
- * caller reserves cap >= *nents + npages entries, so the append cannot overflow
- * (-1 if it would, with the batch's pages still pinned: a caller bug).
+ * until npages are in, a batch comes back short - a page the fast path cannot
+ * pin, left to the caller's slow path - or the table has no room for another
+ * batch's worst case (one entry per page), for the caller to grow it and call
+ * again.  What was pinned is appended either way.  Returns the pages pinned and
+ * appended; *nents is the table's new count.  Since room is checked before each
+ * batch is pinned, the append cannot overflow (-1 if it did: a bug).
  */
 long pm_pin_append(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 		   long npages, long batch, uint64_t need, uint64_t deny,
@@ -152,8 +169,12 @@ long pm_pin_append(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 
 	while (done < npages) {
 		long want = npages - done < batch ? npages - done : batch;
-		long got = pm_gup_fast(m, pgd, start + ((uint64_t)done << shift), want,
-				       need, deny, page_list);
+		long got;
+
+		if (cap - *nents < want)
+			break;
+		got = pm_gup_fast(m, pgd, start + ((uint64_t)done << shift), want,
+				  need, deny, page_list);
 
 		if (got > 0) {
 			long r = pm_sg_append(shift, page_list, got, 0,
@@ -459,6 +480,35 @@ static inline uint64_t from_be64(uint64_t v)
  * page size.  Returns the pieces written, or -1 if the range runs past the
  * table or more than cap pieces would be needed.
  */
+/*
+ * The layout rule a peer client's dma_map table must keep (ib_peer_sg_violation):
+ * read from VA `va` on, each entry's DMA address is congruent with the VA it
+ * maps modulo `pps`, a power of two.  Returns the index of the first entry that
+ * is not, or -1 when every one is; *total gets the bytes the entries cover up to
+ * there (all of them when -1).  An entry whose length runs past the top of the
+ * 64-bit address space ends the walk as -(its index + 2).
+ */
+long pm_sg_congruent(const uint64_t *dma_addr, const uint64_t *dma_len, long nents,
+		     uint64_t va, uint64_t pps, uint64_t *total)
+{
+	uint64_t mask = pps - 1, at = va;
+	long i;
+
+	for (i = 0; i < nents; i++) {
+		if ((dma_addr[i] - at) & mask) {
+			*total = at - va;
+			return i;
+		}
+		if (dma_len[i] > UINT64_MAX - at) {
+			*total = at - va;
+			return -(i + 2);
+		}
+		at += dma_len[i];
+	}
+	*total = at - va;
+	return -1;
+}
+
 long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
 		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
 		   long cap)
@@ -625,4 +675,57 @@ long pm_bar1_unmap(const uint64_t *pages, long n, uint64_t npg, uint64_t *win_of
 		freed++;
 	}
 	return freed;
+}
+
+/*
+ * U64Array's allocator.  A block of PM_MMAP_MIN or more is its own anonymous
+ * mapping, unmapped when freed: the kernel hands it out zeroed and faults in
+ * only the pages that are touched.  calloc would do that only for its first
+ * such block; once one is freed, glibc raises its mmap threshold and serves
+ * the next from the heap, clearing every byte (a GPU's 262,144-entry arrays,
+ * built for every machine the race explorer makes, cost 50 us each that way).
+ * Each block starts with a 16-byte header: the mapping's length, or 0 for a
+ * calloc'd block.
+ */
+#define PM_MMAP_MIN (1UL << 20)
+#define PM_HDR 16
+
+void *pm_calloc(size_t size)
+{
+	uint8_t *p;
+
+	if (size > SIZE_MAX - PM_HDR)
+		return NULL;
+#if defined(MAP_ANONYMOUS)
+	if (size >= PM_MMAP_MIN) {
+		p = mmap(NULL, size + PM_HDR, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			return NULL;
+		*(size_t *)p = size + PM_HDR;
+		return p + PM_HDR;
+	}
+#endif
+	p = calloc(1, size + PM_HDR);
+	if (!p)
+		return NULL;
+	return p + PM_HDR;
+}
+
+void pm_free(void *ptr)
+{
+	uint8_t *p;
+	size_t len;
+
+	if (!ptr)
+		return;
+	p = (uint8_t *)ptr - PM_HDR;
+	len = *(size_t *)p;
+#if defined(MAP_ANONYMOUS)
+	if (len) {
+		munmap(p, len);
+		return;
+	}
+#endif
+	free(p);
 }

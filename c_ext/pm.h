@@ -10,6 +10,7 @@
  * struct page records.  Page tables are 64-bit words inside ram, in the x86-64
  * layout: present/rw/user/special bits and the physical address in 12..51.
  */
+#include <stddef.h>
 #include <stdint.h>
 
 #define PM_PTE_PRESENT   (1ull << 0)
@@ -39,6 +40,7 @@ struct pm_mem {			/* one machine's memory, shared by every call */
 
 long pm_gup_fast(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 		 long nr, uint64_t need, uint64_t deny, uint64_t *pfns);
+uint64_t pm_pte_get(const struct pm_mem *m, uint64_t pgd, uint64_t va);
 long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 	      const uint64_t *counts, long n, int len_shift, int dirty,
 	      uint64_t *freed, uint64_t *err);
@@ -85,7 +87,14 @@ long pm_baseline_peer_table(const uint64_t *gpu_pages, long n, uint64_t *bar1_pt
 long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
 		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
 		   long cap);
+long pm_sg_congruent(const uint64_t *dma_addr, const uint64_t *dma_len, long nents,
+		     uint64_t va, uint64_t pps, uint64_t *total);
 long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,
 		 const uint64_t *dst_len, long ndst, const uint8_t *src,
 		 uint64_t src_size, const uint64_t *src_addr,
 		 const uint64_t *src_len, long nsrc);
+
+/* Zeroed memory for c_ext.U64Array: calloc gets the zero from the kernel for a
+ * large block (fresh anonymous pages), where ffi.new would memset every page. */
+void *pm_calloc(size_t size);
+void pm_free(void *p);

@@ -31,6 +31,13 @@ def _walk_to_pte_table(mem, pgd: int, va: int) -> int:
     return table
 
 
+def pte_get(mem, pgd, va):
+    table = _walk_to_pte_table(mem, pgd, va)
+    if not table:
+        return 0
+    return mem.ram_q[(table >> 3) + ((va >> mem.page_shift) & ((1 << (mem.page_shift - 3)) - 1))]
+
+
 def gup_fast(mem, pgd, start, nr, need, deny, pfns, off):
     shift = mem.page_shift
     bits = shift - 3
@@ -67,6 +74,8 @@ def pin_append(mem, pgd, start, npages, batch, need, deny, page_list, max_seg, s
     done = 0
     while done < npages:
         want = min(batch, npages - done)
+        if cap - nents < want:
+            break
         got = gup_fast(mem, pgd, start + (done << shift), want, need, deny, page_list, 0)
         if got > 0:
             r = sg_append(shift, page_list, got, 0, got << shift, max_seg, sg_pfn, sg_off,
@@ -231,6 +240,18 @@ def scan_pages(mem, start, out, cap):
             out[k] = pfn
             k += 1
     return k
+
+
+def sg_congruent(dma_addr, dma_len, nents, va, pps):
+    mask = pps - 1
+    at = va
+    for i in range(nents):
+        if (dma_addr[i] - at) & mask:
+            return i, at - va
+        if dma_len[i] > _U64 - at:
+            return -(i + 2), at - va
+        at += dma_len[i]
+    return -1, at - va
 
 
 def mtt_pieces(mtt, nmtt, pg_bit, offset, length, addr, plen, cap):

@@ -95,9 +95,10 @@ class PageTable:
         return table + 8 * ((va >> shift) & mask)
 
     def get(self, va: int) -> int:
-        """The PTE for va, or 0 when no table covers it."""
-        slot = self.pte_slot(va, False)
-        return 0 if slot is None else self.ram_q[slot >> 3]
+        """The PTE for va, or 0 when no table covers it: the walk in C (ops.pte_get),
+        as every load and store of a process makes it."""
+        m = self.machine
+        return m.ops.pte_get(m.mem, self.pgd, va)
 
     def set(self, slot: int, pte: int) -> None:
         self.ram_q[slot >> 3] = pte

@@ -48,6 +48,8 @@ from typing import Any
 
 import attrs
 
+import c_ext
+from c_ext import U64Array
 from drivers.ib_core.core_priv import _core
 from drivers.ib_core.ib_umem import (  # noqa: F401 - the flags re-exported
     IB_PEER_MEM_ALLOW,
@@ -434,8 +436,8 @@ def ib_peer_umem_get(old_umem: ib_umem, old_err: KernelError, peer_mem_flags: in
     # the MTT holds, a page size that is not a power of two makes fix_peer_sgls's
     # ALIGN() masks garbage, and an incongruent one shifts every access.  The model
     # refuses it (EINVAL, everything unwound) so the client's bug is named, not absorbed.
-    bad = ib_peer_sg_violation(sgt.dma_entries(), umem_p.address, umem_p.length,
-                               peer_page_size)
+    bad = ib_peer_sgt_violation(sgt.dma_addr, sgt.dma_len, sgt.nents, umem_p.address,
+                                umem_p.length, peer_page_size, sgt.ops)
     if bad is not None:
         pm.dma_unmap(sgt, ctx, old_umem.ibdev.dma_device)
         pm.put_pages(sgt, ctx)
@@ -475,21 +477,33 @@ def ib_peer_sg_violation(entries: list[tuple[int, int]], address: int, length: i
     power of two; the entries, read from ALIGN_DOWN(address, page size) on, cover
     exactly [ALIGN_DOWN(address), ALIGN(address + length)) at that page size; and each
     entry's DMA address is congruent with the VA it maps modulo that page size.
+    `entries` are (DMA address, length) pairs, as the conformance kit records them.
 
     # EMU: no MLNX_OFED core checks this (see ib_peer_umem_get); the conformance kit
     # reads the same rule (peermem_testing.conformance, sg-layout)."""
+    n = len(entries)
+    dma_addr, dma_len = U64Array(n, zero=False), U64Array(n, zero=False)
+    for i, (dma, k) in enumerate(entries):
+        dma_addr.view[i], dma_len.view[i] = dma, k
+    return ib_peer_sgt_violation(dma_addr, dma_len, n, address, length, peer_page_size,
+                                 c_ext.backend(None))
+
+
+def ib_peer_sgt_violation(dma_addr: U64Array, dma_len: U64Array, nents: int, address: int,
+                          length: int, peer_page_size: int, ops: Any) -> str | None:
+    """ib_peer_sg_violation on a mapped table's DMA columns, the walk in C (ops)."""
     pps = peer_page_size
     if pps <= 0 or pps & (pps - 1):
         return f"page size {_size_text(pps)} is not a power of two (get_page_size)"
     lo = address & ~(pps - 1)
     hi = -(-(address + length) // pps) * pps
-    va = lo
-    for dma, n in entries:
-        if (dma - va) % pps:
-            return (f"VA {va:#x} and DMA address {dma:#x} not congruent modulo page size "
-                    f"{_size_text(pps)}")
-        va += n
-    total = va - lo
+    bad, total = ops.sg_congruent(dma_addr, dma_len, nents, lo, pps)
+    if bad < -1:
+        return (f"entry {-bad - 2} of {dma_len.view[-bad - 2]:#x} bytes runs past the end "
+                "of the address space")
+    if bad >= 0:
+        return (f"VA {lo + total:#x} and DMA address {dma_addr.view[bad]:#x} not congruent "
+                f"modulo page size {_size_text(pps)}")
     if total != hi - lo:
         return (f"sg_table covers {total} bytes of the {hi - lo}-byte range "
                 f"[{lo:#x}, {hi:#x}) at page size {_size_text(pps)}")

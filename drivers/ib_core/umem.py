@@ -288,15 +288,25 @@ def _pin_batches_at_once(umem: ib_umem, cur_base: int, npages: int, page_list: U
             or max_seg < 1 << shift or cur_base + (npages << shift) > mm.task_size:
         return 0
     sgt = umem.sgt_append.sgt
-    sgt.ensure_capacity(sgt.orig_nents + npages)
-    done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base, npages,
-                                   gup_fast_need(FOLL_WRITE if umem.writable else 0),
-                                   _PAGE_SPECIAL, page_list, max_seg, sgt.sg_pfn, sgt.sg_off,
-                                   sgt.sg_len, sgt.orig_nents)
-    if done:
-        m.vmstat["nr_foll_pin_acquired"] += done
-        sg_appended(umem.sgt_append, nents, npages - done)
-    return done
+    need = gup_fast_need(FOLL_WRITE if umem.writable else 0)
+    batch = page_list.n
+    total = 0
+    while total < npages:
+        # room for one more batch's worst case; the table doubles as it fills, so a
+        # range that coalesces (or that the fast path cannot pin at all: peer
+        # memory) never sizes it for one entry per page
+        sgt.ensure_capacity(sgt.orig_nents + min(batch, npages - total))
+        done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base + (total << shift),
+                                       npages - total, need, _PAGE_SPECIAL, page_list,
+                                       max_seg, sgt.sg_pfn, sgt.sg_off, sgt.sg_len,
+                                       sgt.orig_nents)
+        if done:
+            m.vmstat["nr_foll_pin_acquired"] += done
+            sg_appended(umem.sgt_append, nents, npages - total - done)
+        total += done
+        if not done or sgt.capacity - sgt.orig_nents >= min(batch, npages - total):
+            break                       # a batch the fast path could not pin in full
+    return total
 
 
 def _refund_pinned_vm(umem: ib_umem, mm: mm_struct) -> None:

@@ -656,6 +656,61 @@ def test_pgsz_mask_wrapper_validates(backend):
         ops.pgsz_mask(one, one, 1, -1, 0)
 
 
+# -- the peer layout rule's walk (ib_peer_sgt_violation) ----------------------------------
+
+@given(entries=st.lists(st.tuples(st.integers(0, 1 << 40), st.integers(0, (1 << 64) - 1)),
+                        max_size=12),
+       shift=st.integers(0, 40), va=st.integers(0, (1 << 64) - 1))
+def test_sg_congruent_agrees(entries, shift, va):
+    """Both backends find the same first incongruent entry (or the same entry whose
+    length runs past 2^64) and the same coverage, on any table - lengths up to 2^64
+    included."""
+    n = len(entries)
+    dma, lens = _arr([e[0] for e in entries], max(n, 1)), _arr([e[1] for e in entries],
+                                                             max(n, 1))
+    got = [c_ext.backend(b).sg_congruent(dma, lens, n, va, 1 << shift) for b in BACKENDS]
+    assert got[0] == got[1]
+    bad, total = got[0]
+    # the same walk, by the rule's definition
+    at, want = va, (-1, None)
+    for i, (d, k) in enumerate(entries):
+        if (d - at) % (1 << shift):
+            want = (i, at - va)
+            break
+        if at + k >= 1 << 64:
+            want = (-(i + 2), at - va)
+            break
+        at += k
+    if want[1] is None:
+        want = (-1, at - va)
+    assert (bad, total) == want
+
+
+def test_sg_congruent_known_answer():
+    """64 KiB pages from VA 0x10000: entries at 0x7_0000 (64 KiB) and 0x9_0000 (128 KiB)
+    are congruent and cover 192 KiB; an entry at 0x4_1000 is not (index 1)."""
+    for b in BACKENDS:
+        ops = c_ext.backend(b)
+        assert ops.sg_congruent(_arr([0x70000, 0x90000]), _arr([0x10000, 0x20000]), 2,
+                                0x10000, 0x10000) == (-1, 0x30000)
+        assert ops.sg_congruent(_arr([0x70000, 0x41000]), _arr([0x10000, 0x20000]), 2,
+                                0x10000, 0x10000) == (1, 0x10000)
+        assert ops.sg_congruent(_arr([0, 0]), _arr([1 << 63, 1 << 63]), 2, 0, 1) == \
+            (-3, 1 << 63)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sg_congruent_wrapper_validates(backend):
+    ops = c_ext.backend(backend)
+    one = _arr([0x1000])
+    with pytest.raises(ValueError, match="overflow"):
+        ops.sg_congruent(one, one, 2, 0, 0x1000)
+    with pytest.raises(ValueError, match="page size"):
+        ops.sg_congruent(one, one, 1, 0, 0x3000)
+    with pytest.raises(ValueError, match="page size or VA"):
+        ops.sg_congruent(one, one, 1, -1, 0x1000)
+
+
 # -- the data path's loops: an mkey's MTT walk and the DMA byte copy ----------------------
 
 def _be(v: int) -> int:
@@ -823,3 +878,57 @@ def test_bar1_known_answer_and_refusals():
     assert b.bar1_unmap(_u64s([6, 7, 4]), 0, 3, *st_) == 3
     assert pte.tolist() == [0, 0, 0, 0] and top.view[0] == 4
     assert stack.tolist()[:4] == [0, 3, 2, 1]
+
+
+# -- the MMU's walk: PageTable.get through ops.pte_get ----------------------------------------
+
+@pytest.mark.parametrize("page_size", [4096, 1 << 16])
+def test_pte_get_agrees_with_the_table_walk(page_size):
+    """Both backends read the PTE the Python walker (pte_slot) finds, for mapped,
+    unmapped and unfaulted addresses, and 0 where no table covers the address - one
+    beyond 64 bits or below 0 included; a root table outside RAM is refused."""
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, page_size=page_size, backend=b)
+        p = m.spawn("walk")
+        ps = m.page_size
+        assert p.mmap(LAYOUT_BASE, 4 * ps, flags=MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED) == \
+            LAYOUT_BASE
+        p.store(LAYOUT_BASE, b"x")
+        p.store(LAYOUT_BASE + 2 * ps, b"y")
+        pt = p.mm.pgtable
+        vas = [LAYOUT_BASE, LAYOUT_BASE + ps, LAYOUT_BASE + 2 * ps + 5, LAYOUT_BASE + 3 * ps,
+               0, 1 << 47, (1 << 64) - 1]
+        want = []
+        for va in vas:
+            slot = pt.pte_slot(va, False)
+            want.append(0 if slot is None else m.mem.ram_q[slot >> 3])
+        got = [m.ops.pte_get(m.mem, pt.pgd, va) for va in vas]
+        assert got == want
+        assert [bool(g & _PAGE_PRESENT) for g in got[:4]] == [True, False, True, False]
+        assert pt.get(LAYOUT_BASE + 2 * ps) == got[2]
+        assert m.ops.pte_get(m.mem, pt.pgd, 1 << 64) == m.ops.pte_get(m.mem, pt.pgd, -1) == 0
+        with pytest.raises(ValueError, match="outside RAM"):
+            m.ops.pte_get(m.mem, m.ram_size, LAYOUT_BASE)
+        p.exit(0)
+        m.check_leaks()
+
+
+def test_pte_get_survives_a_corrupt_upper_table():
+    """An upper-level entry pointing beyond RAM, or at address 0, ends the walk with 0
+    on both backends, where indexing RAM with it would fail."""
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, backend=b)
+        p = m.spawn("corrupt")
+        ps = m.page_size
+        assert p.mmap(LAYOUT_BASE, ps, flags=MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED) == \
+            LAYOUT_BASE
+        p.store(LAYOUT_BASE, b"x")
+        slot = _slot_of(m, p.mm.pgd, LAYOUT_BASE, 1)       # the PMD entry
+        saved = m.mem.ram_q[slot >> 3]
+        for bad in ((m.ram_size + ps) | _PAGE_PRESENT, _PAGE_PRESENT):
+            m.mem.ram_q[slot >> 3] = bad
+            assert m.ops.pte_get(m.mem, p.mm.pgd, LAYOUT_BASE) == 0
+        m.mem.ram_q[slot >> 3] = saved
+        assert m.ops.pte_get(m.mem, p.mm.pgd, LAYOUT_BASE) & _PAGE_PRESENT
+        p.exit(0)
+        m.check_leaks()

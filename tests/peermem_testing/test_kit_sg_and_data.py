@@ -71,7 +71,7 @@ def test_a_short_table_the_core_let_through_fails_the_data_check(monkeypatch):
     """With the core's check bypassed (as on a real MLNX_OFED core, which trusts the
     table), the MR's last page has no translation: a WRITE to the MR's last bytes
     fails (the MTT entry there is not present) and the data check says where."""
-    monkeypatch.setattr(peer_mem, "ib_peer_sg_violation", lambda *a: None)
+    monkeypatch.setattr(peer_mem, "ib_peer_sgt_violation", lambda *a: None)
     broken(monkeypatch, "short_peer", _short_table)
     r = one_check(cmb("short_peer"), "data")
     assert r.ok is False

@@ -141,6 +141,9 @@ def test_correct_tables_pass_the_rule():
     ([(0x10000, 0x20000)], 0x0, 0x10000, 0, "0 bytes is not a power of two"),
     ([(0x10000, 0x8000), (0x30000, 0x8000)], 0x0, 0x10000, 0x10000,
      "VA 0x8000 and DMA address 0x30000 not congruent"),
+    # lengths that wrap a u64 past the range's size: refused, not summed modulo 2^64
+    ([(0x0, 1 << 63), (0x0, 1 << 63), (0x0, 0x1000)], 0x0, 0x1000, 0x1000,
+     "entry 1 of 0x8000000000000000 bytes runs past the end of the address space"),
 ])
 def test_each_rule_names_itself(entries, addr, size, pps, text):
     assert text in ib_peer_sg_violation(entries, addr, size, pps)

@@ -500,10 +500,17 @@ def test_a_traced_registration_pins_batch_by_batch(m):
 
 
 def test_pin_append_refuses_columns_too_short(m):
-    """ops.pin_append checks the table has room for every page before C runs."""
+    """ops.pin_append checks the table's count fits its columns before C runs, and
+    pins no batch whose worst case (an entry per page) the columns lack room for:
+    it returns for the caller to grow the table."""
     small = U64Array(3)
     with pytest.raises(ValueError, match="overflow"):
-        m.ops.pin_append(m.mem, 0, VA, 4, 0, 0, U64Array(512), 1 << 30, small, small, small, 0)
+        m.ops.pin_append(m.mem, 0, VA, 4, 0, 0, U64Array(512), 1 << 30, small, small, small, 4)
+    # 4 pages to pin, room for 3 entries: nothing pinned (pgd 0 is never walked)
+    assert m.ops.pin_append(m.mem, 0, VA, 4, 0, 0, U64Array(512), 1 << 30, small, small,
+                            small, 0) == (0, 0)
+    assert m.ops.pin_append(m.mem, 0, VA, 4, 0, 0, U64Array(2), 1 << 30, small, small,
+                            small, 2) == (0, 2)
     with pytest.raises(ValueError, match="max_seg"):
         m.ops.pin_append(m.mem, 0, VA, 1, 0, 0, U64Array(512), 100, small, small, small, 0)
 
