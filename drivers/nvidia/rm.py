@@ -66,6 +66,18 @@ if TYPE_CHECKING:
 CLI_THIRD_PARTY_P2P_BAR1_RESERVE = 36 << 20   # g_third_party_p2p_nvoc.h
 
 
+_ALL_WINDOWS: dict[int, array] = {}
+
+
+def _all_windows(n: int) -> array:
+    """The free-window stack of a BAR1 of n windows, every one free (0 on top): made
+    once per size and copied, as a machine is made per schedule when exploring."""
+    stack = _ALL_WINDOWS.get(n)
+    if stack is None:
+        stack = _ALL_WINDOWS[n] = array("Q", range(n - 1, -1, -1))
+    return stack
+
+
 class NvDevice:
     """One GPU as the driver sees it.  See the module docstring."""
 
@@ -86,7 +98,7 @@ class NvDevice:
         self.win_of_page = U64Array(gpu.nr_pages)
         self.page_refs = U64Array(gpu.nr_pages)
         self.free_stack = U64Array(gpu.bar1_windows, zero=False)
-        self.free_stack.view[:] = array("Q", range(gpu.bar1_windows - 1, -1, -1))
+        self.free_stack.view[:] = _all_windows(gpu.bar1_windows)
         self.free_top = U64Array(1)
         self.free_top.view[0] = gpu.bar1_windows
         self.ops = gpu.machine.ops

@@ -158,6 +158,48 @@ class IdAllocator:
         return n
 
 
+#: (cap overrides, BAR size) -> the maximum capability pages they give: built once,
+#: copied for each firmware (a machine per schedule makes the explorer build many)
+_CAPS_MAX_MADE: dict[tuple, dict[int, IfcStruct]] = {}
+
+
+def _caps_max(cap_overrides: dict[str, int], bar_size: int) -> dict[int, IfcStruct]:
+    """The device's maximum capability pages: the defaults, then the overrides."""
+    key = (tuple(sorted(cap_overrides.items())), bar_size)
+    made = _CAPS_MAX_MADE.get(key)
+    if made is not None:
+        return made
+    per_type = mlx5_caps.split_overrides(cap_overrides)
+    defaults = {MLX5_CAP_GENERAL: mlx5_caps.GENERAL_MAX,
+                mlx5_caps.MLX5_CAP_ROCE: mlx5_caps.ROCE,
+                mlx5_caps.MLX5_CAP_ETHERNET_OFFLOADS: mlx5_caps.ETH,
+                mlx5_caps.MLX5_CAP_DEV_MEM: mlx5_caps.DEV_MEM}
+    made = {}
+    for cap, layout in mlx5_caps.CAP_LAYOUT.items():
+        page = IfcStruct(layout)
+        for field, value in {**defaults[cap], **per_type[cap]}.items():
+            (MLX5_SET64 if field == "memic_bar_start_addr" else MLX5_SET)(
+                layout, page, field, value)
+        made[cap] = page
+    dev_mem = made[mlx5_caps.MLX5_CAP_DEV_MEM]
+    if "memic_bar_start_addr" not in per_type[mlx5_caps.MLX5_CAP_DEV_MEM]:
+        # the MEMIC window is the top of BAR0, below it the UAR pages
+        memic_size = MLX5_GET("device_mem_cap", dev_mem, "memic_bar_size")
+        MLX5_SET64("device_mem_cap", dev_mem, "memic_bar_start_addr", bar_size - memic_size)
+    for page in made.values():
+        _untracked(page)
+    _CAPS_MAX_MADE[key] = made
+    return made
+
+
+def _untracked(s: IfcStruct) -> None:
+    """A template nobody writes: plain dicts, so that copying it records no reads
+    for partial-order reduction (it may have been made while the reduction records)."""
+    s.vals = dict(s.vals)
+    for sub in s.subs.values():
+        _untracked(sub)
+
+
 class Firmware:
     """The firmware of one ConnectX function.  See the module docstring.
 
@@ -172,25 +214,11 @@ class Firmware:
 
     def __init__(self, hca: ConnectX, cap_overrides: dict[str, int]):
         self.hca = hca
-        per_type = mlx5_caps.split_overrides(cap_overrides)
-        self.caps_max: dict[int, IfcStruct] = {}
+        self.caps_max: dict[int, IfcStruct] = {
+            cap: page.copy() for cap, page in _caps_max(cap_overrides, hca.config.bar_size).items()}
         self.caps_cur: dict[int, IfcStruct] = {}
-        defaults = {MLX5_CAP_GENERAL: mlx5_caps.GENERAL_MAX,
-                    mlx5_caps.MLX5_CAP_ROCE: mlx5_caps.ROCE,
-                    mlx5_caps.MLX5_CAP_ETHERNET_OFFLOADS: mlx5_caps.ETH,
-                    mlx5_caps.MLX5_CAP_DEV_MEM: mlx5_caps.DEV_MEM}
-        for cap, layout in mlx5_caps.CAP_LAYOUT.items():
-            page = IfcStruct(layout)
-            for field, value in {**defaults[cap], **per_type[cap]}.items():
-                (MLX5_SET64 if field == "memic_bar_start_addr" else MLX5_SET)(
-                    layout, page, field, value)
-            self.caps_max[cap] = page
-        dev_mem = self.caps_max[mlx5_caps.MLX5_CAP_DEV_MEM]
-        memic_size = MLX5_GET("device_mem_cap", dev_mem, "memic_bar_size")
-        if "memic_bar_start_addr" not in per_type[mlx5_caps.MLX5_CAP_DEV_MEM]:
-            # the MEMIC window is the top of BAR0, below it the UAR pages
-            MLX5_SET64("device_mem_cap", dev_mem, "memic_bar_start_addr",
-                       hca.config.bar_size - memic_size)
+        memic_size = MLX5_GET("device_mem_cap", self.caps_max[mlx5_caps.MLX5_CAP_DEV_MEM],
+                              "memic_bar_size")
         # the on-chip memory's bytes: they survive resets, as SRAM does while powered
         self.memic_data = bytearray(memic_size)
         self.injected: list[Injection] = []
