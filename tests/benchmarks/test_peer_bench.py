@@ -13,6 +13,10 @@ Against it, in the same run:
 The registration is checked once after the benchmark: 16,384 entries, the
 client's statistics, and the MR deregistered cleanly by the leak check.
 
+The fixed cost of a GPU registration: ibv_reg_mr + ibv_dereg_mr of one GPU
+page (64 KiB) through nv_peer_mem, against ibv_reg_mr + ibv_dereg_mr of 64 KiB
+of host memory (gup, 16 pages) in the same run.
+
 Bandwidth.  RDMA WRITEs of 1 MiB from a host buffer into a 4 MiB target that
 is GPU memory (registered through nv_peer_mem; the HCA's DMA goes through
 BAR1) or host memory, on one machine and across two; the GPU's bytes are
@@ -87,6 +91,39 @@ def test_reg_mr_1gib(benchmark, memory):
             nv = next(c for c in peer_clients() if c.peer_mem.name == "nv_mem")
         assert nv.stats["num_reg_pages"] - nv.stats["num_dereg_pages"] == GiB // GPU_PAGE
     r.drop()
+    r.p.exit(0)
+
+
+@pytest.mark.benchmark(group="register + deregister 64 KiB")
+@pytest.mark.parametrize("memory", ["gpu-nv_peer_mem", "host-gup"])
+def test_reg_dereg_mr_64kib(benchmark, memory):
+    """The fixed cost of a registration: ibv_reg_mr + ibv_dereg_mr of one GPU page
+    (64 KiB) through nv_peer_mem - the probe, get_pages, dma_map, CREATE_MKEY and
+    back - against the same 64 KiB of host memory through gup (16 pages)."""
+    gpu = memory.startswith("gpu")
+    r = GpuReg(gpu)
+    fw = r.m.hcas[0].fw
+
+    vm = r.m.vmstat
+
+    def once() -> tuple:
+        pins = vm["nr_foll_pin_acquired"]
+        mr = v.ibv_reg_mr(r.pd.pd, r.addr, GPU_PAGE, ACCESS)
+        seen = (fw.mkeys.get(mr.lkey >> 8), r.p.mm.pinned_vm, vm["nr_foll_pin_acquired"] - pins)
+        return seen + (v.ibv_dereg_mr(mr),)
+
+    mkey, pinned_vm, pinned, dereg = r.p.run(lambda: benchmark(once))
+    assert dereg == 0 and mkey is not None
+    assert (mkey.mkc["start_addr"], mkey.mkc["len"]) == (r.addr, GPU_PAGE)
+    # both charge pinned_vm (a peer umem keeps ib_umem_get's charge); gup pins host pages only
+    assert pinned_vm == GPU_PAGE >> r.m.page_shift
+    assert pinned == (0 if gpu else GPU_PAGE >> r.m.page_shift)
+    assert r.p.mm.pinned_vm == 0 and vm["nr_foll_pin_acquired"] == vm["nr_foll_pin_released"]
+    if gpu:
+        with r.m.kernel():
+            from drivers.ib_core.peer_mem import peer_clients
+            nv = next(c for c in peer_clients() if c.peer_mem.name == "nv_mem")
+        assert nv.stats["num_reg_pages"] == nv.stats["num_dereg_pages"] > 0
     r.p.exit(0)
 
 
