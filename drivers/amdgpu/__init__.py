@@ -237,14 +237,12 @@ def kfd_ioctl_alloc_memory_of_gpu(p: kfd_process, args: list[int]) -> list[int]:
         if n > len(dev.free_pages):
             raise KernelError(ENOMEM, f"kfd_ioctl_alloc_memory_of_gpu: {n} pages wanted, "
                               f"{len(dev.free_pages)} free")
-        pages = [dev.free_pages.pop() for _ in range(n)]
+        pages = dev.free_pages.pop_scrubbed(n, dev.gpu.vidmem, GPU_PAGE_SHIFT)
         bo = kgd_mem(p, dev, va, size, pages, p.next_handle)
         p.next_handle += 1
         p.bos[bo.handle] = bo
         for page in pages:                 # the board's aperture reaches it (see the EMU)
             dev.gpu.bar1_map(page, page)
-            off = page << GPU_PAGE_SHIFT
-            dev.gpu.vidmem[off:off + GPU_PAGE_SIZE] = bytes(GPU_PAGE_SIZE)
     finally:
         mutex_unlock(p.mutex)
     args[2] = bo.handle

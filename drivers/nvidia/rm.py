@@ -188,7 +188,8 @@ def rm_alloc_memory(client: NvClient, size: int) -> NvMemory:
         if npages > len(dev.free_pages):
             raise KernelError(ENOMEM, f"rm_alloc_memory: {npages} pages wanted, "
                               f"{len(dev.free_pages)} free")
-        pages = [dev.free_pages.pop() for _ in range(npages)]
+        # the driver clears what it hands out (RM scrubs vidmem before reuse)
+        pages = dev.free_pages.pop_scrubbed(npages, dev.gpu.vidmem, GPU_PAGE_SHIFT)
         mem = NvMemory(client, npages << GPU_PAGE_SHIFT, pages, dev.next_buffer_id,
                        dev.next_handle)
         mem.page_array = U64Array(npages, zero=False)
@@ -198,9 +199,6 @@ def rm_alloc_memory(client: NvClient, size: int) -> NvMemory:
         client.memory[mem.handle] = mem
     finally:
         mutex_unlock(dev.rm_lock)
-    # the driver clears what it hands out (RM scrubs vidmem before reuse)
-    for p in pages:
-        dev.gpu.vidmem[p << GPU_PAGE_SHIFT:(p + 1) << GPU_PAGE_SHIFT] = bytes(GPU_PAGE_SIZE)
     return mem
 
 

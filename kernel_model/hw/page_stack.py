@@ -35,5 +35,21 @@ class PageStack:
     def extend(self, pages: Iterable[int]) -> None:
         self._back.extend(pages)
 
+    def pop_scrubbed(self, n: int, vidmem: memoryview, page_shift: int) -> list[int]:
+        """pop() n pages and zero each in `vidmem`, as a driver scrubs VRAM before
+        handing it out.  # EMU: a page never handed out is left as it is - still the
+        zeroes the memory was made with (it is only reachable once allocated) - so a
+        fresh 1 GiB allocation does not write 1 GiB of zeroes."""
+        fresh = self._fresh                # every page below was handed out before
+        pages = [self.pop() for _ in range(n)]
+        size = 1 << page_shift
+        zero = None
+        for p in pages:
+            if p < fresh:
+                if zero is None:
+                    zero = bytes(size)
+                vidmem[p << page_shift:(p << page_shift) + size] = zero
+        return pages
+
     def __repr__(self) -> str:
         return f"PageStack({len(self)} of {self._n} free)"
