@@ -10,8 +10,6 @@ caller - enters a task with `running(task)`.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -38,12 +36,24 @@ def current_or_none() -> task_struct | None:
     return _current
 
 
-@contextmanager
-def running(task: task_struct) -> Iterator[task_struct]:
-    """Run the body as `task` (nests; restores the previous task on exit)."""
-    global _current
-    prev, _current = _current, task
-    try:
-        yield task
-    finally:
-        _current = prev
+class running:
+    """Run the body as `task` (nests; restores the previous task on exit).
+
+    A class rather than a @contextmanager generator: every load, store and
+    system call of a process enters one, and this costs a third as much."""
+
+    __slots__ = ("task", "_prev")
+
+    def __init__(self, task: task_struct):
+        self.task = task
+        self._prev: list[task_struct | None] = []
+
+    def __enter__(self) -> task_struct:
+        global _current
+        self._prev.append(_current)
+        _current = self.task
+        return self.task
+
+    def __exit__(self, *exc: object) -> None:
+        global _current
+        _current = self._prev.pop()

@@ -16,11 +16,13 @@ code that asks for a module - a CLI, a test - never imports drivers itself.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
 import pkgutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kernel_model.current import running
@@ -93,6 +95,14 @@ def peer_client_modules() -> list[tuple[str, str, str]]:
     return out
 
 
+@functools.cache
+def _init_params(module_init: Callable) -> tuple[Any, bool]:
+    """module_init's parameters and whether it takes **kwargs (then it checks its own):
+    read once per module, as modinfo lists a module's parameters."""
+    accepted = inspect.signature(module_init).parameters
+    return accepted, any(a.kind is a.VAR_KEYWORD for a in accepted.values())
+
+
 @traced
 def load_module(machine: Machine, name: str, **params: Any) -> module:
     """Mirrors load_module() (insmod/modprobe): import, then run module_init(params)."""
@@ -103,8 +113,7 @@ def load_module(machine: Machine, name: str, **params: Any) -> module:
     for dep in getattr(code, "MODULE_DEPENDS", ()):  # modprobe: dependencies first
         if dep not in mods:
             load_module(machine, dep)
-    accepted = inspect.signature(code.module_init).parameters
-    takes_any = any(a.kind is a.VAR_KEYWORD for a in accepted.values())  # checks its own
+    accepted, takes_any = _init_params(code.module_init)
     unknown = [k for k in params if not takes_any and (k not in accepted or k == "mod")]
     if unknown:   # parse_args(): "Unknown parameter" fails the load
         raise KernelError(ENOENT, f"load_module: {name}: unknown parameter {unknown[0]!r}")

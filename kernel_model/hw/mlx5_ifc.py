@@ -586,8 +586,12 @@ class IfcStruct:
         new = IfcStruct.__new__(IfcStruct)
         new.typ = self.typ
         new.vals = keyed_dict()
-        new.vals.update({k: bytearray(v) if isinstance(v, bytearray) else v
-                         for k, v in self.vals.items()})
+        vals = self.vals
+        if bytearray in map(type, vals.values()):   # byte fields are copied, not shared
+            new.vals.update({k: bytearray(v) if isinstance(v, bytearray) else v
+                             for k, v in vals.items()})
+        else:
+            new.vals.update(vals)
         new.subs = {k: v.copy() for k, v in self.subs.items()}
         new.arrays = {}
         for k, arr in self.arrays.items():
