@@ -679,12 +679,27 @@ def _scalar(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruct
     s, name, kind = _resolve(typ, obj, field, macro)
     if not isinstance(kind, int):
         raise TypeError(f"{macro}: {typ}.{field} is not a scalar field")
+    if type(obj) is IfcStruct:      # resolved: the macros below find it in one probe
+        key = (typ, obj.typ, field)
+        _SCALARS[key] = (_FIELDS[key][0], name, kind)
     return s, name, kind
+
+
+#: _FIELDS' scalar fields, as (nested structures on the way, name, width in bits):
+#: MLX5_SET and MLX5_GET look a field up here first (inlined, no call to _scalar)
+_SCALARS: dict[tuple[str, str, str], tuple[tuple[str, ...], str, int]] = {}
 
 
 def MLX5_SET(typ: str, obj: IfcStruct, field: str, value: int) -> None:
     """Mirrors MLX5_SET(): store value masked to the field's width (<= 32 bits)."""
-    s, name, width = _scalar(typ, obj, field, "MLX5_SET")
+    hit = _SCALARS.get((typ, obj.typ, field)) if type(obj) is IfcStruct else None
+    if hit is None:
+        s, name, width = _scalar(typ, obj, field, "MLX5_SET")
+    else:
+        path, name, width = hit
+        s = obj
+        for head in path:
+            s = s.subs[head]
     if width > 32:
         raise TypeError(f"MLX5_SET: {typ}.{field} is {width} bits wide: use MLX5_SET64")
     s.vals[name] = int(value) & ((1 << width) - 1)
@@ -700,8 +715,14 @@ def MLX5_SET64(typ: str, obj: IfcStruct, field: str, value: int) -> None:
 
 def MLX5_GET(typ: str, obj: IfcStruct, field: str) -> int:
     """Mirrors MLX5_GET()/MLX5_GET64(): the field's value (0 when never set)."""
-    s, name, _ = _scalar(typ, obj, field, "MLX5_GET")
-    return s.vals.get(name, 0)  # type: ignore[return-value]
+    hit = _SCALARS.get((typ, obj.typ, field)) if type(obj) is IfcStruct else None
+    if hit is None:
+        s, name, _ = _scalar(typ, obj, field, "MLX5_GET")
+        return s.vals.get(name, 0)  # type: ignore[return-value]
+    path, name, _ = hit
+    for head in path:
+        obj = obj.subs[head]
+    return obj.vals.get(name, 0)  # type: ignore[return-value]
 
 
 MLX5_GET64 = MLX5_GET
