@@ -25,11 +25,12 @@ except ImportError:  # pragma: no cover - only when the build was skipped
     ffi = lib = None
 
 _alloc = ffi.new if ffi is not None else None
-# a large zeroed array is its own anonymous mapping (pm_calloc): the kernel zeroes
-# its pages when first touched, where ffi.new would memset all of it - and glibc,
-# once one such block is freed, serves the next from its heap and clears it all
-# (a GPU's 262,144-entry bookkeeping arrays, made for every machine, 2 MiB each).
-# Small ones stay with ffi.new: the custom allocator costs a microsecond per call.
+# a large sparse array (lazy=True) is its own anonymous mapping (pm_calloc): the
+# kernel zeroes its pages when first touched, where ffi.new would memset all of it -
+# and glibc, once one such block is freed, serves the next from its heap and clears
+# it all (a GPU's 262,144-entry bookkeeping arrays, made for every machine, of which
+# a run touches a few entries).  An array about to be written whole stays with
+# ffi.new: warm heap memory cleared is cheaper than a page fault per page.
 _alloc_big = (ffi.new_allocator(alloc=lib.pm_calloc, free=lib.pm_free,
                                 should_clear_after_alloc=False) if ffi is not None else None)
 _BIG = 1 << 17      # entries: 1 MiB, pm.c's PM_MMAP_MIN
@@ -65,15 +66,17 @@ class U64Array:
 
     __slots__ = ("buf", "view", "ptr", "n")
 
-    def __init__(self, n: int, zero: bool = True):
+    def __init__(self, n: int, zero: bool = True, lazy: bool = False):
         """n entries, zeroed unless zero=False (for arrays about to be filled:
-        skipping the clear saves a pass over megabytes on the 1 GiB paths)."""
+        skipping the clear saves a pass over megabytes on the 1 GiB paths).
+        lazy=True: a large zeroed array of which few entries will be touched,
+        zeroed by the kernel page by page as they are (see _alloc_big)."""
         self.n = n
         if ffi is None:
             self.buf = bytearray(8 * max(n, 1))
             self.ptr = None
         else:
-            alloc = (_alloc_big if n >= _BIG else _alloc) if zero else _alloc_noclear
+            alloc = (_alloc_big if lazy and n >= _BIG else _alloc) if zero else _alloc_noclear
             self.ptr = alloc("uint64_t[]", max(n, 1))
             self.buf = ffi.buffer(self.ptr)
         self.view = memoryview(self.buf).cast("Q")

@@ -290,19 +290,22 @@ def _pin_batches_at_once(umem: ib_umem, cur_base: int, npages: int, page_list: U
     sgt = umem.sgt_append.sgt
     need = gup_fast_need(FOLL_WRITE if umem.writable else 0)
     batch = page_list.n
-    total = 0
+    total, sparse = 0, False
     while total < npages:
-        # room for one more batch's worst case; the table doubles as it fills, so a
-        # range that coalesces (or that the fast path cannot pin at all: peer
-        # memory) never sizes it for one entry per page
-        sgt.ensure_capacity(sgt.orig_nents + min(batch, npages - total))
-        done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base + (total << shift),
-                                       npages - total, need, _PAGE_SPECIAL, page_list,
-                                       max_seg, sgt.sg_pfn, sgt.sg_off, sgt.sg_len,
-                                       sgt.orig_nents)
+        # room for one more batch's worst case - or, once a batch came back barely
+        # coalesced, for every page left - so that a range that coalesces (or that
+        # the fast path cannot pin at all: peer memory) is never sized for an entry
+        # per page, and one that does not is grown once, not doubled again and again
+        left = npages - total
+        sgt.ensure_capacity(sgt.orig_nents + (left if sparse else min(batch, left)))
+        before = sgt.orig_nents
+        done, nents = m.ops.pin_append(m.mem, mm.pgd, cur_base + (total << shift), left,
+                                       need, _PAGE_SPECIAL, page_list, max_seg, sgt.sg_pfn,
+                                       sgt.sg_off, sgt.sg_len, before)
         if done:
             m.vmstat["nr_foll_pin_acquired"] += done
-            sg_appended(umem.sgt_append, nents, npages - total - done)
+            sg_appended(umem.sgt_append, nents, left - done)
+            sparse = 2 * (nents - before) > done
         total += done
         if not done or sgt.capacity - sgt.orig_nents >= min(batch, npages - total):
             break                       # a batch the fast path could not pin in full

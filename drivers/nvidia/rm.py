@@ -95,8 +95,8 @@ class NvDevice:
         # BAR1 bookkeeping, as arrays the C loop (c_ext bar1_map/bar1_unmap) walks:
         # per GPU page its window + 1 and how many mappings use it; the free windows
         # as a stack (popped in ascending order) with its top in a one-slot array
-        self.win_of_page = U64Array(gpu.nr_pages)
-        self.page_refs = U64Array(gpu.nr_pages)
+        self.win_of_page = U64Array(gpu.nr_pages, lazy=True)
+        self.page_refs = U64Array(gpu.nr_pages, lazy=True)
         self.free_stack = U64Array(gpu.bar1_windows, zero=False)
         self.free_stack.view[:] = _all_windows(gpu.bar1_windows)
         self.free_top = U64Array(1)

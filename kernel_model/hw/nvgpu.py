@@ -82,7 +82,7 @@ class NvGpu:
         self.bar1_windows = cfg.bar1_size >> GPU_PAGE_SHIFT
         # the BAR1 page table: window -> GPU page + 1 (0: maps nothing); an array the
         # driver's C loop (c_ext bar1_map) writes
-        self.bar1_pte = U64Array(self.bar1_windows)
+        self.bar1_pte = U64Array(self.bar1_windows, lazy=True)
         self.bar1_faults: list[tuple[str, int, int]] = []   # (read/write, BAR1 offset, bytes)
         # GPU UUID: stable per machine and slot, as the board's would be
         self.uuid = bytes(((machine.serial * 131 + self.pdev.bus * 7 + i) * 37) & 0xFF
