@@ -268,9 +268,9 @@ PIN_AT_ONCE = True
 
 def _pin_batches_at_once(umem: ib_umem, cur_base: int, npages: int, page_list: U64Array,
                          max_seg: int) -> int:
-    """_pin_pages' batches in one C call (ops.pin_append), as long as each batch's
-    pin_user_pages_fast is its fast path alone; the pages pinned and appended (0:
-    the loop takes the batch one call at a time).
+    """_pin_pages' batches in C (ops.pin_append, called again as the table grows), as
+    long as each batch's pin_user_pages_fast is its fast path alone; the pages pinned
+    and appended (0: the loop takes the batch one call at a time).
 
     # EMU: a shortcut that changes nothing anyone can see.  It is taken only with
     # tracing off (the per-batch calls would trace nothing), no other task runnable
