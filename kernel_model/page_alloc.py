@@ -17,6 +17,7 @@ operation here runs without a scheduling point, which is what zone->lock buys).
 from __future__ import annotations
 
 import sys
+import types
 from typing import TYPE_CHECKING
 
 from kernel_model.current import current
@@ -195,13 +196,22 @@ class zone:
 
 
 def _caller() -> str:
-    """file:line of the first frame outside the allocator, for leak reports."""
+    """file:line of the first frame outside the allocator, for leak reports (the name
+    formatted once per code object and line: every page allocation records one)."""
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename == __file__:
         f = f.f_back
     if f is None:
         return "?"
-    return f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}"
+    key = (f.f_code, f.f_lineno)
+    site = _CALLERS.get(key)
+    if site is None:
+        site = _CALLERS[key] = (f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} "
+                                f"{f.f_code.co_name}")
+    return site
+
+
+_CALLERS: dict[tuple[types.CodeType, int], str] = {}
 
 
 def _zone() -> zone:

@@ -1,7 +1,7 @@
 """Shared set-ups for the benchmarks: 1 GiB of faulted anonymous memory.
 
 Building it (faulting 262,144 pages, fragmenting physical memory) takes
-seconds, so each layout is built once per module and both backends share it:
+seconds, so each layout is built once per session and both backends share it:
 `machine.ops` is swapped between the C loops and the Python twins, which
 work on the same RAM and mem_map.
 """
@@ -59,8 +59,11 @@ class Faulted:
         m.check_leaks()
 
 
-@pytest.fixture(scope="module", params=["contiguous", "fragmented"])
+@pytest.fixture(scope="session", params=["contiguous", "fragmented"])
 def gib(request):
+    """Each layout built once for the pin, umem and trace benchmarks together (pytest
+    runs every test of one layout before building the other): a build faults
+    262,144 pages and takes seconds."""
     f = Faulted(GiB, request.param == "fragmented")
     f.layout = request.param
     yield f
