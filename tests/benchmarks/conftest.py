@@ -12,6 +12,7 @@ import pytest
 
 from c_ext import U64Array
 from kernel_model.emu.machine import GiB, Machine
+from kernel_model.emu.platform import rdma_host
 from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
 
 GIB_PAGES = GiB // 4096
@@ -61,10 +62,13 @@ class Faulted:
 
 @pytest.fixture(scope="session", params=["contiguous", "fragmented"])
 def gib(request):
-    """Each layout built once for the pin, umem and trace benchmarks together (pytest
-    runs every test of one layout before building the other): a build faults
-    262,144 pages and takes seconds."""
-    f = Faulted(GiB, request.param == "fragmented")
+    """Each layout built once for the pin, umem, trace and verbs benchmarks together
+    (pytest runs every test of one layout before building the other): a build faults
+    262,144 pages and takes seconds.  On an rdma_host with mlx5_ib loaded, for the
+    verbs benchmarks; the others use only its memory (RAM is committed lazily)."""
+    m = rdma_host(ram_size=3 * GiB)
+    m.load_module("mlx5_ib")
+    f = Faulted(GiB, request.param == "fragmented", machine=m)
     f.layout = request.param
     yield f
     f.teardown()

@@ -4,7 +4,7 @@ A process on an rdma_host (one ConnectX, mlx5_core + mlx5_ib loaded) calls the
 libibverbs C API directly, as tests/flows do: libibverbs -> the mlx5 provider ->
 uverbs write() -> ib_core -> mlx5_ib -> firmware command, and back.
   * reg_mr + dereg_mr of one page and of 1 GiB of the shared faulted memory
-    (contiguous and fragmented layouts, see conftest.py; here built on the
+    (contiguous and fragmented layouts, see conftest.py, which builds it on an
     rdma_host): ib_umem_get (pin + coalesce + DMA map), find_best_pgsz,
     mlx5_ib_populate_pas filling the MTT, CREATE_MKEY (the firmware keeps a
     copy of the MTT); then DESTROY_MKEY, unmap, unpin.  On the C loops and
@@ -30,7 +30,6 @@ import pytest
 
 import c_ext
 from c_ext import U64Array
-from kernel_model.emu.machine import GiB
 from kernel_model.emu.platform import rdma_host
 from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE, pin_user_pages_fast, unpin_user_pages
 from kernel_model.pgtable import pte_addr
@@ -43,15 +42,15 @@ ACCESS = v.IBV_ACCESS_LOCAL_WRITE | v.IBV_ACCESS_REMOTE_WRITE | v.IBV_ACCESS_REM
 
 
 class VerbsHost:
-    """The faulted 1 GiB process on an rdma_host, `ulimit -l unlimited`, with the
-    device open and a PD allocated (nothing pinned yet: pinned_vm is 0)."""
+    """The faulted 1 GiB process (the shared `gib`, on an rdma_host), `ulimit -l
+    unlimited`, with the device open and a PD allocated (nothing pinned yet:
+    pinned_vm is 0)."""
 
-    def __init__(self, layout: str):
-        m = rdma_host(ram_size=3 * GiB)  # RAM is committed lazily
-        m.load_module("mlx5_ib")
-        self.f = f = Faulted(GiB, layout == "fragmented", machine=m)
-        f.layout = layout
+    def __init__(self, f: Faulted):
+        self.f = f
+        m = f.machine
         self.m, self.p, self.fw = m, f.proc, m.hcas[0].fw
+        self.saved_rlim = self.p.task.rlim[RLIMIT_MEMLOCK]
         self.p.task.rlim[RLIMIT_MEMLOCK] = [RLIM_INFINITY, RLIM_INFINITY]
         self.ctx = v.ibv_open_device(self.p, v.ibv_get_device_list(self.p)[0])
         self.pd = v.ibv_alloc_pd(self.ctx)
@@ -59,12 +58,12 @@ class VerbsHost:
     def teardown(self) -> None:
         assert v.ibv_dealloc_pd(self.pd) == 0
         assert v.ibv_close_device(self.ctx) == 0
-        self.f.teardown()
+        self.p.task.rlim[RLIMIT_MEMLOCK] = self.saved_rlim
 
 
-@pytest.fixture(scope="module", params=["contiguous", "fragmented"])
-def host(request):
-    h = VerbsHost(request.param)
+@pytest.fixture(scope="module")
+def host(gib):
+    h = VerbsHost(gib)
     yield h
     h.teardown()
 
