@@ -51,6 +51,7 @@ from kernel_model.gup import FOLL_LONGTERM, FOLL_WRITE
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE
 from kernel_model.page_alloc import PG_dirty, page
+from kernel_model.scatterlist import sg_table
 from kernel_model.trace import Tracer
 
 K4, M1, M2, G1 = 1 << 12, 1 << 20, 1 << 21, 1 << 30
@@ -483,6 +484,40 @@ def test_batches_at_once_build_what_batch_by_batch_builds(seed, monkeypatch):
     entries, pinned, acquired, end, _ = got["c", True]
     assert pinned == [1] * 1300 and acquired == 1300 and end
     assert all(length <= 40 * K4 for _, _, length in entries)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "shuffled"])
+def test_the_table_grows_with_what_the_batches_need(layout, backend, monkeypatch):
+    """At once, the table is sized for one batch's worst case (an entry per page) and
+    grown as batches come: a range whose pages coalesce never holds room for an entry
+    per page (one 4,000-page range: at most a few batches' room); one whose pages do
+    not is grown once, to every page left, after its first batch."""
+    m = Machine(ram_size=64 << 20, backend=backend)
+    p = m.spawn("app", cap_ipc_lock=True)       # 4,000 pages: over the default 8 MiB
+    n = 4000
+    p.mmap(VA, n * K4, flags=ANON)
+    order = list(range(n))
+    if layout == "shuffled":
+        random.Random(7).shuffle(order)
+    for i in order:
+        p.store(VA + i * K4, b"x")
+    grown = []
+    real = sg_table._alloc
+
+    def spy(self, capacity, zero=False):
+        grown.append(capacity)
+        real(self, capacity, zero)
+    monkeypatch.setattr(sg_table, "_alloc", spy)
+    umem = get(p, IbDev(m), VA, n * K4, IB_ACCESS_LOCAL_WRITE)
+    monkeypatch.undo()
+    sgt = umem.sgt_append.sgt
+    if layout == "contiguous":
+        assert sgt.orig_nents < 10 and sgt.capacity <= 2 * 512
+    else:
+        assert sgt.orig_nents > n // 2
+        assert [c for c in grown if c] == [512, n]   # a batch's room, then all of it
+    release(p, umem)
+    assert pins(p, VA, n) == [0] * n
 
 
 def test_a_traced_registration_pins_batch_by_batch(m):
