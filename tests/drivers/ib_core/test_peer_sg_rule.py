@@ -101,6 +101,25 @@ def test_incongruent_addresses_are_refused(env):
             "modulo page size 64 KiB") in str(e)
 
 
+def test_lengths_that_wrap_past_2_64_are_refused(env):
+    """Entries of 2^63 and 2^63 + 128 KiB, then 64 KiB: summed modulo 2^64 they would
+    cover exactly the 192 KiB range, every address congruent; the walk stops where
+    the VA would pass 2^64."""
+    fp = env.peer()
+    va = env.gpu(3 * K64, fp)
+    real = fp.dma_map
+
+    def dma_map(sg_head, ctx, dev, dmasync, nmap):
+        ret = real(sg_head, ctx, dev, dmasync, nmap)
+        sg_head.dma_len.view[0] = 1 << 63
+        sg_head.dma_len.view[1] = (1 << 63) + 2 * K64
+        return ret
+    fp.client.dma_map = dma_map
+    e = _refused(env, fp, va, 3 * K64)
+    assert f"entry 1 of {(1 << 63) + 2 * K64:#x} bytes runs past the end of the address " \
+        "space" in str(e)
+
+
 def test_a_page_size_the_addresses_disagree_with_is_refused(env):
     """64 KiB-aligned blocks declared as 128 KiB pages: the first entry's address need
     not be 128 KiB-aligned, or the table covers the wrong span."""
