@@ -33,7 +33,7 @@ _alloc = ffi.new if ffi is not None else None
 # ffi.new: warm heap memory cleared is cheaper than a page fault per page.
 _alloc_big = (ffi.new_allocator(alloc=lib.pm_calloc, free=lib.pm_free,
                                 should_clear_after_alloc=False) if ffi is not None else None)
-_BIG = 1 << 17      # entries: 1 MiB, pm.c's PM_MMAP_MIN
+_BIG = 1 << 17      # entries (1 MiB): below that, a mapping of its own costs more
 _alloc_noclear = ffi.new_allocator(should_clear_after_alloc=False) if ffi is not None else None
 
 __all__ = ["U64Array", "MemCtx", "backend", "default_backend_name", "UnpinUnderflow"]

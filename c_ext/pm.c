@@ -473,14 +473,6 @@ static inline uint64_t from_be64(uint64_t v)
 }
 
 /*
- * The HCA's MTT walk: translate `len` bytes starting `offset` bytes into a
- * memory key's region (offset counted from the start of the first page) into
- * DMA pieces, merging pages whose addresses follow each other.  mtt[] holds
- * big-endian entries of 2^pg_bit-byte pages with permission bits below the
- * page size.  Returns the pieces written, or -1 if the range runs past the
- * table or more than cap pieces would be needed.
- */
-/*
  * The layout rule a peer client's dma_map table must keep (ib_peer_sg_violation):
  * read from VA `va` on, each entry's DMA address is congruent with the VA it
  * maps modulo `pps`, a power of two.  Returns the index of the first entry that
@@ -509,6 +501,14 @@ long pm_sg_congruent(const uint64_t *dma_addr, const uint64_t *dma_len, long nen
 	return -1;
 }
 
+/*
+ * The HCA's MTT walk: translate `len` bytes starting `offset` bytes into a
+ * memory key's region (offset counted from the start of the first page) into
+ * DMA pieces, merging pages whose addresses follow each other.  mtt[] holds
+ * big-endian entries of 2^pg_bit-byte pages with permission bits below the
+ * page size.  Returns the pieces written, or -1 if the range runs past the
+ * table or more than cap pieces would be needed.
+ */
 long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
 		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
 		   long cap)
@@ -678,16 +678,15 @@ long pm_bar1_unmap(const uint64_t *pages, long n, uint64_t npg, uint64_t *win_of
 }
 
 /*
- * U64Array's allocator.  A block of PM_MMAP_MIN or more is its own anonymous
- * mapping, unmapped when freed: the kernel hands it out zeroed and faults in
- * only the pages that are touched.  calloc would do that only for its first
- * such block; once one is freed, glibc raises its mmap threshold and serves
- * the next from the heap, clearing every byte (a GPU's 262,144-entry arrays,
- * built for every machine the race explorer makes, cost 50 us each that way).
- * Each block starts with a 16-byte header: the mapping's length, or 0 for a
- * calloc'd block.
+ * The allocator of a lazy U64Array (a large array of which a run touches a few
+ * entries): its own anonymous mapping, unmapped when freed, which the kernel
+ * hands out zeroed and faults in page by page as it is touched.  calloc would
+ * do that only for the first such block: once one is freed glibc raises its
+ * mmap threshold and serves the next from the heap, clearing every byte (a
+ * GPU's 262,144-entry arrays, built for every machine the race explorer makes,
+ * cost 50 us each that way).  Without mmap, calloc.  Each block starts with a
+ * 16-byte header: the mapping's length, or 0 for a calloc'd block.
  */
-#define PM_MMAP_MIN (1UL << 20)
 #define PM_HDR 16
 
 void *pm_calloc(size_t size)
@@ -697,14 +696,12 @@ void *pm_calloc(size_t size)
 	if (size > SIZE_MAX - PM_HDR)
 		return NULL;
 #if defined(MAP_ANONYMOUS)
-	if (size >= PM_MMAP_MIN) {
-		p = mmap(NULL, size + PM_HDR, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (p == MAP_FAILED)
-			return NULL;
-		*(size_t *)p = size + PM_HDR;
-		return p + PM_HDR;
-	}
+	p = mmap(NULL, size + PM_HDR, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	*(size_t *)p = size + PM_HDR;
+	return p + PM_HDR;
 #endif
 	p = calloc(1, size + PM_HDR);
 	if (!p)

@@ -94,7 +94,7 @@ long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,
 		 uint64_t src_size, const uint64_t *src_addr,
 		 const uint64_t *src_len, long nsrc);
 
-/* Zeroed memory for c_ext.U64Array: calloc gets the zero from the kernel for a
- * large block (fresh anonymous pages), where ffi.new would memset every page. */
+/* Zeroed memory for a lazy c_ext.U64Array: fresh anonymous pages, zeroed by the
+ * kernel as they are touched, where ffi.new would memset every page. */
 void *pm_calloc(size_t size);
 void pm_free(void *p);

@@ -622,12 +622,7 @@ def _resolve(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruc
             return obj, name, kind
     s, name, kind = _walk(typ, obj, field, macro)
     if type(obj) is IfcStruct:
-        path: list[str] = []
-        sub = obj
-        for head in field.split(".")[:-1]:
-            path.append(head)
-            sub = sub.subs[head]
-        _FIELDS[(typ, obj.typ, field)] = (tuple(path), name, kind)
+        _FIELDS[(typ, obj.typ, field)] = (tuple(field.split(".")[:-1]), name, kind)
     return s, name, kind
 
 
@@ -679,21 +674,14 @@ def _scalar(typ: str, obj: IfcStruct, field: str, macro: str) -> tuple[IfcStruct
     s, name, kind = _resolve(typ, obj, field, macro)
     if not isinstance(kind, int):
         raise TypeError(f"{macro}: {typ}.{field} is not a scalar field")
-    if type(obj) is IfcStruct:      # resolved: the macros below find it in one probe
-        key = (typ, obj.typ, field)
-        _SCALARS[key] = (_FIELDS[key][0], name, kind)
     return s, name, kind
 
 
-#: _FIELDS' scalar fields, as (nested structures on the way, name, width in bits):
-#: MLX5_SET and MLX5_GET look a field up here first (inlined, no call to _scalar)
-_SCALARS: dict[tuple[str, str, str], tuple[tuple[str, ...], str, int]] = {}
-
-
 def MLX5_SET(typ: str, obj: IfcStruct, field: str, value: int) -> None:
-    """Mirrors MLX5_SET(): store value masked to the field's width (<= 32 bits)."""
-    hit = _SCALARS.get((typ, obj.typ, field)) if type(obj) is IfcStruct else None
-    if hit is None:
+    """Mirrors MLX5_SET(): store value masked to the field's width (<= 32 bits).
+    A field resolved before is found in _FIELDS inline (no call to _scalar)."""
+    hit = _FIELDS.get((typ, obj.typ, field)) if type(obj) is IfcStruct else None
+    if hit is None or type(hit[2]) is not int:
         s, name, width = _scalar(typ, obj, field, "MLX5_SET")
     else:
         path, name, width = hit
@@ -714,9 +702,10 @@ def MLX5_SET64(typ: str, obj: IfcStruct, field: str, value: int) -> None:
 
 
 def MLX5_GET(typ: str, obj: IfcStruct, field: str) -> int:
-    """Mirrors MLX5_GET()/MLX5_GET64(): the field's value (0 when never set)."""
-    hit = _SCALARS.get((typ, obj.typ, field)) if type(obj) is IfcStruct else None
-    if hit is None:
+    """Mirrors MLX5_GET()/MLX5_GET64(): the field's value (0 when never set).
+    A field resolved before is found in _FIELDS inline (no call to _scalar)."""
+    hit = _FIELDS.get((typ, obj.typ, field)) if type(obj) is IfcStruct else None
+    if hit is None or type(hit[2]) is not int:
         s, name, _ = _scalar(typ, obj, field, "MLX5_GET")
         return s.vals.get(name, 0)  # type: ignore[return-value]
     path, name, _ = hit

@@ -42,11 +42,9 @@ class UStruct:
 
     def pack(self) -> bytes:
         """The struct's bytes, as the C compiler lays it out."""
-        if self._NESTED:
-            return self._STRUCT.pack(*(
-                getattr(self, n).pack() if n in self._NESTED else getattr(self, n)
-                for n in self._NAMES))
-        return self._STRUCT.pack(*[getattr(self, n) for n in self._NAMES])
+        nested = self._NESTED
+        return self._STRUCT.pack(*[getattr(self, n).pack() if n in nested else getattr(self, n)
+                                   for n in self._NAMES])
 
     @classmethod
     def unpack(cls: type[T], data: bytes | bytearray | memoryview) -> T:
@@ -56,11 +54,9 @@ class UStruct:
         raw = data[:size]
         if len(raw) < size:
             raw = bytes(raw).ljust(size, b"\0")
-        values = cls._STRUCT.unpack(raw)
-        if cls._NESTED:
-            return cls(**{n: cls._NESTED[n].unpack(v) if n in cls._NESTED else v
-                          for n, v in zip(cls._NAMES, values, strict=True)})
-        return cls(**dict(zip(cls._NAMES, values, strict=True)))
+        nested = cls._NESTED
+        return cls(**{n: nested[n].unpack(v) if n in nested else v
+                      for n, v in zip(cls._NAMES, cls._STRUCT.unpack(raw), strict=True)})
 
     @classmethod
     def offsetof(cls, name: str) -> int:
