@@ -115,7 +115,7 @@ _PM_KW = {"virtual": "_pm_o=None, _pm_a=None, _pm_c=None, _pm_s=None",
 
 _TRAMP = """
         _pm_k = _pm_c._current or _pm_s.current
-        _pm_a(({fid}, _pm_k, {args}, {kw}{ts}))
+        _pm_a(({fid}, _pm_k, {kw}{ts}, {args}))
         try:
             _pm_r = _pm_o({call})
         except BaseException as _pm_e:
@@ -153,7 +153,7 @@ def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     params += kwonly + [_PM_KW[clock]] + ([f"**{varkw}"] if varkw else [])
     call = pos + ([f"*{varargs}"] if varargs else []) + [f"{k}={k}" for k in kwonly] + (
         [f"**{varkw}"] if varkw else [])
-    args = "(" + "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "") + ")"
+    args = "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "")
     kws = [f"{k!r}: {k}" for k in kwonly] + ([f"**{varkw}"] if varkw else [])
     kw = "{" + ", ".join(kws) + "}" if kws else "None"
     cells = [f"_pm_cell{j}" for j in range(len(fn.__closure__ or ()))]
@@ -207,8 +207,8 @@ class _Tracepoint:
 _TRACEPOINTS: list[types.FunctionType] = []
 
 _TP_BODY = {
-    "virtual": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, ({vals})))",
-    "wall": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, ({vals}), _pm_t()))",
+    "virtual": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, {vals}))",
+    "wall": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, _pm_t(), {vals}))",
 }
 _TP_CELLS = ("_pm_a", "_pm_p", "_pm_c", "_pm_s", "_pm_t")
 
@@ -386,13 +386,25 @@ class _Builder:
 
 
 def _build(events: list[tuple], clock: str, t0: int) -> Trace:
+    """The Trace from the recorded tuples.  Their layouts ([t]: the wall clock's
+    perf_counter_ns, only in wall mode):
+        entry       (fid, task, kwargs or None, [t,] *args)
+        exit        (~fid, task, return value or exception, [t])
+        tracepoint  ("P", task, _Tracepoint, [t,] *field values)
+        switch      ("S", prev task, next task, reason, [t])
+        clock tick  ("T", None, jiffies, None, [t])
+    Arguments and field values are flattened into the event (one tuple per
+    event, not two), so they start after the fixed fields."""
     b = _Builder(clock, t0)
     tl = b.trace.timeline
     machines = set()
     wall = clock == "wall"
+    first = 4 if wall else 3          # where an entry's or a tracepoint's values start
     for ev in events:
         code, key, payload = ev[0], ev[1], ev[2]
-        raw = ev[-1] if wall else 0
+        raw = 0
+        if wall:
+            raw = ev[3] if code == "P" or (type(code) is int and code >= 0) else ev[-1]
         if code == "T":
             b.vclock += payload * JIFFY_NS
             continue
@@ -406,14 +418,14 @@ def _build(events: list[tuple], clock: str, t0: int) -> Trace:
         elif code == "P":
             tp: _Tracepoint = payload
             parent = stack[-1][0] if stack else None
-            p = Point(tp.name, tp.layer, tr, b.ts(raw), dict(zip(tp.fields, ev[3], strict=True)),
-                      len(stack), parent)
+            p = Point(tp.name, tp.layer, tr, b.ts(raw),
+                      dict(zip(tp.fields, ev[first:], strict=True)), len(stack), parent)
             (parent.children if parent else b.trace.roots[tr]).append(p)
             tl.append((POINT, p))
         elif code >= 0:
             r = _REGISTRY[code]
             parent = stack[-1][0] if stack else None
-            c = Call(r.name, r.layer, tr, b.ts(raw), args=_args_text(r, payload, ev[3]),
+            c = Call(r.name, r.layer, tr, b.ts(raw), args=_args_text(r, ev[first:], payload),
                      depth=len(stack), parent=parent)
             (parent.children if parent else b.trace.roots[tr]).append(c)
             stack.append((c, code))

@@ -1,0 +1,86 @@
+"""What the recorder keeps of a call and of a tracepoint, on both clocks.
+
+The trampoline flattens a call's arguments into its entry event and a
+tracepoint's values into its event (kernel_model.trace._build documents the
+layouts); the wall clock puts its timestamp among the fixed fields.  These
+tests pin every kind of parameter a traced function can have - positional,
+defaulted, *args, keyword-only, **kwargs - and a tracepoint's fields to the
+text the Trace shows, in virtual and in wall mode alike.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_model import trace
+from kernel_model.emu.machine import Machine
+from kernel_model.errno import EINVAL, KernelError
+from kernel_model.trace import Tracer, traced, tracepoint
+
+trace_rec_point = tracepoint("rec_point", "alpha beta")
+
+
+@traced(layer="driver")
+def rec_inner(x, y=7, *rest, flag=False, **extra):
+    """A traced function with every kind of parameter."""
+    if trace.enabled:
+        trace_rec_point(x, len(rest))
+    if flag:
+        raise KernelError(EINVAL, "rec_inner: flag set")
+    return x + y + sum(rest) + len(extra)
+
+
+@traced(layer="driver")
+def rec_outer(n):
+    """Calls rec_inner three ways; the last one fails."""
+    total = rec_inner(n) + rec_inner(n, 1, 2, 3, colour="red")
+    try:
+        rec_inner(n, flag=True)
+    except KernelError:
+        pass
+    return total
+
+
+@pytest.mark.parametrize("clock", ["virtual", "wall"])
+def test_arguments_fields_and_returns_survive_flattening(clock):
+    m = Machine()
+    p = m.spawn("rec")
+    with Tracer(clock=clock) as t, p.kernel():
+        assert rec_outer(5) == 12 + 11 + 1
+    tr = t.trace
+    outer = [c for c in tr.calls() if c.func == "rec_outer"]
+    assert len(outer) == 1 and outer[0].args == "n=5" and outer[0].ret == "24"
+    inner = [c for c in outer[0].children if getattr(c, "func", None) == "rec_inner"]
+    assert [(c.args, c.ret) for c in inner] == [
+        ("x=5, y=7, flag=false", "12"),
+        ('x=5, y=1, 2, 3, flag=false, colour="red"', "12"),
+        ("x=5, y=7, flag=true", "-EINVAL"),
+    ]
+    # each tracepoint hit is the child of its call, its fields by name
+    points = [c.children for c in inner]
+    assert [[(q.name, q.fields) for q in kids] for kids in points] == [
+        [("rec_point", {"alpha": 5, "beta": 0})],
+        [("rec_point", {"alpha": 5, "beta": 2})],
+        [("rec_point", {"alpha": 5, "beta": 0})],
+    ]
+    # time never runs backwards along a call: entry, its point, its exit
+    for c in inner:
+        assert c.start <= c.children[0].ts <= c.end
+    assert outer[0].start <= inner[0].start and inner[-1].end <= outer[0].end
+    p.exit(0)
+    m.check_leaks()
+
+
+def test_both_clocks_record_the_same_graph():
+    """The same run on the two clocks: the same calls, arguments, returns and points."""
+    def shape(clock):
+        m = Machine()
+        p = m.spawn("rec")
+        with Tracer(clock=clock) as t, p.kernel():
+            rec_outer(3)
+        p.exit(0)
+        m.check_leaks()
+        return [(c.func, c.args, c.ret, c.depth) for c in t.trace.calls()], \
+            [(q.name, q.fields, q.depth) for q in t.trace.points()]
+
+    assert shape("virtual") == shape("wall")
