@@ -212,6 +212,29 @@ def follow_pfn(vma: vm_area_struct, address: int) -> int:
     return pte_addr(pte) >> vma.vm_mm.machine.page_shift
 
 
+def ram_page_at(mm: mm_struct, addr: int, length: int, write: bool) -> int:
+    """The physical address of [addr, addr + length) when it lies within one page of
+    RAM whose PTE already grants the access, else -1.
+
+    This is access_vm's walk when it has nothing to fault in, no MMIO to reach and
+    no error to report - most of what a program's loads and stores and the kernel's
+    small copy_*_user calls touch - so they take it first and run the whole walk
+    only on -1 (the TLB hit before the page walk).  The PTE is read as it is now;
+    nothing is cached across calls.
+    """
+    m = mm.machine
+    ps = m.page_size
+    off = addr & (ps - 1)
+    if length <= 0 or addr < 0 or off + length > ps or addr + length > mm.task_size:
+        return -1
+    need = _PAGE_PRESENT | _PAGE_RW if write else _PAGE_PRESENT
+    pte = mm.pgtable.get(addr)
+    if pte & need != need:
+        return -1
+    phys = pte_addr(pte) + off
+    return phys if phys + length <= m.ram_size else -1
+
+
 def access_vm(mm: mm_struct, addr: int, length: int, write: bool,
               chunk: Callable[[int, int, int], None], force: bool = False) -> int:
     """Walk [addr, addr+len) page by page, faulting pages in as the CPU would.

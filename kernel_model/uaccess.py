@@ -12,7 +12,7 @@ import struct
 
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, ENOTTY, KernelError
-from kernel_model.memory import access_vm
+from kernel_model.memory import access_vm, ram_page_at
 from kernel_model.sched import touch_ram
 from kernel_model.trace import traced
 
@@ -32,9 +32,14 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
     if not access_ok(from_, n):
         return n
     t = current()
-    dst = memoryview(to)
-    read = t.machine.phys_read
     m = t.machine
+    phys = ram_page_at(t.mm, from_, n, False)
+    if phys >= 0:
+        touch_ram(m.mem, phys, n, False)
+        memoryview(to)[:n] = m.mem.ram[phys:phys + n]
+        return 0
+    dst = memoryview(to)
+    read = m.phys_read
 
     def chunk(phys: int, off: int, k: int) -> None:
         if phys + k <= m.ram_size:
@@ -54,8 +59,13 @@ def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
     if not access_ok(to, n):
         return n
     t = current()
-    src = memoryview(from_)
     m = t.machine
+    phys = ram_page_at(t.mm, to, n, True)
+    if phys >= 0:
+        touch_ram(m.mem, phys, n, True)
+        m.mem.ram[phys:phys + n] = memoryview(from_)[:n]
+        return 0
+    src = memoryview(from_)
 
     def chunk(phys: int, off: int, k: int) -> None:
         if phys + k <= m.ram_size:

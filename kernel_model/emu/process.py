@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_model import syscalls
 from kernel_model.current import current_or_none, running
 from kernel_model.fs import files_struct
-from kernel_model.memory import access_vm
+from kernel_model.memory import access_vm, ram_page_at
 from kernel_model.mm import (
     MAP_ANONYMOUS,
     MAP_FIXED,
@@ -209,8 +209,12 @@ class Process:
 
     def load(self, va: int, n: int) -> bytes:
         """Read n bytes at va as the program's CPU would."""
-        out = bytearray(n)
         m = self.machine
+        if self.task.exit_code is None:
+            phys = ram_page_at(self.task.mm, va, n, False)   # the TLB hit: no walk
+            if phys >= 0:
+                return m.phys_read(phys, n)
+        out = bytearray(n)
 
         def chunk(phys: int, off: int, k: int) -> None:
             out[off:off + k] = m.phys_read(phys, k)
@@ -220,8 +224,13 @@ class Process:
 
     def store(self, va: int, data: bytes) -> None:
         """Write data at va as the program's CPU would (MMIO pages reach the device)."""
-        src = memoryview(bytes(data))
         m = self.machine
+        if self.task.exit_code is None:
+            phys = ram_page_at(self.task.mm, va, len(data), True)
+            if phys >= 0:
+                m.phys_write(phys, data)
+                return
+        src = memoryview(bytes(data))
 
         def chunk(phys: int, off: int, k: int) -> None:
             m.phys_write(phys, src[off:off + k])

@@ -15,10 +15,12 @@ from kernel_model.emu.process import SegmentationFault
 from kernel_model.errno import EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, KernelBug, KernelError
 from kernel_model.fs import cdev, cdev_add, file_operations
 from kernel_model.ioport import MachineCheck, MmioRegion
+from kernel_model.madvise import MADV_DONTNEED
 from kernel_model.memory import remap_pfn_range
 from kernel_model.mm import MAP_SHARED, PROT_READ, PROT_WRITE, TASK_SIZE, vm_operations_struct
-from kernel_model.pgtable import cache_mode, pgprot_noncached
+from kernel_model.pgtable import cache_mode, pgprot_noncached, pte_addr
 from kernel_model.task import PF_EXITING
+from kernel_model.trace import Tracer
 from kernel_model.uaccess import copy_from_user, copy_to_user
 
 RW = PROT_READ | PROT_WRITE
@@ -345,3 +347,26 @@ def test_segfault_on_prot_none(p, m):
     with pytest.raises(SegmentationFault):
         p.load(a, 1)
     assert p.mm.rss == 0
+
+
+def test_a_mapped_page_is_read_through_its_current_pte(p, m):
+    """A load or store of a page whose PTE allows it goes straight to RAM (no fault,
+    no walk of the VMAs) - but always through the PTE as it is now: zapped by
+    MADV_DONTNEED the page reads as a fresh zero page; unmapped, the access faults."""
+    ps = m.page_size
+    a = p.mmap(0, 2 * ps)
+    with Tracer() as t:
+        p.store(a + 8, b"first")            # not present: the fault path
+        p.store(a + 13, b"-second")         # present and writable: straight to RAM
+        got = p.load(a + 8, 12)
+    assert got == b"first-second"
+    assert [pt.fields["address"] for pt in t.trace.points("page_fault_user")] == [a + 8]
+    pte = p.mm.pgtable.get(a)
+    assert bytes(m.mem.ram[pte_addr(pte) + 8:pte_addr(pte) + 20]) == b"first-second"
+    assert p.madvise(a, ps, MADV_DONTNEED) == 0
+    assert p.load(a + 8, 12) == bytes(12)
+    assert p.munmap(a, ps) == 0
+    with pytest.raises(SegmentationFault, match=f"read at {a + 8:#x}"):
+        p.load(a + 8, 4)
+    with pytest.raises(SegmentationFault, match=f"write at {a:#x}"):
+        p.store(a, b"x")
