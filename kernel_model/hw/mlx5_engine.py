@@ -697,12 +697,18 @@ class Mlx5Engine:
         """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
         SCHED.point("dma_read")
         phys = self._to_phys(pieces, False)
-        out = bytearray(length)
+        mem = self.machine.mem
         if self._in_ram(phys):
             for p, n in phys:
-                touch_ram(self.machine.mem, p, n, False)
-            self._copy(out, [(0, length)], self.machine.mem, phys)
+                touch_ram(mem, p, n, False)
+            if len(phys) == 1:            # one piece: the payload is a copy of it,
+                p, n = phys[0]            # not zeroes copied over (a 1 MiB memset)
+                out = bytearray(mem.ram[p:p + n])
+            else:
+                out = bytearray(length)
+                self._copy(out, [(0, length)], mem, phys)
         else:
+            out = bytearray(length)
             off = 0
             for p, n in phys:
                 if p & MEMIC_PIECE:
