@@ -63,9 +63,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from kernel_model.hw import mlx5_caps, mlx5_fw_memic
+from kernel_model.hw import mlx5_caps
 from kernel_model.hw.mlx5_engine import Mlx5Engine
-from kernel_model.hw.mlx5_fw import INIT_SEG_SIZE, Firmware
+from kernel_model.hw.mlx5_fw import INIT_SEG_SIZE, BarLayout, Firmware
 from kernel_model.hw.mlx5_ifc import LAYOUTS, CmdqMemory
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
 
@@ -215,7 +215,8 @@ class ConnectX:
         stores reach the on-chip memory whether or not the piece is allocated, as
         the SRAM behind the BAR answers any address; the kernel maps only what
         ALLOC_MEMIC gave a context."""
-        start, size = mlx5_fw_memic.memic_window(self.fw)
+        bar = self.fw.bar_layout()
+        start, size = bar.memic_start, bar.memic_size
         if size and start <= off and off + n <= start + size:
             return off - start
         return None
@@ -281,9 +282,10 @@ class ConnectX:
 
     # -- UAR pages ---------------------------------------------------------------------
     def _uar_write(self, off: int, data: bytes) -> None:
-        size = self.fw.uar_page_size
+        bar = self.fw.bar_layout()
+        size = bar.uar_page_size
         uar, page_off = off // size, off % size
-        rec = self._classify(uar, page_off, bytes(data))
+        rec = self._classify(bar, uar, page_off, bytes(data))
         self.uar_log.append(rec)
         if not rec.valid:
             self.device_errors.append(f"write to UAR {uar:#x} (offset {page_off:#x}, "
@@ -293,9 +295,9 @@ class ConnectX:
         for hook in list(self.doorbell_hooks):
             hook(self, rec)
 
-    def _classify(self, uar: int, off: int, data: bytes) -> UarWrite:
+    def _classify(self, bar: BarLayout, uar: int, off: int, data: bytes) -> UarWrite:
         valid = self.fw.state == "initialized" and self.fw.uar_of(uar) is not None
-        bf_size = 1 << self.fw.cap("log_bf_reg_size")
+        bf_size = bar.bf_reg_size
         if off == CQ_DOORBELL and len(data) == 8:
             return UarWrite(uar, off, data, "cq_db", valid=valid)
         if off in (EQ_DOORBELL_ARM, EQ_DOORBELL_CI) and len(data) == 4:

@@ -543,7 +543,7 @@ class Mlx5Engine:
         # record was written first, so the process's next doorbell has the
         # device fetch the WQE from the ring instead.
         """
-        half = (1 << self.hca.fw.cap("log_bf_reg_size")) // 2
+        half = self.hca.fw.bar_layout().bf_reg_size // 2
         at = (rec.offset - 0x800) % half
         have = self._bf_chunks.get(key)
         if at == 0:

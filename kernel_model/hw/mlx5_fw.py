@@ -37,7 +37,7 @@ only, so this file imports them and none of them imports it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import attrs
 
@@ -102,6 +102,16 @@ from kernel_model.hw.mlx5_ifc import (
 
 if TYPE_CHECKING:
     from kernel_model.hw.mlx5 import ConnectX
+
+class BarLayout(NamedTuple):
+    """Firmware.bar_layout(): how BAR0 decodes an access (byte sizes and offsets)."""
+
+    uar_page_size: int
+    uars_per_page: int
+    bf_reg_size: int
+    memic_start: int
+    memic_size: int
+
 
 @attrs.define
 class Injection:
@@ -231,6 +241,7 @@ class Firmware:
         """Function-level reset: back to disabled with default capabilities, no objects."""
         self._drop_objects("function reset")
         self.state = "disabled"
+        self.bar = None
         self.caps_cur = {cap: page.copy() for cap, page in self.caps_max.items()}
         for field, value in mlx5_caps.GENERAL_CUR_DEFAULTS.items():
             MLX5_SET("cmd_hca_cap", self.caps_cur[MLX5_CAP_GENERAL], field, value)
@@ -301,6 +312,21 @@ class Firmware:
     def cap(self, field: str, cap_type: int = MLX5_CAP_GENERAL) -> int:
         """A current capability (what QUERY_HCA_CAP GET_CUR would report)."""
         return MLX5_GET(mlx5_caps.CAP_LAYOUT[cap_type], self.caps_cur[cap_type], field)
+
+    def bar_layout(self) -> BarLayout:
+        """How BAR0 decodes an access: the UAR page size, UARs per system page,
+        the BlueFlame register size and the MEMIC window, from the capabilities.
+
+        Those are fixed from INIT_HCA (SET_HCA_CAP is refused after it) until
+        TEARDOWN_HCA or a reset, so INIT_HCA reads them once into `bar` and every
+        doorbell decodes through that; outside the initialized state they are read
+        each time.  (Made in INIT_HCA's own step, not by the first doorbell, so that
+        for partial-order reduction doorbells only ever read it.)"""
+        if self.bar is not None:
+            return self.bar
+        start, size = mlx5_fw_memic.memic_window(self)
+        return BarLayout(self.uar_page_size, self.uars_per_page,
+                         1 << self.cap("log_bf_reg_size"), start, size)
 
     @property
     def uar_page_size(self) -> int:
@@ -388,11 +414,12 @@ class Firmware:
 
     def uar_of(self, index: int) -> Mlx5Uar | None:
         """The ALLOC_UAR object owning UAR `index`, if any (any UAR of its system page)."""
-        return self.uars.get(index - index % self.uars_per_page)
+        return self.uars.get(index - index % self.bar_layout().uars_per_page)
 
     def ref_uar(self, index: int, uid: int, check: str, shared: bool = True) -> FwObject:
         """ref() for a UAR a context names (uar_page): any UAR of an allocated page."""
-        return self.ref(self.uars, index - index % self.uars_per_page, uid, check, shared)
+        return self.ref(self.uars, index - index % self.bar_layout().uars_per_page, uid, check,
+                        shared)
 
     def release(self, obj: FwObject, what: str) -> None:
         if obj.users:
@@ -417,6 +444,7 @@ def enable_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
 def disable_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     fw._drop_objects("DISABLE_HCA")
     fw.state = "disabled"
+    fw.bar = None
 
 
 @fw_command(MLX5_CMD_OP_INIT_HCA, "init_hca", "enabled")
@@ -424,12 +452,14 @@ def init_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     if fw.state == "initialized":
         raise FwError(MLX5_CMD_STAT_BAD_SYS_STATE_ERR, "init_hca_twice")
     fw.state = "initialized"
+    fw.bar = fw.bar_layout()
 
 
 @fw_command(MLX5_CMD_OP_TEARDOWN_HCA, "teardown_hca", "initialized")
 def teardown_hca(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     fw._drop_objects("TEARDOWN_HCA")
     fw.state = "enabled"
+    fw.bar = None
 
 
 @fw_command(MLX5_CMD_OP_QUERY_HCA_CAP, "query_hca_cap", "enabled")

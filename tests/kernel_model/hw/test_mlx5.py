@@ -156,6 +156,41 @@ def test_uar_page_size_follows_uar_4k_and_log_uar_page_sz(m, hca, uar_4k, stride
     assert (hca.uar_log[-1].uar, hca.uar_log[-1].kind) == (uar, "cq_db")
 
 
+def test_the_bar_layout_is_read_at_init_hca_and_kept_until_teardown(m, hca):
+    """INIT_HCA fixes how BAR0 decodes (fw.bar); before it and after TEARDOWN_HCA the
+    capabilities are read at each access, so a SET_HCA_CAP between two
+    initialisations moves the UAR stride of the next one."""
+    def uar_stride_of_a_doorbell(uar):
+        """Ring UAR `uar`'s CQ doorbell at both candidate strides; the one that
+        decodes as a cq_db at that UAR is the stride the device uses."""
+        for stride in (4096, 65536):
+            m.phys_write(hca.bar.start + uar * stride + 0x20, bytes(8))
+            rec = hca.uar_log[-1]
+            if (rec.uar, rec.offset, rec.kind) == (uar, 0x20, "cq_db"):
+                return stride
+        return None
+
+    ok(hca, "enable_hca")
+    assert hca.fw.bar is None
+    ok(hca, "set_hca_cap", capability__uar_4k=1, capability__log_uar_page_sz=4)
+    assert hca.fw.bar_layout().uar_page_size == 4096   # read from the caps, not kept
+    assert hca.fw.bar is None
+    ok(hca, "init_hca")
+    assert hca.fw.bar == (4096, 16, 1 << hca.fw.cap("log_bf_reg_size"),
+                          32 * MiB - 256 * 1024, 256 * 1024)      # MEMIC: the BAR's top
+    assert uar_stride_of_a_doorbell(16) == 4096
+    ok(hca, "teardown_hca")
+    assert hca.fw.bar is None
+    ok(hca, "set_hca_cap", capability__uar_4k=0, capability__log_uar_page_sz=4)
+    assert hca.fw.bar_layout().uar_page_size == 65536
+    ok(hca, "init_hca")
+    assert hca.fw.bar.uar_page_size == 65536 and hca.fw.bar.uars_per_page == 1
+    assert uar_stride_of_a_doorbell(1) == 65536
+    hca.fw.reset()
+    assert hca.fw.bar is None and hca.fw.state == "disabled"
+    hca.device_errors.clear()        # the doorbells rang UARs nobody allocated
+
+
 def test_teardown_records_leaked_objects_and_the_leak_check_reports_them(m, hca):
     bring_up(hca)
     objs = ladder(hca)
