@@ -1173,8 +1173,12 @@ class Mlx5Engine:
         """A type 2 window serves only the QP it is bound to (the responder's check
         before the key's translation): remote access error otherwise."""
         mk = self.hca.fw.mkeys.get(rkey >> 8)
-        if mk is None or mk.mkc["access_mode_4_2"] << 2 | mk.mkc["access_mode_1_0"] != \
-                MKC_ACCESS_MODE_KLMS:
+        if mk is None:
+            return
+        k = getattr(mk, "hw_cache", None)         # the snapshot, when a DMA made one
+        mode = k["mode"] if k is not None else \
+            mk.mkc["access_mode_4_2"] << 2 | mk.mkc["access_mode_1_0"]
+        if mode != MKC_ACCESS_MODE_KLMS:
             return
         bound = mk.mkc["qpn"]
         if bound != 0xFFFFFF and bound != qpn:

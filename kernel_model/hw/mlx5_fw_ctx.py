@@ -143,7 +143,9 @@ class Mlx5Qp(Mlx5Ctx):
 
     @property
     def state(self) -> int:
-        return self.qpc["state"]
+        """qpc.state - MLX5_GET("qpc", ctx, "state") with the field's lookup done: a
+        top-level field, which the engine reads several times per WQE."""
+        return self.ctx.vals.get("state", 0)
 
     def __repr__(self) -> str:
         q = self.qpc

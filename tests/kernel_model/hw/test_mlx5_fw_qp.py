@@ -81,7 +81,9 @@ def test_the_connect_cycle_keeps_what_each_transition_carries(qp):
     assert (c["state"], c["next_send_psn"], c["retry_count"], c["rnr_retry"],
             c["primary_address_path.ack_timeout"], c["remote_qpn"]) == (3, 5, 7, 7, 14, 0x123)
     ok(hca, "qp_2err", qpn=qpn)
+    assert hca.fw.qps[qpn].state == c["state"] == 6     # Mlx5Qp.state reads qpc.state
     ok(hca, "qp_2rst", qpn=qpn)
+    assert hca.fw.qps[qpn].state == c["state"] == 0
     assert log == [(qpn, 0, 1), (qpn, 1, 2), (qpn, 2, 3), (qpn, 3, 6), (qpn, 6, 0)]
 
 
