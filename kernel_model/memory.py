@@ -212,18 +212,17 @@ def follow_pfn(vma: vm_area_struct, address: int) -> int:
     return pte_addr(pte) >> vma.vm_mm.machine.page_shift
 
 
-def ram_page_at(mm: mm_struct, addr: int, length: int, write: bool) -> int:
-    """The physical address of [addr, addr + length) when it lies within one page of
-    RAM whose PTE already grants the access, else -1.
+def page_at(mm: mm_struct, addr: int, length: int, write: bool) -> int:
+    """The physical address of [addr, addr + length) when it lies within one page
+    whose PTE already grants the access (RAM, or a device's MMIO), else -1.
 
-    This is access_vm's walk when it has nothing to fault in, no MMIO to reach and
-    no error to report - most of what a program's loads and stores and the kernel's
-    small copy_*_user calls touch - so they take it first and run the whole walk
-    only on -1 (the TLB hit before the page walk).  The PTE is read as it is now;
-    nothing is cached across calls.
+    This is access_vm's walk when it has nothing to fault in and no error to
+    report - most of what a program's loads and stores and the kernel's small
+    copy_*_user calls touch - so they take it first and run the whole walk only on
+    -1 (the TLB hit before the page walk).  The PTE is read as it is now; nothing
+    is cached across calls.
     """
-    m = mm.machine
-    ps = m.page_size
+    ps = mm.machine.page_size
     off = addr & (ps - 1)
     if length <= 0 or addr < 0 or off + length > ps or addr + length > mm.task_size:
         return -1
@@ -231,8 +230,7 @@ def ram_page_at(mm: mm_struct, addr: int, length: int, write: bool) -> int:
     pte = mm.pgtable.get(addr)
     if pte & need != need:
         return -1
-    phys = pte_addr(pte) + off
-    return phys if phys + length <= m.ram_size else -1
+    return pte_addr(pte) + off
 
 
 def access_vm(mm: mm_struct, addr: int, length: int, write: bool,

@@ -12,7 +12,7 @@ import struct
 
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, ENOTTY, KernelError
-from kernel_model.memory import access_vm, ram_page_at
+from kernel_model.memory import access_vm, page_at
 from kernel_model.sched import touch_ram
 from kernel_model.trace import traced
 
@@ -33,8 +33,8 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
         return n
     t = current()
     m = t.machine
-    phys = ram_page_at(t.mm, from_, n, False)
-    if phys >= 0:
+    phys = page_at(t.mm, from_, n, False)
+    if 0 <= phys and phys + n <= m.ram_size:
         touch_ram(m.mem, phys, n, False)
         memoryview(to)[:n] = m.mem.ram[phys:phys + n]
         return 0
@@ -60,8 +60,8 @@ def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
         return n
     t = current()
     m = t.machine
-    phys = ram_page_at(t.mm, to, n, True)
-    if phys >= 0:
+    phys = page_at(t.mm, to, n, True)
+    if 0 <= phys and phys + n <= m.ram_size:
         touch_ram(m.mem, phys, n, True)
         m.mem.ram[phys:phys + n] = memoryview(from_)[:n]
         return 0

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_model import syscalls
 from kernel_model.current import current_or_none, running
 from kernel_model.fs import files_struct
-from kernel_model.memory import access_vm, ram_page_at
+from kernel_model.memory import access_vm, page_at
 from kernel_model.mm import (
     MAP_ANONYMOUS,
     MAP_FIXED,
@@ -211,9 +211,12 @@ class Process:
         """Read n bytes at va as the program's CPU would."""
         m = self.machine
         if self.task.exit_code is None:
-            phys = ram_page_at(self.task.mm, va, n, False)   # the TLB hit: no walk
+            phys = page_at(self.task.mm, va, n, False)   # the TLB hit: no walk
             if phys >= 0:
-                return m.phys_read(phys, n)
+                if phys + n <= m.ram_size:
+                    return m.phys_read(phys, n)
+                with running(self.task):    # MMIO: the device's code runs as the process
+                    return m.phys_read(phys, n)
         out = bytearray(n)
 
         def chunk(phys: int, off: int, k: int) -> None:
@@ -226,9 +229,13 @@ class Process:
         """Write data at va as the program's CPU would (MMIO pages reach the device)."""
         m = self.machine
         if self.task.exit_code is None:
-            phys = ram_page_at(self.task.mm, va, len(data), True)
+            phys = page_at(self.task.mm, va, len(data), True)
             if phys >= 0:
-                m.phys_write(phys, data)
+                if phys + len(data) <= m.ram_size:
+                    m.phys_write(phys, data)
+                    return
+                with running(self.task):
+                    m.phys_write(phys, bytes(data))
                 return
         src = memoryview(bytes(data))
 

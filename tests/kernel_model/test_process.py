@@ -279,7 +279,7 @@ def test_load_store_round_trip(p, m):
 def test_load_store_reach_a_registered_mmio_region(m, log, p):
     ps = m.page_size
     regs = bytearray(ps)
-    accesses = []
+    accesses, writers = [], []
 
     def read(off: int, n: int) -> bytes:
         accesses.append(("r", off, n))
@@ -288,6 +288,7 @@ def test_load_store_reach_a_registered_mmio_region(m, log, p):
     def write(off: int, data: bytes) -> None:
         accesses.append(("w", off, data))
         regs[off:off + len(data)] = data
+        writers.append(current())          # the device's code runs as the storing process
 
     base = m.alloc_mmio_window(ps)
     assert base >= m.ram_size and base % ps == 0
@@ -299,6 +300,9 @@ def test_load_store_reach_a_registered_mmio_region(m, log, p):
     assert cache_mode(p.mm.pgtable.get(a)) == "UC-"
     p.store(a + 8, b"\x01\x02\x03\x04")
     assert accesses == [("w", 8, b"\x01\x02\x03\x04")]
+    p.store(a + 12, b"\x05")                 # the PTE present now: no fault, same device
+    assert accesses[-1] == ("w", 12, b"\x05") and writers == [p.task, p.task]
+    del accesses[1:]
     assert p.load(a + 8, 4) == b"\x01\x02\x03\x04"
     assert accesses[1] == ("r", 8, 4)
     assert p.mm.rss == 0
