@@ -24,6 +24,12 @@ equal to the client's, the bytes beyond untouched.  The link is built per
 test (the HCA engines are scheduler tasks, which must not outlive a test);
 its teardown closes both contexts, ends the processes and runs the leak check.
 
+Each bandwidth group also holds its yardstick, measured in the same run so that
+the group's relative column is the ratio the closing notes quote: the same round's
+messages as bare C memmoves (ffi.memmove of each message's bytes, from a buffer
+holding PATTERN to another, at the same offsets) - "RDMA WRITE vs memcpy of the
+same size".
+
 Then the copy itself: 1 MiB DMA-read out of a machine's RAM (c_ext MemCtx)
 into a payload bytearray by machine.ops.dma_copy, as hca_dma_gather does -
 from 256 4 KiB pieces on non-adjacent pages (every other page of a 2 MiB
@@ -166,6 +172,34 @@ def test_write_bw_64kib(benchmark, link):
 def test_write_bw_1mib(benchmark, link):
     """4 WRITEs of 1 MiB (4 MiB) per round, the last signalled."""
     _write_bench(benchmark, link, MiB, MR_SIZE // MiB)
+
+
+def _memcpy_bench(benchmark, size: int, n: int) -> None:
+    """The yardstick of a bandwidth group: n memmoves of `size` bytes, message i from
+    offset i * size of one 4 MiB buffer to the same offset of another."""
+    src, dst = bytearray(PATTERN[:MR_SIZE]), bytearray(MR_SIZE)
+    s, d = ffi.from_buffer(src), ffi.from_buffer(dst)
+
+    def round_() -> None:
+        for i in range(n):
+            ffi.memmove(d + i * size, s + i * size, size)
+
+    benchmark.pedantic(round_, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    if not benchmark.disabled:
+        benchmark.extra_info["bytes_per_s"] = n * size / benchmark.stats.stats.median
+    assert dst[:n * size] == src[:n * size]
+
+
+@pytest.mark.benchmark(group="rdma-write 64 KiB bandwidth")
+def test_write_bw_64kib_memcpy_baseline(benchmark):
+    """The yardstick: the round's 64 messages of 64 KiB as bare C memmoves."""
+    _memcpy_bench(benchmark, 64 * KiB, MR_SIZE // (64 * KiB))
+
+
+@pytest.mark.benchmark(group="rdma-write 1 MiB bandwidth")
+def test_write_bw_1mib_memcpy_baseline(benchmark):
+    """The yardstick: the round's 4 messages of 1 MiB as bare C memmoves."""
+    _memcpy_bench(benchmark, MiB, MR_SIZE // MiB)
 
 
 # -- the copy under the data path ------------------------------------------------------------
