@@ -333,6 +333,14 @@ class _Backend:
         return lib.pm_mtt_pieces(mtt.ptr, nmtt, pg_bit, offset, length, addr.ptr, plen.ptr,
                                  addr.n)
 
+    def mtt_absent(self, mtt: U64Array, n: int) -> bool:
+        """Does any of the first n (big-endian) MTT entries lack a present bit
+        (read, write: its two lowest bits)?"""
+        _check(mtt, 0, n, "mtt")
+        if self.name == "python":
+            return twins.mtt_absent(mtt.view, n)
+        return bool(lib.pm_mtt_absent(mtt.ptr, n))
+
     def sg_congruent(self, dma_addr: U64Array, dma_len: U64Array, nents: int, va: int,
                      pps: int) -> tuple[int, int]:
         """The peer layout rule's walk (ib_peer_sg_violation): from VA `va`, is each

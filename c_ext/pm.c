@@ -473,6 +473,22 @@ static inline uint64_t from_be64(uint64_t v)
 }
 
 /*
+ * Does any of the first n big-endian MTT entries lack one of the present bits
+ * (MLX5_IB_MTT_READ | MLX5_IB_MTT_WRITE, the entry's two lowest bits)?  The
+ * firmware asks at CREATE_MKEY and after each UMR of a page-fault-enabled mkey:
+ * such an mkey faults on any access through an entry not present.
+ */
+int pm_mtt_absent(const uint64_t *mtt, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i++)
+		if ((from_be64(mtt[i]) & 3) != 3)
+			return 1;
+	return 0;
+}
+
+/*
  * The layout rule a peer client's dma_map table must keep (ib_peer_sg_violation):
  * read from VA `va` on, each entry's DMA address is congruent with the VA it
  * maps modulo `pps`, a power of two.  Returns the index of the first entry that
@@ -726,3 +742,4 @@ void pm_free(void *ptr)
 #endif
 	free(p);
 }
+

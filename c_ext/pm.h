@@ -87,6 +87,7 @@ long pm_baseline_peer_table(const uint64_t *gpu_pages, long n, uint64_t *bar1_pt
 long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
 		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
 		   long cap);
+int pm_mtt_absent(const uint64_t *mtt, long n);
 long pm_sg_congruent(const uint64_t *dma_addr, const uint64_t *dma_len, long nents,
 		     uint64_t va, uint64_t pps, uint64_t *total);
 long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,

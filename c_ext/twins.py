@@ -242,6 +242,15 @@ def scan_pages(mem, start, out, cap):
     return k
 
 
+_LOW_BITS = bytes(b & 3 for b in range(256))
+
+
+def mtt_absent(mtt, n):
+    # each entry's last byte in memory is its lowest (big-endian): the present bits
+    lows = mtt[:n].tobytes()[7::8].translate(_LOW_BITS)
+    return lows.count(3) != len(lows)
+
+
 def sg_congruent(dma_addr, dma_len, nents, va, pps):
     mask = pps - 1
     at = va

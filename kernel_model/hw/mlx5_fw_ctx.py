@@ -395,7 +395,7 @@ def create_mkey(fw: Firmware, in_: IfcStruct, out: IfcStruct) -> None:
     if mode == MLX5_MKC_ACCESS_MODE_MTT and MLX5_GET("create_mkey_in", in_, "pg_access"):
         # a page fault, not an error, for an entry not present (mlx5_fw_odp)
         fw.mkeys[index].pg_access = True
-        fw.mkeys[index].pf_absent = mlx5_fw_odp.mtt_absent(fw.mkeys[index].pas,
+        fw.mkeys[index].pf_absent = mlx5_fw_odp.mtt_absent(fw, fw.mkeys[index].pas,
                                                             mlx5_fw_odp.mtt_entries(mkc))
     elif mode == MLX5_MKC_ACCESS_MODE_KSM and MLX5_GET("create_mkey_in", in_, "pg_access"):
         fw.mkeys[index].pg_access = True        # a null-mkey entry faults (implicit ODP)

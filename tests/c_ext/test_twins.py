@@ -656,6 +656,37 @@ def test_pgsz_mask_wrapper_validates(backend):
         ops.pgsz_mask(one, one, 1, -1, 0)
 
 
+# -- the firmware's present-bit check of an MTT (page-fault-enabled mkeys) ----------------
+
+def _be(x: int) -> int:
+    """An MTT entry as stored: x's bytes most significant first, read as a native u64."""
+    return int.from_bytes(x.to_bytes(8, "big"), sys.byteorder)
+
+
+@given(entries=st.lists(st.integers(0, (1 << 64) - 1), max_size=40), data=st.data())
+def test_mtt_absent_agrees(entries, data):
+    """Both backends answer as the rule says: some entry among the first n has one
+    of its two lowest bits (read, write) clear."""
+    n = data.draw(st.integers(0, len(entries)))
+    mtt = _arr([_be(e) for e in entries], max(len(entries), 1))
+    got = [c_ext.backend(b).mtt_absent(mtt, n) for b in BACKENDS]
+    assert got[0] == got[1] == any(e & 3 != 3 for e in entries[:n])
+
+
+def test_mtt_absent_known_answer():
+    """Entries 0x...03 are present; one 0x...01 (read only) among them is absent, and
+    is not seen when n stops before it; bits above the lowest two do not count."""
+    present, read_only = _be(0x1000 | 3), _be(0x2000 | 1)
+    for b in BACKENDS:
+        ops = c_ext.backend(b)
+        mtt = _arr([present, present, read_only, _be(0xFFFF_FFFF_FFFF_FFFC | 3)])
+        assert ops.mtt_absent(mtt, 4) and ops.mtt_absent(mtt, 3)
+        assert not ops.mtt_absent(mtt, 2) and not ops.mtt_absent(mtt, 0)
+        assert not ops.mtt_absent(_arr([_be(0xFFFF_FFFF_FFFF_FFFF)]), 1)
+        with pytest.raises(ValueError, match="overflow"):
+            ops.mtt_absent(mtt, 5)
+
+
 # -- the peer layout rule's walk (ib_peer_sgt_violation) ----------------------------------
 
 @given(entries=st.lists(st.tuples(st.integers(0, 1 << 40), st.integers(0, (1 << 64) - 1)),
