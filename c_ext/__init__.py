@@ -35,8 +35,23 @@ _alloc_big = (ffi.new_allocator(alloc=lib.pm_calloc, free=lib.pm_free,
                                 should_clear_after_alloc=False) if ffi is not None else None)
 _BIG = 1 << 17      # entries (1 MiB): below that, a mapping of its own costs more
 _alloc_noclear = ffi.new_allocator(should_clear_after_alloc=False) if ffi is not None else None
+# arrays of 64 KiB and more come from pm_pool_alloc's cache of freed blocks: the
+# registration paths make and drop the same large columns on every call, and
+# fresh memory costs a page fault per page (see pm.c)
+_POOLED = (64 << 10) // 8          # entries
+_pool = (ffi.new_allocator(alloc=lib.pm_pool_alloc, free=lib.pm_pool_free,
+                           should_clear_after_alloc=True) if ffi is not None else None)
+_pool_noclear = (ffi.new_allocator(alloc=lib.pm_pool_alloc, free=lib.pm_pool_free,
+                                   should_clear_after_alloc=False) if ffi is not None else None)
 
-__all__ = ["U64Array", "MemCtx", "backend", "default_backend_name", "UnpinUnderflow"]
+
+def pool_stats() -> dict[str, int]:
+    """The large-array cache (pm_pool_alloc): blocks and bytes it holds, hits, misses."""
+    out = ffi.new("uint64_t[4]")
+    lib.pm_pool_stats(out)
+    return dict(zip(("blocks", "bytes", "hits", "misses"), out, strict=True))
+
+__all__ = ["U64Array", "MemCtx", "backend", "default_backend_name", "UnpinUnderflow", "pool_stats"]
 
 PTE_PRESENT = 1 << 0
 PTE_RW = 1 << 1
@@ -76,7 +91,12 @@ class U64Array:
             self.buf = bytearray(8 * max(n, 1))
             self.ptr = None
         else:
-            alloc = (_alloc_big if lazy and n >= _BIG else _alloc) if zero else _alloc_noclear
+            if lazy and n >= _BIG:
+                alloc = _alloc_big
+            elif n >= _POOLED:
+                alloc = _pool if zero else _pool_noclear
+            else:
+                alloc = _alloc if zero else _alloc_noclear
             self.ptr = alloc("uint64_t[]", max(n, 1))
             self.buf = ffi.buffer(self.ptr)
         self.view = memoryview(self.buf).cast("Q")

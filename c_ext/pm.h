@@ -99,3 +99,8 @@ long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,
  * kernel as they are touched, where ffi.new would memset every page. */
 void *pm_calloc(size_t size);
 void pm_free(void *p);
+
+/* The cache of freed large blocks the registration paths' arrays come from. */
+void *pm_pool_alloc(size_t size);
+void pm_pool_free(void *p);
+void pm_pool_stats(uint64_t *out);
