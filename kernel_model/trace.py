@@ -128,7 +128,8 @@ _TRAMP = """
 def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     """Code with fn's own signature that records entry and exit around a call
     of the original - the recorder inlined, so a traced call costs one extra
-    Python call and three small tuples.
+    Python call and two small tuples (entry and exit; the arguments are
+    flattened into the entry's, see _build).
 
     The function's index `fid` is a literal in the code (exits record ~fid);
     the rest arrives as keyword-only defaults, set in __kwdefaults__ when
