@@ -730,9 +730,14 @@ class Mlx5Engine:
         SCHED.point("dma_write")
         phys = self._to_phys(pieces, True)
         if self._in_ram(phys):
+            mem = self.machine.mem
             for p, n in phys:
-                touch_ram(self.machine.mem, p, n, True)
-            self._copy(self.machine.mem, phys, payload, [(0, len(payload))])
+                touch_ram(mem, p, n, True)
+            if len(phys) == 1 and phys[0][1] == len(payload):
+                p, n = phys[0]                # one piece: the payload lands whole
+                mem.ram[p:p + n] = payload
+            else:
+                self._copy(mem, phys, payload, [(0, len(payload))])
         else:
             off = 0
             for p, n in phys:
