@@ -353,6 +353,29 @@ class _Backend:
         return lib.pm_mtt_pieces(mtt.ptr, nmtt, pg_bit, offset, length, addr.ptr, plen.ptr,
                                  addr.n)
 
+    def next_set(self, a: U64Array, start: int, stop: int) -> int:
+        """The first index in [start, stop) whose entry is not 0, else stop (a walk
+        over a sparse per-page table steps from set entry to set entry)."""
+        if not 0 <= start <= stop:
+            raise ValueError(f"next_set: bad range [{start}, {stop})")
+        _check(a, 0, stop, "a")
+        if self.name == "python":
+            return twins.next_set(a.view, start, stop)
+        return lib.pm_next_set(a.ptr, start, stop)
+
+    def ksm_fill(self, out: U64Array, first: int, n: int, size: int, key: int,
+                 shift: int) -> None:
+        """n big-endian KSM entries (size, key, address) into out[:2n], entry i for
+        the slice at (first + i) << shift."""
+        _check(out, 0, 2 * n, "out")
+        if not (0 <= size < 1 << 32 and 0 <= key < 1 << 32 and 0 <= shift < 64
+                and 0 <= first < 1 << 64):
+            raise ValueError("ksm_fill: size and key must be u32, shift below 64")
+        if self.name == "python":
+            twins.ksm_fill(out.view, first, n, size, key, shift)
+            return
+        lib.pm_ksm_fill(out.ptr, first, n, size, key, shift)
+
     def mtt_absent(self, mtt: U64Array, n: int) -> bool:
         """Does any of the first n (big-endian) MTT entries lack a present bit
         (read, write: its two lowest bits)?"""

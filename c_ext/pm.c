@@ -490,6 +490,39 @@ int pm_mtt_absent(const uint64_t *mtt, long n)
 }
 
 /*
+ * The first index in [from, to) whose entry is not 0, or `to`: the walks over a
+ * sparse per-page table (an ODP umem's DMA list, mostly empty) step from one
+ * mapped page to the next instead of visiting every page in Python.
+ */
+long pm_next_set(const uint64_t *a, long from, long to)
+{
+	long i;
+
+	for (i = from; i < to; i++)
+		if (a[i])
+			return i;
+	return to;
+}
+
+/*
+ * n KSM entries (struct mlx5_ksm: a 32-bit size, a 32-bit key, a 64-bit address,
+ * big-endian) into out[2n]: entry i maps the slice at (first + i) << shift
+ * through `key` - populate_klm's entries on the null mkey, which a parent MR
+ * of implicit ODP has for every slice that has no child.
+ */
+void pm_ksm_fill(uint64_t *out, uint64_t first, long n, uint32_t size, uint32_t key,
+		 int shift)
+{
+	uint64_t head = to_be64((uint64_t)size << 32 | key);
+	long i;
+
+	for (i = 0; i < n; i++) {
+		out[2 * i] = head;
+		out[2 * i + 1] = to_be64((first + i) << shift);
+	}
+}
+
+/*
  * The layout rule a peer client's dma_map table must keep (ib_peer_sg_violation):
  * read from VA `va` on, each entry's DMA address is congruent with the VA it
  * maps modulo `pps`, a power of two.  Returns the index of the first entry that

@@ -88,6 +88,9 @@ long pm_mtt_pieces(const uint64_t *mtt, long nmtt, int pg_bit,
 		   uint64_t offset, uint64_t len, uint64_t *addr, uint64_t *plen,
 		   long cap);
 int pm_mtt_absent(const uint64_t *mtt, long n);
+long pm_next_set(const uint64_t *a, long from, long to);
+void pm_ksm_fill(uint64_t *out, uint64_t first, long n, uint32_t size, uint32_t key,
+		 int shift);
 long pm_sg_congruent(const uint64_t *dma_addr, const uint64_t *dma_len, long nents,
 		     uint64_t va, uint64_t pps, uint64_t *total);
 long pm_dma_copy(uint8_t *dst, uint64_t dst_size, const uint64_t *dst_addr,

@@ -6,6 +6,7 @@ the C loops; the tests run both on the same inputs and demand equal results.
 mem_map as int32 words (flags, refcount, pincount, mapcount per page).
 """
 
+import struct
 import sys
 
 PTE_PRESENT = 1 << 0
@@ -240,6 +241,20 @@ def scan_pages(mem, start, out, cap):
             out[k] = pfn
             k += 1
     return k
+
+
+def next_set(a, start, stop):
+    for i in range(start, stop):
+        if a[i]:
+            return i
+    return stop
+
+
+def ksm_fill(out, first, n, size, key, shift):
+    raw = bytearray(16 * n)
+    for i in range(n):
+        struct.pack_into(">IIQ", raw, 16 * i, size, key, ((first + i) << shift) & _U64)
+    out[: 2 * n] = memoryview(raw).cast("Q")
 
 
 _LOW_BITS = bytes(b & 3 for b in range(256))

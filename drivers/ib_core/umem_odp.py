@@ -312,21 +312,28 @@ def ib_umem_odp_unmap_dma_pages(umem_odp: ib_umem_odp, virt: int, bound: int) ->
     """Mirrors ib_umem_odp_unmap_dma_pages() (umem_mutex held): DMA-unmap the mapped
     pages of [virt, bound), marking those the device could write dirty."""
     shift = umem_odp.page_shift
-    lo = max(virt, ib_umem_start(umem_odp))
+    start = ib_umem_start(umem_odp)
+    lo = max(virt, start)
     hi = min(bound, ib_umem_end(umem_odp))
-    zone = umem_odp.owning_mm.machine.zone
-    for addr in range(lo & ~((1 << shift) - 1), hi, 1 << shift):
-        idx = (addr - ib_umem_start(umem_odp)) >> shift
-        cur = umem_odp.dma_list.view[idx]
-        if not cur:
-            continue
+    if hi <= lo:
+        return
+    m = umem_odp.owning_mm.machine
+    zone = m.zone
+    dma_list = umem_odp.dma_list
+    view = dma_list.view
+    # the pages of [lo, hi): those not mapped (dma 0) are skipped, a C walk from one
+    # mapped page to the next (machine.ops.next_set) instead of a visit of each
+    idx, end = (lo - start) >> shift, (hi - start + (1 << shift) - 1) >> shift
+    while (idx := m.ops.next_set(dma_list, idx, end)) < end:
+        cur = view[idx]
         if cur & ODP_WRITE_ALLOWED_BIT:
             pg = page(zone, umem_odp.pfn_list[idx])
             pg.flags |= PG_dirty                    # set_page_dirty()
         _dma_unmap_page(umem_odp, idx)
-        umem_odp.dma_list.view[idx] = 0
+        view[idx] = 0
         umem_odp.pfn_list[idx] = 0
         umem_odp.npages_mapped -= 1
+        idx += 1
 
 
 @traced

@@ -476,13 +476,22 @@ def mlx5_odp_populate_klm(imr: mlx5_ib_mr, idx: int, nentries: int, flags: int,
     through it faults); each entry's address is its slice's start."""
     dev = to_mdev(imr.device)
     zap = bool(flags & MLX5_IB_UPD_XLT_ZAP)
-    raw = bytearray(16 * nentries)
-    for i in range(nentries):
-        child = None if zap else imr.implicit_children.get(idx + i)
-        key = child.lkey if child is not None else dev.null_mkey
-        struct.pack_into(">IIQ", raw, 16 * i, MLX5_IMR_MTT_SIZE & 0xFFFFFFFF, key,
-                         (idx + i) << MLX5_IMR_MTT_SHIFT)
-    out.view[: 2 * nentries] = memoryview(raw).cast("Q")
+    # every slice on the null mkey (the machine's loop: an implicit MR has one entry
+    # per GiB of the address space), then each child's over its own
+    size = MLX5_IMR_MTT_SIZE & 0xFFFFFFFF
+    dev.mdev.pdev.machine.ops.ksm_fill(out, idx, nentries, size, dev.null_mkey,
+                                       MLX5_IMR_MTT_SHIFT)
+    if zap:
+        return
+    children = imr.implicit_children
+    slices = range(idx, idx + nentries) if nentries < len(children) else \
+        [i for i in children if idx <= i < idx + nentries]
+    raw = memoryview(out.buf)
+    for i in slices:
+        child = children.get(i)
+        if child is not None:
+            struct.pack_into(">IIQ", raw, 16 * (i - idx), size, child.lkey,
+                             i << MLX5_IMR_MTT_SHIFT)
 
 
 @traced

@@ -11,6 +11,7 @@ inside the domain their callers guarantee.
 
 from __future__ import annotations
 
+import struct
 import sys
 
 import pytest
@@ -654,6 +655,59 @@ def test_pgsz_mask_wrapper_validates(backend):
         ops.pgsz_mask(one, one, 2, 0, 0)
     with pytest.raises(ValueError, match="u64"):
         ops.pgsz_mask(one, one, 1, -1, 0)
+
+
+# -- the step from one set entry of a sparse per-page table to the next ------------------
+
+@given(entries=st.lists(st.sampled_from([0, 0, 0, 1, 1 << 63, (1 << 64) - 1]), max_size=40),
+       data=st.data())
+def test_next_set_agrees(entries, data):
+    """Both backends find the first non-zero entry at or after `start` and before
+    `stop`, or answer `stop`."""
+    stop = data.draw(st.integers(0, len(entries)))
+    start = data.draw(st.integers(0, stop))
+    a = _arr(entries, max(len(entries), 1))
+    got = [c_ext.backend(b).next_set(a, start, stop) for b in BACKENDS]
+    want = next((i for i in range(start, stop) if entries[i]), stop)
+    assert got[0] == got[1] == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_next_set_wrapper_validates(backend):
+    ops = c_ext.backend(backend)
+    a = _arr([0, 5, 0])
+    assert [ops.next_set(a, i, 3) for i in range(4)] == [1, 1, 3, 3]
+    with pytest.raises(ValueError, match="overflow"):
+        ops.next_set(a, 0, 4)
+    with pytest.raises(ValueError, match="bad range"):
+        ops.next_set(a, 2, 1)
+
+
+# -- an implicit ODP parent's KSM entries on one key (populate_klm) ----------------------
+
+@given(first=st.integers(0, (1 << 64) - 1), n=st.integers(0, 12),
+       size=st.integers(0, (1 << 32) - 1), key=st.integers(0, (1 << 32) - 1),
+       shift=st.integers(0, 63))
+def test_ksm_fill_agrees(first, n, size, key, shift):
+    """Both backends write the big-endian struct mlx5_ksm of each slice - size, key,
+    (first + i) << shift modulo 2^64 - and nothing after the n entries."""
+    outs = []
+    for b in BACKENDS:
+        out = _arr([7] * (2 * n + 2))
+        c_ext.backend(b).ksm_fill(out, first, n, size, key, shift)
+        outs.append(bytes(out.view[: 2 * n + 2].cast("B")))
+    want = b"".join(struct.pack(">IIQ", size, key, ((first + i) << shift) % (1 << 64))
+                    for i in range(n)) + bytes(_arr([7, 7]).view.cast("B"))
+    assert outs[0] == outs[1] == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ksm_fill_wrapper_validates(backend):
+    ops = c_ext.backend(backend)
+    with pytest.raises(ValueError, match="overflow"):
+        ops.ksm_fill(_arr([0, 0, 0]), 0, 2, 1, 1, 30)
+    with pytest.raises(ValueError, match="u32"):
+        ops.ksm_fill(_arr([0, 0]), 0, 1, 1 << 32, 1, 30)
 
 
 # -- the firmware's present-bit check of an MTT (page-fault-enabled mkeys) ----------------
