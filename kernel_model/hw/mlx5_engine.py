@@ -345,6 +345,15 @@ def _be32(b: bytes, off: int) -> int:
     return struct.unpack_from(">I", b, off)[0]
 
 
+#: the big-endian segments hca_execute reads whole: the ctrl segment's first word
+#: and its imm word (struct mlx5_wqe_ctrl_seg), a remote address segment (raddr,
+#: rkey: struct mlx5_wqe_raddr_seg), a data segment (byte_count, lkey, addr:
+#: struct mlx5_wqe_data_seg)
+_CTRL = struct.Struct(">I8xI")
+_RADDR = struct.Struct(">QI")
+_DSEG = struct.Struct(">IIQ")
+
+
 def _be64(b: bytes, off: int) -> int:
     return struct.unpack_from(">Q", b, off)[0]
 
@@ -1282,10 +1291,9 @@ class Mlx5Engine:
     def hca_execute(self, qp: Mlx5Qp, hw: QpHw, wqe: bytes) -> None:
         """One send WQE: parse its segments, gather local data, transmit."""
         qpc = self._c(qp)
-        opcode = _be32(wqe, 0) & 0xFF
-        counter = _be32(wqe, 0) >> 8 & 0xFFFF
+        word, imm = _CTRL.unpack_from(wqe)
+        opcode, counter = word & 0xFF, word >> 8 & 0xFFFF
         signaled = bool(wqe[11] & WQE_CTRL_CQ_UPDATE)
-        imm = _be32(wqe, 12)
         st = qpc["st"]
         if st == ST_UD:
             if opcode not in (OP_NOP, OP_SEND, OP_SEND_IMM):
@@ -1321,7 +1329,7 @@ class Mlx5Engine:
             if len(wqe) < off + 16:
                 raise WqeError(SYND_LOCAL_QP_OP, f"{OP_NAMES[opcode]} WQE of {len(wqe)} "
                                                  "bytes has no remote address segment")
-            raddr, rkey = _be64(wqe, off), _be32(wqe, off + 8)
+            raddr, rkey = _RADDR.unpack_from(wqe, off)
             off += 16
         if opcode in OP_ATOMICS:              # struct mlx5_wqe_atomic_seg
             if len(wqe) < off + 16:
@@ -1336,18 +1344,18 @@ class Mlx5Engine:
                                                  "datagram segment")
             av, off = wqe[off:off + DATAGRAM_SEG], off + DATAGRAM_SEG
         sges, inline = [], None
-        while off + 16 <= len(wqe):
-            word = _be32(wqe, off)
+        size = len(wqe)
+        while off + 16 <= size:
+            word, lkey, addr = _DSEG.unpack_from(wqe, off)
             if word & INLINE_SEG:
                 n = word & ~INLINE_SEG
-                if off + 4 + n > len(wqe):
+                if off + 4 + n > size:
                     raise WqeError(SYND_LOCAL_LENGTH, f"{n} bytes of inline data overrun the "
-                                                      f"{len(wqe)}-byte WQE")
+                                                      f"{size}-byte WQE")
                 inline = bytearray(wqe[off + 4:off + 4 + n])
                 break
             # EMU: a byte_count of 0 is an empty piece (rdma-core never posts one;
             # how the device reads it is not modelled)
-            lkey, addr = _be32(wqe, off + 4), _be64(wqe, off + 8)
             if lkey == INVALID_LKEY and word == 0:
                 break
             sges.append((lkey, addr, word))
