@@ -203,19 +203,20 @@ class ConnectX:
         if off < INIT_SEG_SIZE:
             self._iseg_write(off, data)
             return
-        memic = self._memic_offset(off, len(data))
+        bar = self.fw.bar_layout()
+        memic = self._memic_offset(off, len(data), bar)
         if memic is not None:
             self.fw.memic_data[memic:memic + len(data)] = data
         else:
-            self._uar_write(off, data)
+            self._uar_write(off, data, bar)
 
     # -- on-chip memory (MEMIC) --------------------------------------------------------
-    def _memic_offset(self, off: int, n: int) -> int | None:
+    def _memic_offset(self, off: int, n: int, bar: BarLayout | None = None) -> int | None:
         """Where a BAR access lands in the MEMIC window (None: below it).  Loads and
         stores reach the on-chip memory whether or not the piece is allocated, as
         the SRAM behind the BAR answers any address; the kernel maps only what
         ALLOC_MEMIC gave a context."""
-        bar = self.fw.bar_layout()
+        bar = bar or self.fw.bar_layout()
         start, size = bar.memic_start, bar.memic_size
         if size and start <= off and off + n <= start + size:
             return off - start
@@ -281,8 +282,7 @@ class ConnectX:
             ent.status_own = 0  # delivered; ownership back to software
 
     # -- UAR pages ---------------------------------------------------------------------
-    def _uar_write(self, off: int, data: bytes) -> None:
-        bar = self.fw.bar_layout()
+    def _uar_write(self, off: int, data: bytes, bar: BarLayout) -> None:
         size = bar.uar_page_size
         uar, page_off = off // size, off % size
         rec = self._classify(bar, uar, page_off, bytes(data))
