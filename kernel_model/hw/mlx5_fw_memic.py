@@ -67,9 +67,12 @@ def memic_window(fw: Firmware) -> tuple[int, int]:
 
 
 def memic_covers(fw: Firmware, addr: int, length: int) -> Mlx5Memic | None:
-    """The allocation holding [addr, addr + length) (BAR-relative), if one does."""
+    """The allocation holding [addr, addr + length) (BAR-relative), if one does: the
+    one `addr` lies in, so that an empty range at the first byte of one allocation is
+    that allocation's, not the one before it, which ends there (found by peermem fuzz:
+    a zero-length DM MR over a second DM took a reference on the first)."""
     for m in fw.memics.values():
-        if m.num <= addr and addr + length <= m.num + m.size:
+        if m.num <= addr < m.num + m.size and addr + length <= m.num + m.size:
             return m
     return None
 

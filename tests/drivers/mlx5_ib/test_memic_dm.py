@@ -309,6 +309,27 @@ def test_reg_dm_mr_makes_a_zero_based_memic_mkey(m, app):
     assert dm_free(ctx, h) == 0
 
 
+def test_an_empty_dm_mr_at_a_dms_start_maps_that_dm_not_the_one_before(m, app):
+    """Two DMs back to back in the MEMIC window: a zero-length MR at the second's first
+    byte is the second's - the firmware finds the allocation its start lies in, not
+    one that merely ends there - so freeing the first is not blocked by it and
+    nothing outlives the two (found by peermem fuzz, seed 7002: the MR took a
+    reference on the first DM's MEMIC, whose DEALLOC then failed and leaked it)."""
+    p, ctx, pd = app
+    _, h1 = dm_alloc(ctx, 4096)
+    _, h2 = dm_alloc(ctx, 4096)
+    first, second = sorted(memics(m))
+    assert second == first + 4096                         # adjacent
+    rc, mr = reg(ctx, pd.handle, h2, 0, 0, ZB | LW)
+    assert rc == 0
+    lkey = int.from_bytes(p.load(ctx.cmd_buf + OUT, 4), "little")
+    fw = m.hcas[0].fw
+    assert fw.mkeys[lkey >> 8].mkc["start_addr"] == second
+    assert fw.memics[first].users == 0 and fw.memics[second].users == 1
+    assert dm_free(ctx, h1) == 0 and first not in memics(m)     # not held by the MR
+    assert dereg(ctx, mr) == 0 and dm_free(ctx, h2) == 0 and memics(m) == {}
+
+
 @pytest.mark.parametrize("offset,length", [(0, 1001), (1001, 0), (8, 993), (1 << 63, 8)])
 def test_reg_dm_mr_range_beyond_the_dm_is_einval(m, app, offset, length):
     p, ctx, pd = app
