@@ -46,7 +46,10 @@ _pool_noclear = (ffi.new_allocator(alloc=lib.pm_pool_alloc, free=lib.pm_pool_fre
 
 
 def pool_stats() -> dict[str, int]:
-    """The large-array cache (pm_pool_alloc): blocks and bytes it holds, hits, misses."""
+    """The large-array cache (pm_pool_alloc): blocks and bytes it holds, hits, misses
+    (all 0 without the C extension, whose arrays are bytearrays)."""
+    if ffi is None:
+        return dict.fromkeys(("blocks", "bytes", "hits", "misses"), 0)
     out = ffi.new("uint64_t[4]")
     lib.pm_pool_stats(out)
     return dict(zip(("blocks", "bytes", "hits", "misses"), out, strict=True))
