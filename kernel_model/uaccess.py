@@ -33,11 +33,6 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
         return n
     t = current()
     m = t.machine
-    phys = page_at(t.mm, from_, n, False)
-    if 0 <= phys and phys + n <= m.ram_size:
-        touch_ram(m.mem, phys, n, False)
-        memoryview(to)[:n] = m.mem.ram[phys:phys + n]
-        return 0
     dst = memoryview(to)
     read = m.phys_read
 
@@ -48,6 +43,10 @@ def copy_from_user(to: bytearray | memoryview, from_: int, n: int) -> int:
         else:
             dst[off:off + k] = read(phys, k)
 
+    phys = page_at(t.mm, from_, n, False)      # one page already mapped: no walk
+    if phys >= 0:
+        chunk(phys, 0, n)
+        return 0
     return n - access_vm(t.mm, from_, n, False, chunk)
 
 
@@ -60,11 +59,6 @@ def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
         return n
     t = current()
     m = t.machine
-    phys = page_at(t.mm, to, n, True)
-    if 0 <= phys and phys + n <= m.ram_size:
-        touch_ram(m.mem, phys, n, True)
-        m.mem.ram[phys:phys + n] = memoryview(from_)[:n]
-        return 0
     src = memoryview(from_)
 
     def chunk(phys: int, off: int, k: int) -> None:
@@ -74,6 +68,10 @@ def copy_to_user(to: int, from_: bytes | bytearray | memoryview, n: int) -> int:
         else:
             m.phys_write(phys, bytes(src[off:off + k]))
 
+    phys = page_at(t.mm, to, n, True)
+    if phys >= 0:
+        chunk(phys, 0, n)
+        return 0
     return n - access_vm(t.mm, to, n, True, chunk)
 
 

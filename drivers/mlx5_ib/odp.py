@@ -483,13 +483,9 @@ def mlx5_odp_populate_klm(imr: mlx5_ib_mr, idx: int, nentries: int, flags: int,
                                        MLX5_IMR_MTT_SHIFT)
     if zap:
         return
-    children = imr.implicit_children
-    slices = range(idx, idx + nentries) if nentries < len(children) else \
-        [i for i in children if idx <= i < idx + nentries]
     raw = memoryview(out.buf)
-    for i in slices:
-        child = children.get(i)
-        if child is not None:
+    for i, child in imr.implicit_children.items():
+        if idx <= i < idx + nentries:
             struct.pack_into(">IIQ", raw, 16 * (i - idx), size, child.lkey,
                              i << MLX5_IMR_MTT_SHIFT)
 

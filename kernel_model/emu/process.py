@@ -210,7 +210,7 @@ class Process:
     def load(self, va: int, n: int) -> bytes:
         """Read n bytes at va as the program's CPU would."""
         m = self.machine
-        if self.task.exit_code is None:
+        if self.alive:
             phys = page_at(self.task.mm, va, n, False)   # the TLB hit: no walk
             if phys >= 0:
                 if phys + n <= m.ram_size:
@@ -228,7 +228,7 @@ class Process:
     def store(self, va: int, data: bytes) -> None:
         """Write data at va as the program's CPU would (MMIO pages reach the device)."""
         m = self.machine
-        if self.task.exit_code is None:
+        if self.alive:
             phys = page_at(self.task.mm, va, len(data), True)
             if phys >= 0:
                 if phys + len(data) <= m.ram_size:

@@ -194,7 +194,7 @@ class ConnectX:
         if off < INIT_SEG_SIZE:
             return b"".join(struct.pack(">I", self._iseg_reg(word))
                             for word in range(off & ~3, off + n, 4))[off & 3:(off & 3) + n]
-        memic = self._memic_offset(off, n)
+        memic = self._memic_offset(off, n, self.fw.bar_layout())
         if memic is not None:
             return bytes(self.fw.memic_data[memic:memic + n])
         return bytes(n)
@@ -211,12 +211,11 @@ class ConnectX:
             self._uar_write(off, data, bar)
 
     # -- on-chip memory (MEMIC) --------------------------------------------------------
-    def _memic_offset(self, off: int, n: int, bar: BarLayout | None = None) -> int | None:
+    def _memic_offset(self, off: int, n: int, bar: BarLayout) -> int | None:
         """Where a BAR access lands in the MEMIC window (None: below it).  Loads and
         stores reach the on-chip memory whether or not the piece is allocated, as
         the SRAM behind the BAR answers any address; the kernel maps only what
         ALLOC_MEMIC gave a context."""
-        bar = bar or self.fw.bar_layout()
         start, size = bar.memic_start, bar.memic_size
         if size and start <= off and off + n <= start + size:
             return off - start

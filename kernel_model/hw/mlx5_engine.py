@@ -138,7 +138,6 @@ from c_ext import U64Array
 from kernel_model import trace
 from kernel_model.errno import KernelBug
 from kernel_model.hw.fabric import route
-from kernel_model.hw.mlx5_fw_memic import memic_window
 from kernel_model.hw.mlx5_fw_port import NULL_MKEY
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF, MLX5_GET, MLX5_SET, MLX5_SET64
 from kernel_model.interrupt import msix_raise
@@ -1086,14 +1085,12 @@ class Mlx5Engine:
         if addr < 0 or addr + length > k["len"]:
             raise WqeError(synd, f"[{addr:#x}, +{length:#x}) outside MEMIC key {key:#x} "
                                  f"[0, +{k['len']:#x})")
-        base, size = self._memic_window()
+        bar = self.hca.fw.bar_layout()
+        base, size = bar.memic_start, bar.memic_size
         at = k["start"] + addr - base
         if not size or at < 0 or at + length > size:
             raise WqeError(synd, f"MEMIC key {key:#x}: {k['start']:#x} outside the MEMIC")
         return [(MEMIC_PIECE | at, length)]
-
-    def _memic_window(self) -> tuple[int, int]:
-        return memic_window(self.hca.fw)
 
     def _sges(self, qp: Mlx5Qp, sges: list[tuple[int, int, int]], access: str,
               pd: int | None = None) -> list[tuple[int, int]]:
