@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +67,7 @@ from kernel_model.uapi.userfaultfd import (
 )
 from userspace.cuda.runtime import CU_POINTER_ATTRIBUTE_BUFFER_ID
 from userspace.libc import O_CLOEXEC, O_NONBLOCK
-from userspace.libfabric.fabric import FI_HMEM_CUDA
+from userspace.libfabric.fabric import FI_HMEM_CUDA, FI_HMEM_SYSTEM
 
 GPU_PAGE = 1 << 16
 GPU_MASK = GPU_PAGE - 1
@@ -80,13 +79,15 @@ RETRY_ERRNOS = (errno.ENOMEM, errno.EAGAIN)
 class ofi_mr_entry:
     """Mirrors struct ofi_mr_entry: one cached registration."""
 
-    __slots__ = ("start", "end", "iface", "device", "mr", "use_cnt", "buffer_id", "dead")
+    __slots__ = ("start", "end", "iface", "device", "mr", "access", "use_cnt", "buffer_id",
+                 "dead")
 
     def __init__(self, start: int, end: int, iface: int, device: int, mr: Any,
                  buffer_id: int | None):
         self.start, self.end = start, end
         self.iface, self.device = iface, device
         self.mr = mr                        # the fid_mr the domain registered
+        self.access = mr.access             # what it grants (fixed at registration)
         self.use_cnt = 1
         self.buffer_id = buffer_id          # the CUDA tag, None for host memory
         self.dead = False                   # invalidated while in use
@@ -118,12 +119,34 @@ class ofi_mr_cache:
         self.cuda_monitor = env.get("FI_MR_CUDA_CACHE_MONITOR_ENABLED", "1") != "0"
         # exact (iface, device, start, end) -> entry; then a scan for containing ones
         self.entries: dict[tuple[int, int, int, int], ofi_mr_entry] = {}
-        self.lru: OrderedDict[ofi_mr_entry, None] = OrderedDict()
+        # EMU: libfabric finds entries in a tree ordered by start address; the hit
+        # path here probes start -> the last cached system-memory entry (device 0)
+        # starting there (an int key hashes in a fraction of the 4-tuple's time);
+        # only under memhooks, whose notifications arrive before the munmap returns
+        self.starts: dict[int, ofi_mr_entry] = {}
+        # the LRU list of unused entries, coldest first (a dict keeps insertion order;
+        # its delete + insert is cheaper than an OrderedDict's)
+        self.lru: dict[ofi_mr_entry, None] = {}
         self.cached_cnt = 0
         self.cached_size = 0
         self.uffd: uffd_monitor | None = None
-        self.stats = dict.fromkeys(("search", "hit", "miss", "evict", "notify",
-                                    "stale", "uncached", "retry", "bytes_pinned"), 0)
+        # the counters of struct ofi_mr_cache (hit_cnt, ...); `stats` names them
+        self.hit_cnt = self.miss_cnt = self.evict_cnt = 0
+        self.notify_cnt = self.stale_cnt = self.uncached_cnt = self.retry_cnt = 0
+
+    @property
+    def search_cnt(self) -> int:
+        """Searches so far: every search ends in a hit or a miss, so their sum (the
+        hit path saves the third counter)."""
+        return self.hit_cnt + self.miss_cnt
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The counters by name, as libfabric's FI_LOG_MR dump prints them."""
+        return {"search": self.search_cnt, "hit": self.hit_cnt, "miss": self.miss_cnt,
+                "evict": self.evict_cnt, "notify": self.notify_cnt, "stale": self.stale_cnt,
+                "uncached": self.uncached_cnt, "retry": self.retry_cnt,
+                "bytes_pinned": self.cached_size}
 
     @property
     def enabled(self) -> bool:
@@ -149,16 +172,18 @@ class ofi_mr_cache:
                 not self.uffd.subscribe(e.start, e.end):
             return False
         self.entries[(e.iface, e.device, e.start, e.end)] = e
+        if e.iface == FI_HMEM_SYSTEM and e.device == 0 and self.uffd is None:
+            self.starts[e.start] = e
         self.cached_cnt += 1
         self.cached_size += e.end - e.start
-        self.stats["bytes_pinned"] = self.cached_size
         return True
 
     def _remove(self, e: ofi_mr_entry) -> None:
+        if self.starts.get(e.start) is e:
+            del self.starts[e.start]
         if self.entries.pop((e.iface, e.device, e.start, e.end), None) is e:
             self.cached_cnt -= 1
             self.cached_size -= e.end - e.start
-            self.stats["bytes_pinned"] = self.cached_size
             if self.uffd is not None and e.iface != FI_HMEM_CUDA:
                 self.uffd.unsubscribe(self, e.start, e.end)
         self.lru.pop(e, None)
@@ -174,18 +199,14 @@ class ofi_mr_cache:
         return self.max_cached_size is not None and self.cached_size + extra > \
             self.max_cached_size
 
-    def _over(self) -> bool:
-        """Holding more than the limits allow."""
-        return self.cached_cnt > self.max_cached_cnt or (
-            self.max_cached_size is not None and self.cached_size > self.max_cached_size)
-
     def _evict_one(self) -> bool:
         if not self.lru:
             return False
-        e, _ = self.lru.popitem(last=False)          # the coldest unused entry
+        e = next(iter(self.lru))                     # the coldest unused entry
+        del self.lru[e]
         self._remove(e)
         self._free(e)
-        self.stats["evict"] += 1
+        self.evict_cnt += 1
         return True
 
 
@@ -205,35 +226,52 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
     matches the address is stale - dropped and registered anew.
 
     The hit path is the cache's reason to exist, so it is kept short: one dict
-    probe for the exact range, no call out."""
-    stats = cache.stats
-    stats["search"] += 1
+    probe for the exact system-memory range, no call out; everything else (a CUDA
+    range, a larger entry holding the range, more access than cached) goes on to
+    _search_rest.  A userfaultfd cache has no such entries (`starts` stays empty):
+    it must read its event queue before it may trust any entry."""
+    try:
+        e = cache.starts[addr]
+    except KeyError:                    # (raising costs nothing next to a registration)
+        return _search_rest(cache, addr, length, access, iface, device)
+    if e.end == addr + length and not iface | device | access & ~e.access:
+        cache.hit_cnt += 1
+        n = e.use_cnt
+        if not n:
+            del cache.lru[e]
+        e.use_cnt = n + 1
+        return 0, e
+    return _search_rest(cache, addr, length, access, iface, device)
+
+
+def _search_rest(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: int,
+                 device: int) -> tuple[int, ofi_mr_entry | None]:
+    """ofi_mr_cache_search past the exact host hit: CUDA ranges (64 KiB-aligned,
+    tag-checked), containing entries, access upgrades, misses."""
     if cache.uffd is not None:
         uffd_drain(cache)
     if iface == FI_HMEM_CUDA:
         start, end = addr & ~GPU_MASK, (addr + length + GPU_MASK) & ~GPU_MASK
     else:
         start, end = addr, addr + length
-    e = cache.entries.get((iface, device, start, end))
-    if e is None:
-        e = cache._find(iface, device, start, end)
+    e = cache._find(iface, device, start, end)
     tag = None
     if iface == FI_HMEM_CUDA:
         tag = _buffer_id(cache.domain, addr)
         if e is not None and e.buffer_id != tag:      # the address was freed and reused
-            stats["stale"] += 1
+            cache.stale_cnt += 1
             ofi_mr_cache_notify(cache, e.start, e.end - e.start, iface)
             e = None
     if e is not None:
-        if not access & ~e.mr.access:
-            stats["hit"] += 1
+        if not access & ~e.access:
+            cache.hit_cnt += 1
             if not e.use_cnt:
                 del cache.lru[e]
             e.use_cnt += 1
             return 0, e
         # more access than the cached registration gives: it leaves the cache (its
         # users keep it) and the new one covers both (util_mr_uncache_entry)
-        access |= e.mr.access
+        access |= e.access
         if e.start <= start and end <= e.end:
             start, end = e.start, e.end
         cache._remove(e)
@@ -241,7 +279,7 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
             cache._free(e)
         else:
             e.dead = True
-    stats["miss"] += 1
+    cache.miss_cnt += 1
     return ofi_mr_cache_miss(cache, start, end, access, iface, device, tag)
 
 
@@ -257,7 +295,7 @@ def ofi_mr_cache_miss(cache: ofi_mr_cache, start: int, end: int, access: int, if
         return ret, None
     e = ofi_mr_entry(start, end, iface, device, mr, tag)
     if cache._full(end - start) or not cache._insert(e):
-        cache.stats["uncached"] += 1       # every entry in use, or the monitor can't watch
+        cache.uncached_cnt += 1       # every entry in use, or the monitor can't watch
         e.dead = True
     return 0, e
 
@@ -269,7 +307,7 @@ def _register(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: i
     ret, mr = cache.add_region(addr, length, access, iface, device)
     retry = RETRY_ERRNOS + ((errno.EFAULT,) if iface == FI_HMEM_CUDA else ())
     if ret and -ret in retry and cache.lru:
-        cache.stats["retry"] += 1
+        cache.retry_cnt += 1
         ofi_mr_cache_flush(cache)
         ret, mr = cache.add_region(addr, length, access, iface, device)
     return ret, mr
@@ -279,16 +317,14 @@ def _register(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: i
 def ofi_mr_cache_delete(cache: ofi_mr_cache, e: ofi_mr_entry) -> None:
     """Mirrors ofi_mr_cache_delete(): the user is done with it.  The last user puts a
     live entry on the LRU list (the pin stays); a dead one is deregistered now."""
-    e.use_cnt -= 1
-    if e.use_cnt:
+    n = e.use_cnt - 1
+    e.use_cnt = n
+    if n:
         return
     if e.dead:
         cache._free(e)
         return
-    cache.lru[e] = None
-    if cache.cached_cnt > cache.max_cached_cnt or cache.max_cached_size is not None:
-        while cache._over() and cache._evict_one():
-            pass
+    cache.lru[e] = None         # no eviction: _full keeps every insert within the limits
 
 
 @traced
@@ -301,7 +337,7 @@ def ofi_mr_cache_notify(cache: ofi_mr_cache, addr: int, length: int,
     end = addr + length
     for e in [e for e in cache.entries.values()
               if e.iface == iface and e.start < end and addr < e.end]:
-        cache.stats["notify"] += 1
+        cache.notify_cnt += 1
         cache._remove(e)
         if e.use_cnt == 0:
             cache._free(e)

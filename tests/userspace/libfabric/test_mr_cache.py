@@ -110,6 +110,37 @@ def test_a_wider_access_is_a_miss(host):
     p.exit(0)
 
 
+def test_entries_sharing_a_start_each_hit_their_own_registration(host):
+    """The hit path probes by start address; two cached ranges starting at the same
+    address each still hit their own registration, before and after the other goes."""
+    p = host.spawn("app")
+
+    def go():
+        _, dom = fi_domain(p, BASIC)
+        buf = p.mmap(0, K64)
+        small = reg(dom, buf, K4)
+        k_small = fi_mr_key(small)
+        fi_close(small)
+        big = reg(dom, buf, K64)                                   # does not fit: a miss
+        k_big = fi_mr_key(big)
+        fi_close(big)
+        assert k_small != k_big and dom.cache.cached_cnt == 2 and mkeys(host) == 2
+        for n, key in ((K4, k_small), (K64, k_big), (K4, k_small)):
+            mr = reg(dom, buf, n)
+            assert fi_mr_key(mr) == key
+            fi_close(mr)
+        assert (dom.cache.stats["hit"], dom.cache.stats["miss"]) == (3, 2)
+        big_entry = dom.cache.entries[(0, 0, buf, buf + K64)]
+        dom.cache._remove(big_entry)                               # the one `starts` holds
+        dom.cache._free(big_entry)
+        mr = reg(dom, buf, K4)
+        assert fi_mr_key(mr) == k_small and dom.cache.stats["hit"] == 4
+        fi_close(mr)
+        assert fi_close(dom) == 0 and mkeys(host) == 0
+    p.run(go)
+    p.exit(0)
+
+
 @pytest.mark.parametrize("env", [{"FI_MR_CACHE_MAX_COUNT": "2"},
                                  {"FI_MR_CACHE_MAX_SIZE": str(2 * K64)}])
 def test_the_coldest_unused_entry_is_evicted_past_either_limit(host, env):
