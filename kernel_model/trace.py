@@ -110,10 +110,11 @@ class _Traced:
         return f
 
 
-_PM_KW = {"virtual": "_pm_o=None, _pm_a=None, _pm_c=None, _pm_s=None",
-          "wall": "_pm_o=None, _pm_a=None, _pm_c=None, _pm_s=None, _pm_t=None"}
+_PM_UNPACK = {"virtual": "_pm_o, _pm_a, _pm_c, _pm_s = _pm",
+              "wall": "_pm_o, _pm_a, _pm_c, _pm_s, _pm_t = _pm"}
 
 _TRAMP = """
+        {unpack}
         _pm_k = _pm_c._current or _pm_s.current
         _pm_a(({fid}, _pm_k, {kw}{ts}, {args}))
         try:
@@ -132,13 +133,15 @@ def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     flattened into the entry's, see _build).
 
     The function's index `fid` is a literal in the code (exits record ~fid);
-    the rest arrives as keyword-only defaults, set in __kwdefaults__ when
-    tracing starts: _pm_o the original, _pm_a the event list's append,
-    _pm_c and _pm_s the `current` module and the scheduler, _pm_t the wall
-    clock (wall mode only).  fn's positional defaults still apply
-    (__defaults__ is untouched).  It has as many free variables as fn's
-    closure, because CPython only lets __code__ be replaced by code with the
-    same number; they are referenced on a path that never runs.
+    the rest arrives as one keyword-only default `_pm`, set in __kwdefaults__
+    when tracing starts and unpacked on entry (CPython fills each keyword-only
+    default by a dict lookup per call: one costs less than five): _pm_o the
+    original, _pm_a the event list's append, _pm_c and _pm_s the `current`
+    module and the scheduler, _pm_t the wall clock (wall mode only).  fn's
+    positional defaults still apply (__defaults__ is untouched).  It has as
+    many free variables as fn's closure, because CPython only lets __code__ be
+    replaced by code with the same number; they are referenced on a path that
+    never runs.
     """
     co = fn.__code__
     names = co.co_varnames
@@ -151,7 +154,7 @@ def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     if co.co_posonlyargcount:
         params.insert(co.co_posonlyargcount, "/")
     params.append(f"*{varargs}" if varargs else "*")
-    params += kwonly + [_PM_KW[clock]] + ([f"**{varkw}"] if varkw else [])
+    params += kwonly + ["_pm=None"] + ([f"**{varkw}"] if varkw else [])
     call = pos + ([f"*{varargs}"] if varargs else []) + [f"{k}={k}" for k in kwonly] + (
         [f"**{varkw}"] if varkw else [])
     args = "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "")
@@ -161,8 +164,9 @@ def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     src = ["def _outer():"] + [f"    {c} = None" for c in cells]
     src.append(f"    def _tramp({', '.join(params)}):")
     if cells:
-        src.append(f"        if _pm_a is None: ({', '.join(cells)},)")
-    src += [_TRAMP.format(args=args, kw=kw, call=", ".join(call), fid=fid, xfid=~fid,
+        src.append(f"        if _pm is None: ({', '.join(cells)},)")
+    src += [_TRAMP.format(unpack=_PM_UNPACK[clock], args=args, kw=kw, call=", ".join(call),
+                          fid=fid, xfid=~fid,
                           ts=", _pm_t()" if clock == "wall" else ""), "    return _tramp"]
     ns: dict[str, Any] = {}
     exec("\n".join(src), ns)  # noqa: S102 - generated from a code object, no user input
@@ -310,11 +314,11 @@ class Tracer:
         """Swap one registered function's code for its trampoline."""
         if self.layers is not None and r.layer not in self.layers:
             return
-        defaults = {"_pm_a": self._events.append, "_pm_c": _cur, "_pm_s": SCHED}
+        ctx = (r.copy(), self._events.append, _cur, SCHED)
         if self.clock == "wall":
-            defaults["_pm_t"] = time.perf_counter_ns
+            ctx += (time.perf_counter_ns,)
         r.fn.__code__ = r.tramp(self.clock)
-        r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm_o": r.copy(), **defaults}
+        r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm": ctx}
         self._patched.append(r)
 
     def _patch_tracepoint(self, tp: types.FunctionType) -> None:

@@ -4,7 +4,7 @@ The trampoline flattens a call's arguments into its entry event and a
 tracepoint's values into its event (kernel_model.trace._build documents the
 layouts); the wall clock puts its timestamp among the fixed fields.  These
 tests pin every kind of parameter a traced function can have - positional,
-defaulted, *args, keyword-only, **kwargs - and a tracepoint's fields to the
+defaulted, *args, keyword-only, **kwargs, a closure - and a tracepoint's fields to the
 text the Trace shows, in virtual and in wall mode alike.
 """
 
@@ -30,10 +30,21 @@ def rec_inner(x, y=7, *rest, flag=False, **extra):
     return x + y + sum(rest) + len(extra)
 
 
+def _make_rec_closure(base):
+    @traced(layer="driver")
+    def rec_closure(v):
+        """A traced closure: its trampoline must keep the closure's cell count."""
+        return v + base
+    return rec_closure
+
+
+rec_closure = _make_rec_closure(100)
+
+
 @traced(layer="driver")
 def rec_outer(n):
-    """Calls rec_inner three ways; the last one fails."""
-    total = rec_inner(n) + rec_inner(n, 1, 2, 3, colour="red")
+    """Calls rec_inner three ways (the last one fails) and a traced closure."""
+    total = rec_inner(n) + rec_inner(n, 1, 2, 3, colour="red") + rec_closure(n) - 100 - n
     try:
         rec_inner(n, flag=True)
     except KernelError:
@@ -51,6 +62,8 @@ def test_arguments_fields_and_returns_survive_flattening(clock):
     outer = [c for c in tr.calls() if c.func == "rec_outer"]
     assert len(outer) == 1 and outer[0].args == "n=5" and outer[0].ret == "24"
     inner = [c for c in outer[0].children if getattr(c, "func", None) == "rec_inner"]
+    closure = [c for c in outer[0].children if getattr(c, "func", None) == "rec_closure"]
+    assert [(c.args, c.ret) for c in closure] == [("v=5", "105")]
     assert [(c.args, c.ret) for c in inner] == [
         ("x=5, y=7, flag=false", "12"),
         ('x=5, y=1, 2, 3, flag=false, colour="red"', "12"),
