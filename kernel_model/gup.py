@@ -106,8 +106,11 @@ def __get_user_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int,
                 raise KernelError(ENOMEM, f"faultin_page: out of memory at {addr:#x}")
             if ret & VM_FAULT_ERROR:
                 raise KernelError(EFAULT, f"faultin_page: fault error {ret:#x} at {addr:#x}")
-            if m.ops.gup_fast(m.mem, mm.pgd, addr, 1, need, _PAGE_SPECIAL, pages, off + done):
-                done += 1
+            # the retry follows on past the faulted page while pages are present (the
+            # next lap's follow_page_mask, without a lap for it)
+            n = m.ops.gup_fast(m.mem, mm.pgd, addr, run, need, _PAGE_SPECIAL, pages, off + done)
+            if n:
+                done += n
                 continue
             raise KernelError(EFAULT, f"__get_user_pages: page at {addr:#x} cannot be pinned")
     except KernelError:

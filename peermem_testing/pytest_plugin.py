@@ -214,11 +214,11 @@ def peermem_ladder() -> Iterator[Callable[..., Ladder]]:
     build_ladder's arguments (`ofed=`, `release=`, `params=`, `record=`).  After the
     test every machine it built and nobody checked yet is shut down and leak-checked
     (the explorer checks a race test's own), so no task of it outlives the test."""
-    from kernel_model.emu.machine import Machine, live_machines
+    from kernel_model.emu.machine import Machine
 
     first = Machine.next_serial
     yield build_ladder
-    for m in sorted(live_machines, key=lambda m: m.serial):
-        if m.serial >= first and getattr(m, "leak_check_expected", True):
+    for m in Machine.made_since(first):
+        if getattr(m, "leak_check_expected", True):
             m.leak_check_expected = False      # once, even if the check raises
             m.check_leaks()

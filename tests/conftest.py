@@ -1,9 +1,9 @@
 """Suite-wide fixtures: the leak check after every test that builds a Machine.
 
-Every Machine registers itself in kernel_model.emu.machine.live_machines.  After
-each test, each machine built during it is shut down (its processes exit in
-the kernel's order) and must pass check_leaks(): no page, pin, mm or object
-left behind.  A test that deliberately leaves a leak marks the machine with
+Every Machine registers itself (Machine.made_since lists those built since a
+serial).  After each test, each machine built during it is shut down (its
+processes exit in the kernel's order) and must pass check_leaks(): no page,
+pin, mm or object left behind.  A test that deliberately leaves a leak marks the machine with
 `machine.leak_check_expected = False` after asserting on it itself.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine
 from kernel_model.sched import SCHED
 
 pytest_plugins = ["pytester"]
@@ -22,8 +22,8 @@ def _leak_check_every_machine():
     first = Machine.next_serial
     yield
     try:
-        for m in sorted(live_machines, key=lambda m: m.serial):
-            if m.serial < first or not getattr(m, "leak_check_expected", True):
+        for m in Machine.made_since(first):
+            if not getattr(m, "leak_check_expected", True):
                 continue
             m.leak_check_expected = False  # check once, even if the check raises
             m.check_leaks()

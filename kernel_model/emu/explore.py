@@ -56,7 +56,7 @@ from typing import Any
 
 import attrs
 
-from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine
 from kernel_model.emu.tracefilter import filter_trace
 from kernel_model.emu.traceout import format_ftrace
 from kernel_model.errno import KernelBug
@@ -681,8 +681,8 @@ def _judge(program: Program, tracer: Any = None) -> tuple[str, str] | None:
         if verdict is not None and verdict[0] not in CONSEQUENCES:
             oops = (oops[0], f"{oops[1]}; the program then failed too: {verdict[0]}")
         verdict = oops
-    for m in sorted(live_machines, key=lambda m: m.serial):
-        if m.serial < first or not getattr(m, "leak_check_expected", True):
+    for m in Machine.made_since(first):
+        if not getattr(m, "leak_check_expected", True):
             continue
         m.leak_check_expected = False
         try:

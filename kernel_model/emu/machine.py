@@ -52,10 +52,24 @@ def pgtable_levels(page_shift: int) -> int:
     return -(-(VA_BITS - page_shift) // bits)
 
 
+#: serial -> the live Machine with it (the newest, when tests/docs restarted the count)
+_by_serial: weakref.WeakValueDictionary[int, Machine] = weakref.WeakValueDictionary()
+
+
 class Machine:
     """One host.  See the module docstring."""
 
     next_serial = 0  # the serial the next Machine gets (the leak fixture reads it)
+
+    @staticmethod
+    def made_since(first: int) -> list[Machine]:
+        """The live machines built since serial `first` (Machine.next_serial read
+        before), oldest first - what a leak check after a run or a test looks at.
+        A lookup per serial handed out since: however many machines earlier runs
+        left alive (until the cycle collector takes them), this costs nothing for
+        them."""
+        return [m for m in map(_by_serial.get, range(first, Machine.next_serial))
+                if m is not None]
 
     def __init__(self, ram_size: int = 4 * GiB, page_size: int = 4096,
                  backend: str | None = None, iommu: str = "identity", name: str | None = None,
@@ -110,6 +124,7 @@ class Machine:
         SCHED.new_epoch()
         self.lockdep = lockdep_graph(self)
         live_machines.add(self)
+        _by_serial[self.serial] = self
 
     def __repr__(self) -> str:
         return (f"Machine {self.name} {self.ram_size >> 20} MiB page {self.page_size} "
