@@ -114,6 +114,30 @@ def chrdev_table() -> dict[str, cdev]:
     return {}
 
 
+def node_groups() -> dict[str, tuple[int, file_operations, Any]]:
+    """The machine's numbered node groups: directory -> (count, fops, show), the
+    nodes `directory`/0 ... `directory`/count-1 (kernel_model.sysfs.sysfs_create_group)."""
+    return {}
+
+
+def chrdev_lookup(machine: Any, path: str) -> cdev | None:
+    """The node at `path`: a registered cdev, or a file of a numbered group - made
+    when it is looked up, its private() calling the group's show with its index
+    (the canonical decimal name only: "07" and "+7" are no files)."""
+    cd = machine.chrdevs.get(path)
+    if cd is not None or not machine.node_groups:
+        return cd
+    d, _, name = path.rpartition("/")
+    g = machine.node_groups.get(d)
+    if g is None or not (name.isascii() and name.isdigit()) or str(int(name)) != name or \
+            int(name) >= g[0]:
+        return None
+    cd = cdev(g[1], path=path)
+    index, show = int(name), g[2]
+    cd.private = lambda: show(index)
+    return cd
+
+
 def ramfs_table() -> dict[str, inode]:
     """The machine's regular files: path -> inode (see the module docstring)."""
     return {}
@@ -190,7 +214,7 @@ def fput(f: file) -> None:
 @traced
 def do_filp_open(path: str, flags: int) -> file:
     """Mirrors do_filp_open() for a device node: find the cdev, ->open."""
-    cd = current().machine.chrdevs.get(path)
+    cd = chrdev_lookup(current().machine, path)
     acc = flags & O_ACCMODE
     mode = (FMODE_READ if acc in (O_RDONLY, O_RDWR) else 0) | (
         FMODE_WRITE if acc in (O_WRONLY, O_RDWR) else 0)

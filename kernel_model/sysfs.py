@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from kernel_model.current import current
 from kernel_model.errno import EACCES, EEXIST, EFAULT, KernelError
-from kernel_model.fs import O_ACCMODE, O_RDONLY, cdev, file_operations
+from kernel_model.fs import O_ACCMODE, O_RDONLY, cdev, chrdev_lookup, file_operations
 from kernel_model.uaccess import copy_to_user
 
 SYSFS_PREFIX = "/sys/"
@@ -44,23 +44,46 @@ _SYSFS_FOPS = file_operations(open=_sysfs_open, read=_sysfs_read)
 
 def sysfs_create_file(path: str, show: Callable[[], str]) -> None:
     """Mirrors sysfs_create_file(): publish a read-only attribute at `path`."""
-    table = current().machine.chrdevs
-    if path in table:
+    m = current().machine
+    if chrdev_lookup(m, path) is not None:
         raise KernelError(EEXIST, f"sysfs_create_file: {path} exists")
     cd = cdev(_SYSFS_FOPS, path=path)
     cd.private = show
-    table[path] = cd
+    m.chrdevs[path] = cd
+
+
+def sysfs_create_group(path: str, count: int, show: Callable[[int], str]) -> None:
+    """Mirrors sysfs_create_group() for a group of numbered read-only attributes, a
+    table's rows (ib core's port tables: gids/0 ... gids/<count-1>): reading
+    `path`/i calls show(i).
+
+    # EMU: the group is one entry of the machine's node_groups, not `count` cdevs;
+    # each file gets its cdev when opened (kernel_model.fs.chrdev_lookup).  Opening,
+    # reading, listing and removal see the same files; an HCA's two 256-row GID
+    # tables made 512 cdevs at every registration, a fifth of building the machine.
+    """
+    m = current().machine
+    if path in m.node_groups or chrdev_lookup(m, path) is not None:
+        raise KernelError(EEXIST, f"sysfs_create_group: {path} exists")
+    m.node_groups[path] = (count, _SYSFS_FOPS, show)
 
 
 def sysfs_remove_dir(prefix: str) -> None:
     """Mirrors sysfs_remove_dir(): remove every attribute under `prefix`/."""
-    table = current().machine.chrdevs
-    for path in [p for p in table if p.startswith(prefix.rstrip("/") + "/")]:
-        del table[path]
+    m = current().machine
+    base = prefix.rstrip("/") + "/"
+    for table in (m.chrdevs, m.node_groups):
+        for path in [p for p in table if p.startswith(base)]:
+            del table[path]
 
 
 def list_dir(machine, path: str) -> list[str]:
     """The entries directly under `path` in the device tree (getdents64)."""
     base = path.rstrip("/") + "/"
     names = {p[len(base):].split("/", 1)[0] for p in machine.chrdevs if p.startswith(base)}
+    for d, (count, _, _) in machine.node_groups.items():
+        if d.startswith(base):                  # the group's directory, or one above it
+            names.add(d[len(base):].split("/", 1)[0])
+        elif d == base[:-1]:                    # the group itself: its numbered files
+            names.update(map(str, range(count)))
     return sorted(names)

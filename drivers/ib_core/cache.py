@@ -42,7 +42,7 @@ from drivers.ib_core.ib_verbs import (
 )
 from kernel_model.errno import EINVAL, ENODATA, ENOSPC, KernelError
 from kernel_model.locking import mutex_init, spin_lock_init
-from kernel_model.sysfs import sysfs_create_file
+from kernel_model.sysfs import sysfs_create_group
 from kernel_model.trace import traced
 from kernel_model.uapi.ib_user_verbs import ib_uverbs_gid_entry
 
@@ -351,8 +351,7 @@ def ib_setup_gid_attrs(device: Any, base: str) -> None:
     """The gids/<i> and gid_attrs/types/<i> files of each port (sysfs.c
     alloc_port_table_group).  # EMU: no gid_attrs/ndevs (there are no netdevs)."""
     for port, table in device.gid_tables.items():
-        for i in range(table.sz):
-            sysfs_create_file(f"{base}/ports/{port}/gids/{i}",
-                              lambda p=port, i=i: show_port_gid(device, p, i))
-            sysfs_create_file(f"{base}/ports/{port}/gid_attrs/types/{i}",
-                              lambda p=port, i=i: show_port_gid_attr_gid_type(device, p, i))
+        sysfs_create_group(f"{base}/ports/{port}/gids", table.sz,
+                           lambda i, p=port: show_port_gid(device, p, i))
+        sysfs_create_group(f"{base}/ports/{port}/gid_attrs/types", table.sz,
+                           lambda i, p=port: show_port_gid_attr_gid_type(device, p, i))

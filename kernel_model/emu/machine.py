@@ -31,7 +31,7 @@ from kernel_model.current import (
 from kernel_model.emu.leakcheck import MAX_LINES, call_trace, check_leaks
 from kernel_model.emu.process import Process
 from kernel_model.errno import EINVAL, KernelBug, KernelError
-from kernel_model.fs import chrdev_table, ramfs_table
+from kernel_model.fs import chrdev_table, node_groups, ramfs_table
 from kernel_model.iommu import make_iommu
 from kernel_model.ioport import PCI_MMIO_BASE, MachineCheck, MmioRegion
 from kernel_model.lockdep import lockdep_graph
@@ -112,6 +112,7 @@ class Machine:
         self.leak_checks: list[Callable[[Machine], list[str]]] = []
         self.shutdown_hooks: list[Callable[[Machine], None]] = []  # run newest first
         self.chrdevs = chrdev_table()
+        self.node_groups = node_groups()
         self.ramfs = ramfs_table()
         self.iommu = make_iommu(self, iommu)
         self.tasks: dict[int, object] = {}

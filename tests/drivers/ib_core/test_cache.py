@@ -27,6 +27,7 @@ from drivers.ib_core.ib_addr import (
 from drivers.ib_core.ib_verbs import IB_GID_TYPE_ROCE, IB_GID_TYPE_ROCE_UDP_ENCAP
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF
+from kernel_model.sysfs import list_dir, sysfs_create_file, sysfs_create_group
 from tests.drivers.mlx5_ib.ladder import (
     errno_of,
     fw,
@@ -128,6 +129,26 @@ def test_sysfs_gids_and_types(m):
     p.exit(0)
 
 
+def test_a_gid_table_lists_as_numbered_files_and_nothing_else(m):
+    """The table's files are a numbered group: listed in order, opened by their
+    canonical decimal name only, and one more group at the same place is EEXIST."""
+    p = m.spawn("app")
+    assert list_dir(m, f"{SYSFS}/gids") == sorted(str(i) for i in range(256))
+    assert list_dir(m, f"{SYSFS}/gid_attrs") == ["types"]
+    assert {"gids", "gid_attrs", "state"} <= set(list_dir(m, SYSFS))
+    for name in ("07", "+7", " 7", "7 ", "\u0667", "-1", "256", ""):
+        assert read_sysfs(p, f"{SYSFS}/gids/{name}") is None, name
+    assert p.getdents(f"{SYSFS}/gids") == list_dir(m, f"{SYSFS}/gids")
+    with m.kernel():
+        with pytest.raises(KernelError) as e:
+            sysfs_create_group(f"{SYSFS}/gids", 4, lambda i: "x\n")
+        assert e.value.errno == errno.EEXIST
+        with pytest.raises(KernelError) as e:
+            sysfs_create_file(f"{SYSFS}/gids/3", lambda: "x\n")
+        assert e.value.errno == errno.EEXIST
+    p.exit(0)
+
+
 def test_ibv_query_gid_reads_sysfs(m):
     p = m.spawn("app")
     with Context(p) as ctx:
@@ -159,6 +180,7 @@ def test_unregistration_deletes_the_entries_and_their_files(m):
     assert [e.refcnt for e in entries] == [0, 0] and dev.gid_tables == {}
     assert fw(m).roce_addresses == {}
     assert not [path for path in m.chrdevs if "/gids/" in path or "/gid_attrs/" in path]
+    assert list_dir(m, SYSFS) == [] and not m.node_groups      # the groups went too
     assert not m.bugs
 
 
