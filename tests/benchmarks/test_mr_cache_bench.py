@@ -1,8 +1,9 @@
 """The registration cache (issue 8's figures): a hit, and a miss of one page and of
 1 GiB, against registering without the cache.
 
-On the faulted 1 GiB of anonymous memory (contiguous layout, conftest.py) of an
-rdma_host, `ulimit -l unlimited`:
+On the faulted 1 GiB of anonymous memory (the session's contiguous `gib`,
+conftest.py: an rdma_host with mlx5_ib), `ulimit -l unlimited` while this
+module runs:
   * hit: ofi_mr_cache_search + ofi_mr_cache_delete of a cached page (the cache's
     own cost), and fi_mr_reg + fi_close through it (the whole fi_mr call);
   * miss: fi_mr_reg + fi_close of a range the cache does not hold, then the
@@ -16,9 +17,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_model.emu.machine import GiB
-from kernel_model.emu.platform import rdma_host
 from kernel_model.task import RLIM_INFINITY, RLIMIT_MEMLOCK
-from tests.benchmarks.conftest import Faulted
 from userspace.libfabric.fi_mr import (
     FI_MR_ALLOCATED,
     FI_MR_LOCAL,
@@ -39,19 +38,22 @@ BASIC = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY
 PAGE = 4096
 
 
+#: the session's 1 GiB (faulting another costs seconds): its contiguous layout only
+pytestmark = pytest.mark.parametrize("gib", ["contiguous"], indirect=True)
+
+
 @pytest.fixture(scope="module")
-def fab():
-    m = rdma_host(ram_size=3 * GiB)
-    m.load_module("mlx5_ib")
-    f = Faulted(GiB, False, machine=m)
+def fab(gib):
+    f = gib
     p = f.proc
+    memlock = p.task.rlim[RLIMIT_MEMLOCK]
     p.task.rlim[RLIMIT_MEMLOCK] = [RLIM_INFINITY, RLIM_INFINITY]
     _, cached = fi_domain(p, BASIC, env={})
     _, plain = fi_domain(p, BASIC, env={"FI_MR_CACHE_MONITOR": "disabled"})
     assert cached.cache is not None and plain.cache is None
     yield f, cached, plain
     assert fi_close(cached) == 0 and fi_close(plain) == 0
-    f.teardown()
+    p.task.rlim[RLIMIT_MEMLOCK] = memlock
 
 
 def _reg_close(dom, addr: int, size: int) -> int:
