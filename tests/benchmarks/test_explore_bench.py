@@ -21,7 +21,7 @@ import statistics
 import time
 
 from kernel_model.emu.explore import Recording, explore, explore_dfs, explore_pct, run_once
-from kernel_model.emu.machine import Machine, live_machines
+from kernel_model.emu.machine import Machine
 from kernel_model.sched import SCHED
 from scenarios.races import RACES
 
@@ -31,7 +31,7 @@ FREE = RACES["free-callback-vs-put-pages"]
 def _plain() -> None:
     first = Machine.next_serial
     FREE.run(False)
-    for m in [m for m in live_machines if m.serial >= first]:
+    for m in Machine.made_since(first):
         m.leak_check_expected = False
         m.check_leaks()
     SCHED.abandon()
