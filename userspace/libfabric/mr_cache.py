@@ -125,8 +125,12 @@ class ofi_mr_cache:
         # only under memhooks, whose notifications arrive before the munmap returns
         self.starts: dict[int, ofi_mr_entry] = {}
         # the LRU list of unused entries, coldest first (a dict keeps insertion order;
-        # its delete + insert is cheaper than an OrderedDict's)
+        # its delete + insert is cheaper than an OrderedDict's).  EMU: the newest one
+        # (lru_tail) stays on it while a hit uses it: given back, it is the newest
+        # again, so the commonest hit (the same range again and again) moves nothing.
+        # It is then the only entry in use on the list; eviction never takes it.
         self.lru: dict[ofi_mr_entry, None] = {}
+        self.lru_tail: ofi_mr_entry | None = None
         self.cached_cnt = 0
         self.cached_size = 0
         self.uffd: uffd_monitor | None = None
@@ -154,7 +158,7 @@ class ofi_mr_cache:
 
     def __repr__(self) -> str:
         return (f"ofi_mr_cache {self.cached_cnt} entries {self.cached_size} bytes, "
-                f"{len(self.lru)} unused")
+                f"{len(self.lru) - self._tail_in_use()} unused")
 
     # -- storage ---------------------------------------------------------------------------
     def _find(self, iface: int, device: int, start: int, end: int) -> ofi_mr_entry | None:
@@ -187,6 +191,8 @@ class ofi_mr_cache:
             if self.uffd is not None and e.iface != FI_HMEM_CUDA:
                 self.uffd.unsubscribe(self, e.start, e.end)
         self.lru.pop(e, None)
+        if self.lru_tail is e:
+            self.lru_tail = None
 
     def _free(self, e: ofi_mr_entry) -> None:
         """Deregister an entry (the pin and the mkey go)."""
@@ -199,11 +205,22 @@ class ofi_mr_cache:
         return self.max_cached_size is not None and self.cached_size + extra > \
             self.max_cached_size
 
+    def _tail_in_use(self) -> bool:
+        t = self.lru_tail
+        return t is not None and t.use_cnt > 0
+
+    def _has_unused(self) -> bool:
+        """Is an unused entry on the LRU list?  (The one in use there is its tail: if
+        the coldest is in use, it is the only one.)"""
+        return bool(self.lru) and not next(iter(self.lru)).use_cnt
+
     def _evict_one(self) -> bool:
-        if not self.lru:
+        if not self._has_unused():
             return False
         e = next(iter(self.lru))                     # the coldest unused entry
         del self.lru[e]
+        if self.lru_tail is e:
+            self.lru_tail = None
         self._remove(e)
         self._free(e)
         self.evict_cnt += 1
@@ -237,8 +254,8 @@ def ofi_mr_cache_search(cache: ofi_mr_cache, addr: int, length: int, access: int
     if e.end == addr + length and not iface | device | access & ~e.access:
         cache.hit_cnt += 1
         n = e.use_cnt
-        if not n:
-            del cache.lru[e]
+        if not n and e is not cache.lru_tail:
+            del cache.lru[e]                # (the newest stays: see ofi_mr_cache.lru)
         e.use_cnt = n + 1
         return 0, e
     return _search_rest(cache, addr, length, access, iface, device)
@@ -265,7 +282,7 @@ def _search_rest(cache: ofi_mr_cache, addr: int, length: int, access: int, iface
     if e is not None:
         if not access & ~e.access:
             cache.hit_cnt += 1
-            if not e.use_cnt:
+            if not e.use_cnt and e is not cache.lru_tail:
                 del cache.lru[e]
             e.use_cnt += 1
             return 0, e
@@ -306,7 +323,7 @@ def _register(cache: ofi_mr_cache, addr: int, length: int, access: int, iface: i
     """The provider's registration; out of resources, flush the LRU list, retry once."""
     ret, mr = cache.add_region(addr, length, access, iface, device)
     retry = RETRY_ERRNOS + ((errno.EFAULT,) if iface == FI_HMEM_CUDA else ())
-    if ret and -ret in retry and cache.lru:
+    if ret and -ret in retry and cache._has_unused():
         cache.retry_cnt += 1
         ofi_mr_cache_flush(cache)
         ret, mr = cache.add_region(addr, length, access, iface, device)
@@ -324,7 +341,13 @@ def ofi_mr_cache_delete(cache: ofi_mr_cache, e: ofi_mr_entry) -> None:
     if e.dead:
         cache._free(e)
         return
-    cache.lru[e] = None         # no eviction: _full keeps every insert within the limits
+    if e is cache.lru_tail:         # the newest never left: it is the newest again
+        return
+    t = cache.lru_tail
+    if t is not None and t.use_cnt:  # it stops being the newest while in use: it leaves
+        del cache.lru[t]
+    cache.lru[e] = None             # no eviction: _full keeps every insert within the limits
+    cache.lru_tail = e
 
 
 @traced

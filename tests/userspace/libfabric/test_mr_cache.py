@@ -429,3 +429,53 @@ def test_cuda_memory_in_a_process_without_a_gpu_is_enosys():
         fi_close(dom)
     p.run(go)
     p.exit(0)
+
+
+class _FakeMr:
+    access = FI_REMOTE_WRITE
+
+
+def test_the_lru_list_is_in_release_order_and_never_evicts_an_entry_in_use():
+    """The LRU list keeps its newest entry in place while a hit uses it (so the same
+    range registered again and again moves nothing); released entries still line up
+    in the order they were released, and eviction takes only unused ones."""
+    from userspace.libfabric.mr_cache import (
+        ofi_mr_cache,
+        ofi_mr_cache_delete,
+        ofi_mr_cache_flush,
+        ofi_mr_cache_search,
+    )
+
+    freed = []
+    cache = ofi_mr_cache(None, {"FI_MR_CACHE_MAX_COUNT": "2"},
+                         lambda *region: (0, _FakeMr()), lambda mr: freed.append(mr) or 0)
+
+    def get(addr):
+        ret, e = ofi_mr_cache_search(cache, addr, K4, FI_REMOTE_WRITE, 0, 0)
+        assert ret == 0
+        return e
+
+    def order():
+        return [e.start for e in cache.lru if not e.use_cnt]
+
+    a = get(0x10000)
+    ofi_mr_cache_delete(cache, a)
+    b = get(0x20000)
+    ofi_mr_cache_delete(cache, b)
+    assert order() == [0x10000, 0x20000] and cache.lru_tail is b
+    assert get(0x10000) is a and get(0x20000) is b       # hits: a leaves, b stays put
+    assert list(cache.lru) == [b] and cache.stats["hit"] == 2
+    ofi_mr_cache_delete(cache, a)                         # a is released first ...
+    assert list(cache.lru) == [a]                         # ... b, in use, left the list
+    ofi_mr_cache_delete(cache, b)
+    assert order() == [0x10000, 0x20000]
+    assert get(0x20000) is b                              # the newest, in use, stays
+    c = get(0x30000)                                      # a miss past the limit:
+    assert cache.stats["evict"] == 1 and freed == [a.mr]             # a went, not b
+    assert cache.entries.get((0, 0, 0x20000, 0x20000 + K4)) is b
+    assert ofi_mr_cache_flush(cache) == 0                 # nothing unused to flush
+    ofi_mr_cache_delete(cache, c)
+    ofi_mr_cache_delete(cache, b)
+    assert order() == [0x30000, 0x20000]
+    assert ofi_mr_cache_flush(cache) == 2 and freed == [a.mr, c.mr, b.mr]
+    assert not cache.lru and cache.lru_tail is None and cache.cached_cnt == 0
