@@ -87,6 +87,7 @@ class _Traced:
         # the signature and the trampolines are made when first needed: every module
         # registers its functions at import, and most processes never trace
         self._tramps: dict[str, types.CodeType] = {}
+        self._copy: types.FunctionType | None = None
 
     @functools.cached_property
     def params(self) -> list[str]:
@@ -103,10 +104,16 @@ class _Traced:
         return code
 
     def copy(self) -> types.FunctionType:
-        """The original function as a separate object, for the trampoline to call."""
-        f = types.FunctionType(self.code, self.fn.__globals__, self.fn.__name__,
-                               self.fn.__defaults__, self.fn.__closure__)
-        f.__kwdefaults__ = self.kwdefaults
+        """The original function as a separate object, for the trampoline to call:
+        made once and kept (while fn's positional defaults stay the same object), so
+        every tracing session calls the same function and the interpreter's
+        specialised call sites for it stay valid from one session to the next."""
+        f = self._copy
+        if f is None or f.__defaults__ is not self.fn.__defaults__:
+            f = types.FunctionType(self.code, self.fn.__globals__, self.fn.__name__,
+                                   self.fn.__defaults__, self.fn.__closure__)
+            f.__kwdefaults__ = self.kwdefaults
+            self._copy = f
         return f
 
 
