@@ -61,11 +61,17 @@ class page:
     def _set(self, field: int, value: int) -> None:
         self.zone.pages[self.pfn * 4 + field] = value
 
-    flags = property(lambda self: self._get(_FLAGS), lambda self, v: self._set(_FLAGS, v))
-    _refcount = property(lambda self: self._get(_REF), lambda self, v: self._set(_REF, v))
-    _pincount = property(lambda self: self._get(_PIN), lambda self, v: self._set(_PIN, v))
+    # each field reads and writes its word of the mem_map directly (every page fault,
+    # reference and free goes through these: no second call)
+    flags = property(lambda self: self.zone.pages[self.pfn * 4],
+                     lambda self, v: self.zone.pages.__setitem__(self.pfn * 4, v))
+    _refcount = property(lambda self: self.zone.pages[self.pfn * 4 + 1],
+                         lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + 1, v))
+    _pincount = property(lambda self: self.zone.pages[self.pfn * 4 + 2],
+                         lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + 2, v))
     # EMU: the kernel's _mapcount starts at -1; ours counts mappings from 0.
-    _mapcount = property(lambda self: self._get(_MAP), lambda self, v: self._set(_MAP, v))
+    _mapcount = property(lambda self: self.zone.pages[self.pfn * 4 + 3],
+                         lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + 3, v))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, page) and other.zone is self.zone and other.pfn == self.pfn
@@ -127,8 +133,9 @@ class zone:
 
     # -- __rmqueue_smallest + expand
     def rmqueue(self, order: int) -> int | None:
+        free_area = self.free_area
         for current_order in range(order, MAX_ORDER + 1):
-            area = self.free_area[current_order]
+            area = free_area[current_order]
             if area:
                 pfn, _ = area.popitem()
                 self.pages[pfn * 4 + _FLAGS] &= ~PG_buddy
@@ -146,13 +153,16 @@ class zone:
         pfn = self.rmqueue(order)
         if pfn is None:
             raise KernelError(ENOMEM, f"__alloc_pages: out of memory for order {order}")
-        self.pages[pfn * 4 + _REF] = 1
-        self.pages[pfn * 4 + _FLAGS] &= ~(PG_dirty | PG_anon | PG_pgtable)
+        pages = self.pages
+        pages[pfn * 4 + _REF] = 1
+        pages[pfn * 4 + _FLAGS] &= ~(PG_dirty | PG_anon | PG_pgtable)
         if gfp & _GFP_ZERO:
-            base = pfn << self.page_shift
-            for i in range(1 << order):
-                off = base + (i << self.page_shift)
-                self.ram[off:off + self.page_size] = self._zero
+            base, ps = pfn << self.page_shift, self.page_size
+            if order:
+                for i in range(1 << order):
+                    self.ram[base + i * ps:base + (i + 1) * ps] = self._zero
+            else:
+                self.ram[base:base + ps] = self._zero
         self.allocated[pfn] = (order, owner, _caller())
         return page(self, pfn)
 
@@ -167,18 +177,22 @@ class zone:
             self.machine.report_bug("__free_pages", f"pfn {pfn:#x} allocated at order "
                                     f"{rec[0]} freed at order {order}")
         p = pfn * 4
-        if self.pages[p + _PIN] or self.pages[p + _MAP]:
+        pages = self.pages
+        if pages[p + _PIN] or pages[p + _MAP]:
             self.machine.report_bug("free_pages_check", f"Bad page state pfn {pfn:#x}: "
-                                    f"pincount {self.pages[p + _PIN]} mapcount "
-                                    f"{self.pages[p + _MAP]}")
-        self.pages[p + _REF] = 0
-        base = pfn << self.page_shift
-        for i in range(1 << order):
-            off = base + (i << self.page_shift)
-            self.ram[off:off + self.page_size] = self._poison
+                                    f"pincount {pages[p + _PIN]} mapcount "
+                                    f"{pages[p + _MAP]}")
+        pages[p + _REF] = 0
+        base, ps = pfn << self.page_shift, self.page_size
+        if order:
+            for i in range(1 << order):
+                self.ram[base + i * ps:base + (i + 1) * ps] = self._poison
+        else:
+            self.ram[base:base + ps] = self._poison
+        free_area = self.free_area
         while order < MAX_ORDER:
             buddy = pfn ^ (1 << order)
-            if buddy not in self.free_area[order]:
+            if buddy not in free_area[order]:
                 break
             self._del_free(buddy, order)
             pfn = min(pfn, buddy)
