@@ -73,7 +73,7 @@ def sysfs_remove_dir(prefix: str) -> None:
     m = current().machine
     base = prefix.rstrip("/") + "/"
     for table in (m.chrdevs, m.node_groups):
-        for path in [p for p in table if p.startswith(base)]:
+        for path in [p for p in table if p.startswith(base) or p == base[:-1]]:
             del table[path]
 
 

@@ -27,7 +27,7 @@ from drivers.ib_core.ib_addr import (
 from drivers.ib_core.ib_verbs import IB_GID_TYPE_ROCE, IB_GID_TYPE_ROCE_UDP_ENCAP
 from kernel_model.errno import KernelError
 from kernel_model.hw.mlx5_ifc import MLX5_ADDR_OF
-from kernel_model.sysfs import list_dir, sysfs_create_file, sysfs_create_group
+from kernel_model.sysfs import list_dir, sysfs_create_file, sysfs_create_group, sysfs_remove_dir
 from tests.drivers.mlx5_ib.ladder import (
     errno_of,
     fw,
@@ -146,6 +146,9 @@ def test_a_gid_table_lists_as_numbered_files_and_nothing_else(m):
         with pytest.raises(KernelError) as e:
             sysfs_create_file(f"{SYSFS}/gids/3", lambda: "x\n")
         assert e.value.errno == errno.EEXIST
+        sysfs_remove_dir(f"{SYSFS}/gid_attrs/types")      # the group's own directory
+    assert list_dir(m, f"{SYSFS}/gid_attrs") == [] and list_dir(m, f"{SYSFS}/gids")
+    assert read_sysfs(p, f"{SYSFS}/gid_attrs/types/0") is None
     p.exit(0)
 
 
