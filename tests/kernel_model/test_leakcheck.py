@@ -134,3 +134,23 @@ def test_a_machine_may_opt_out_after_asserting(m):
         alloc_pages(GFP_KERNEL, 0, "kept on purpose")
     assert len(find_leaks(m)) == 1
     m.leak_check_expected = False  # the suite's fixture skips this machine
+
+
+def test_made_since_lists_the_live_machines_built_since_a_serial_in_order():
+    """What every leak check after a run or a test iterates: the machines built since
+    its first serial, oldest first, and none that was collected or came before."""
+    import gc
+
+    before = Machine(ram_size=32 << 20)
+    first = Machine.next_serial
+    a, b, c = (Machine(ram_size=32 << 20) for _ in range(3))
+    assert Machine.made_since(first) == [a, b, c]
+    assert Machine.made_since(before.serial) == [before, a, b, c]
+    serial_b = b.serial
+    del b
+    gc.collect()                                  # b is gone: no entry for its serial
+    assert Machine.made_since(first) == [a, c]
+    assert Machine.made_since(serial_b) == [c]
+    assert Machine.made_since(Machine.next_serial) == []
+    for mach in (before, a, c):
+        mach.check_leaks()

@@ -97,3 +97,25 @@ def test_both_clocks_record_the_same_graph():
             [(q.name, q.fields, q.depth) for q in t.trace.points()]
 
     assert shape("virtual") == shape("wall")
+
+
+def test_a_session_after_the_defaults_changed_calls_the_function_as_it_is_now():
+    """Each traced function's copy of the original is kept from one tracing session to
+    the next - and made again when the function's defaults were replaced meanwhile."""
+    m = Machine()
+    p = m.spawn("rec")
+    saved = rec_inner.__defaults__
+    try:
+        with Tracer() as t, p.kernel():
+            assert rec_inner(5) == 12
+        with Tracer() as t2, p.kernel():
+            assert rec_inner(5) == 12
+        rec_inner.__defaults__ = (9,)
+        with Tracer() as t3, p.kernel():
+            assert rec_inner(5) == 14
+        assert rec_inner(5) == 14                      # untraced, as traced
+    finally:
+        rec_inner.__defaults__ = saved
+    assert [c.ret for tr in (t, t2, t3) for c in tr.trace.calls()] == ["12", "12", "14"]
+    p.exit(0)
+    m.check_leaks()
