@@ -105,15 +105,16 @@ class _Traced:
 
     def copy(self) -> types.FunctionType:
         """The original function as a separate object, for the trampoline to call:
-        made once and kept (while fn's positional defaults stay the same object), so
-        every tracing session calls the same function and the interpreter's
-        specialised call sites for it stay valid from one session to the next."""
+        made once and kept, so every tracing session calls the same function and the
+        interpreter's specialised call sites for it stay valid from one session to
+        the next.  Its defaults never apply: the trampoline has fn's signature, fills
+        them from fn's own (as they are at the call) and passes every argument."""
         f = self._copy
-        if f is None or f.__defaults__ is not self.fn.__defaults__:
-            f = types.FunctionType(self.code, self.fn.__globals__, self.fn.__name__,
-                                   self.fn.__defaults__, self.fn.__closure__)
+        if f is None:
+            f = self._copy = types.FunctionType(self.code, self.fn.__globals__,
+                                                self.fn.__name__, self.fn.__defaults__,
+                                                self.fn.__closure__)
             f.__kwdefaults__ = self.kwdefaults
-            self._copy = f
         return f
 
 

@@ -101,7 +101,7 @@ def test_both_clocks_record_the_same_graph():
 
 def test_a_session_after_the_defaults_changed_calls_the_function_as_it_is_now():
     """Each traced function's copy of the original is kept from one tracing session to
-    the next - and made again when the function's defaults were replaced meanwhile."""
+    the next; the trampoline fills the defaults from the function as it is now."""
     m = Machine()
     p = m.spawn("rec")
     saved = rec_inner.__defaults__
