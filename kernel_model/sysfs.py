@@ -8,8 +8,11 @@ method does.  libibverbs finds devices this way: it lists
 
 EMU: sysfs files are nodes in the machine's device table (kernel_model.fs
 chrdev_table) with a read operation, and a directory is the set of paths
-under a prefix; kobjects, attribute groups and uevents are folded away.
-Each read returns the whole attribute from offset 0 (no f_pos).
+under a prefix; kobjects, attribute groups and uevents are folded away.  A
+group of numbered attributes (a table's rows: gids/0 ... gids/255) is one
+entry of the machine's node_groups, its files made when opened
+(sysfs_create_group).  Each read returns the whole attribute from offset 0
+(no f_pos).
 """
 
 from __future__ import annotations
