@@ -1595,9 +1595,16 @@ class FuzzWorld:
         if p is None and flags & v.IBV_REREG_MR_CHANGE_PD:
             return                      # C dereferences the PD: NULL is the process's crash
         pdref = p.ref if p is not None else None
-        if p is not None and p.proc is not o.proc:     # another process's PD: its handle,
-            pdref = v.ibv_pd(o.ref.context, p.ref.handle)   # as bytes this process holds
-            p = None
+        mine = self._ctx_of(o)
+        if p is not None and self._ctx_of(p) is not mine:
+            # another process's PD, or one of this process's other device contexts: its
+            # handle, as bytes this process holds, which the kernel looks up in the MR's
+            # own file - the PD that handle names there, if any, is the one it takes
+            # (found by peermem fuzz, seed 9502: the owner was set to the other
+            # context's PD, and a later destroy through the MR's own file "succeeded")
+            pdref = v.ibv_pd(o.ref.context, p.ref.handle)
+            p = next((q for q in self.objs["pd"] if q.live and q.ref.handle == p.ref.handle
+                      and self._ctx_of(q) is mine), None)
         r = self._mine("region", region, o.proc, live=False)
         addr = (r.extra["addr"] + off) & U64 if r is not None else off & U64
         rc, _err = v.ibv_rereg_mr(o.ref, flags, pdref, addr, length & U64,

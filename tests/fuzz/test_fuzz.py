@@ -128,3 +128,27 @@ def test_a_sequence_runs_on_the_hosts_its_config_names():
     w.finish()
     script = reproducer([("spawn", {"host": 0})], w.config)
     assert "w = FuzzWorld(dyn_uar=1, page_size=65536)" in script
+
+
+def test_rereg_onto_another_contexts_pd_leaves_the_mr_in_its_own_file():
+    """Seed 9502's sequence: ibv_rereg_mr(CHANGE_PD) with a PD of the process's other
+    device context sends that PD's handle, which the kernel looks up in the MR's own
+    file.  The world must keep the MR in its own file (the owner is the PD the handle
+    names there), so that a later DEREG_MR of that handle through the same file is the
+    MR's own, not a foreign destroy that "succeeded"."""
+    w = FuzzWorld(dyn_uar=0, page_size=4096)
+    for op, kw in [("ladder", dict(host=0, qp_type=2)), ("open_device", dict(proc=27)),
+                   ("open_device", dict(proc=51)), ("ladder", dict(host=1, qp_type=2)),
+                   ("ladder", dict(host=0, qp_type=3)), ("alloc_pd", dict(ctx=52)),
+                   ("ladder", dict(host=1, qp_type=3)), ("ladder", dict(host=0, qp_type=2)),
+                   ("open_device", dict(proc=63)), ("open_device", dict(proc=2)),
+                   ("ladder", dict(host=1, qp_type=2))]:
+        w.apply(op, kw)
+    mrs = [o for o in w.objs["mr"] if o.live]
+    mr = mrs[6 % len(mrs)]
+    ctx = w._ctx_of(mr)
+    w.apply("rereg_mr", dict(mr=6, flags=2, pd=21, region=30, off=13149, length=1048576,
+                             access=31))
+    assert w._ctx_of(mr) is ctx and mr.ref.context is ctx.ref
+    w.apply("foreign_destroy", dict(ctx=20, cmd=1, handle_of=6, kind=1))
+    w.finish()
