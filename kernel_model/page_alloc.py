@@ -46,6 +46,13 @@ PG_anon = 1 << 4
 _FLAGS, _REF, _PIN, _MAP = 0, 1, 2, 3
 
 
+def _field(i: int) -> property:
+    """A struct page field: its word of the mem_map, read and written directly (every
+    page fault, reference and free goes through these: no second call)."""
+    return property(lambda self: self.zone.pages[self.pfn * 4 + i],
+                    lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + i, v))
+
+
 class page:
     """A view of one struct page: `pfn` plus its counters in the mem_map."""
 
@@ -55,23 +62,11 @@ class page:
         self.zone = zone
         self.pfn = pfn
 
-    def _get(self, field: int) -> int:
-        return self.zone.pages[self.pfn * 4 + field]
-
-    def _set(self, field: int, value: int) -> None:
-        self.zone.pages[self.pfn * 4 + field] = value
-
-    # each field reads and writes its word of the mem_map directly (every page fault,
-    # reference and free goes through these: no second call)
-    flags = property(lambda self: self.zone.pages[self.pfn * 4],
-                     lambda self, v: self.zone.pages.__setitem__(self.pfn * 4, v))
-    _refcount = property(lambda self: self.zone.pages[self.pfn * 4 + 1],
-                         lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + 1, v))
-    _pincount = property(lambda self: self.zone.pages[self.pfn * 4 + 2],
-                         lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + 2, v))
+    flags = _field(_FLAGS)
+    _refcount = _field(_REF)
+    _pincount = _field(_PIN)
     # EMU: the kernel's _mapcount starts at -1; ours counts mappings from 0.
-    _mapcount = property(lambda self: self.zone.pages[self.pfn * 4 + 3],
-                         lambda self, v: self.zone.pages.__setitem__(self.pfn * 4 + 3, v))
+    _mapcount = _field(_MAP)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, page) and other.zone is self.zone and other.pfn == self.pfn
@@ -157,14 +152,16 @@ class zone:
         pages[pfn * 4 + _REF] = 1
         pages[pfn * 4 + _FLAGS] &= ~(PG_dirty | PG_anon | PG_pgtable)
         if gfp & _GFP_ZERO:
-            base, ps = pfn << self.page_shift, self.page_size
-            if order:
-                for i in range(1 << order):
-                    self.ram[base + i * ps:base + (i + 1) * ps] = self._zero
-            else:
-                self.ram[base:base + ps] = self._zero
+            self._fill(pfn, order, self._zero)
         self.allocated[pfn] = (order, owner, _caller())
         return page(self, pfn)
+
+    def _fill(self, pfn: int, order: int, page_bytes: bytes) -> None:
+        """Write one page's worth of bytes (zeroes, poison) over each page of a block."""
+        ram, ps = self.ram, self.page_size
+        base = pfn << self.page_shift
+        for off in range(base, base + (ps << order), ps):
+            ram[off:off + ps] = page_bytes
 
     def free(self, pfn: int, order: int) -> None:
         """__free_pages_ok(): check, poison, and merge with free buddies."""
@@ -183,12 +180,7 @@ class zone:
                                     f"pincount {pages[p + _PIN]} mapcount "
                                     f"{pages[p + _MAP]}")
         pages[p + _REF] = 0
-        base, ps = pfn << self.page_shift, self.page_size
-        if order:
-            for i in range(1 << order):
-                self.ram[base + i * ps:base + (i + 1) * ps] = self._poison
-        else:
-            self.ram[base:base + ps] = self._poison
+        self._fill(pfn, order, self._poison)
         free_area = self.free_area
         while order < MAX_ORDER:
             buddy = pfn ^ (1 << order)

@@ -218,10 +218,7 @@ class ofi_mr_cache:
         if not self._has_unused():
             return False
         e = next(iter(self.lru))                     # the coldest unused entry
-        del self.lru[e]
-        if self.lru_tail is e:
-            self.lru_tail = None
-        self._remove(e)
+        self._remove(e)                              # (off the list, and the tail)
         self._free(e)
         self.evict_cnt += 1
         return True
