@@ -22,10 +22,13 @@ The records live in `machine.slab` (made on first use, with its leak check).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from c_ext import _track
 from kernel_model.current import live_machines
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import call_site, machine_now
@@ -145,9 +148,16 @@ def _poison_class(cls: type) -> type:
 #: large) is not watched - reading it counts as a write
 #: (by exact type: isinstance would ask a tracked object for its __class__ again)
 _MUTABLE = frozenset((list, dict, set, deque, bytearray, defaultdict, OrderedDict))
-_tracked: dict[type, type] = {}    # class -> its footprint-recording twin
 _UNSET = object()                  # a field a step set for the first time
 _tracked_classes: set[type] = set()
+#: which recorder new twins get: "c" (c_ext._track) or "python" (_py_tracked), by
+#: $PEERMEM_BACKEND as the per-page loops are; set_track_backend changes it
+TRACK_BACKEND = "python" if os.environ.get("PEERMEM_BACKEND") == "python" else "c"
+_twins: dict[str, dict[type, type]] = {"c": {}, "python": {}}
+_tracked = _twins[TRACK_BACKEND]    # class -> its footprint-recording twin
+#: each C twin's (adds, own, hasdict) for c_ext._track, which reads it by type
+_track_registry: dict[type, tuple[frozenset | None, frozenset | None, bool]] = {}
+_track.configure(vars(SCHED), _track_registry, _MUTABLE, _UNSET)
 
 
 def _tracked_class(cls: type) -> type:
@@ -156,65 +166,100 @@ def _tracked_class(cls: type) -> type:
     conflicts with the same field, and with kfree of the struct (a write of the id,
     which the race analysis extends to every field it saw): made once per class,
     given to objects made while partial-order reduction records, so it costs nothing
-    otherwise."""
+    otherwise.
+
+    The recorder is C (c_ext._track: the twin's attribute slots) for a class whose
+    attribute access is object's own, on the C backend ($PEERMEM_BACKEND); else the
+    Python twin below (_py_tracked), which is also the C one's reference."""
     t = _tracked.get(cls)
     if t is None:
-        get, put = cls.__getattribute__, cls.__setattr__
         #: containers whose changes the class reports itself (touch_key, finer than
         #: the field): reading one is a plain read, never watched
         own = frozenset(getattr(cls, "POR_REPORTED", ()))
         #: counters whose reads and writes are adds (POR_ADDS): changes that commute,
         #: whose values no decision depends on (a command token)
         adds = frozenset(getattr(cls, "POR_ADDS", ()))
-        hasdict, dict_of = cls.__dictoffset__ != 0, object.__getattribute__
-
-        def tracked_get(self: object, name: str) -> Any:
-            try:
-                v = get(self, name)
-            except AttributeError:      # a field not set yet: a read all the same
-                st = SCHED.fp_step
-                if st is not None:
-                    st.reads.add((id(self), name))
-                raise
-            st = SCHED.fp_step
-            if st is not None:
-                if name in adds:
-                    st.adds.add((id(self), name))
-                elif type(v) in _MUTABLE and name not in own:
-                    SCHED.fp_watch(v, (id(self), name))    # type: ignore[misc]
-                else:
-                    st.reads.add((id(self), name))
-            return v
-
-        def tracked_set(self: object, name: str, value: object) -> None:
-            st = SCHED.fp_step
-            if st is not None:
-                key = (id(self), name)
-                if name in adds:
-                    st.adds.add(key)
-                    put(self, name, value)
-                    return
-                if key not in st.writes:    # the step's first write: keep the value
-                    if hasdict:             # it had, for Recording's silent writes
-                        # (by the instance dict: a property is never silent, and a
-                        # field being made raises nothing)
-                        d = dict_of(self, "__dict__")
-                        st.before[key] = (d.get, (name, _UNSET), d.get(name, _UNSET))
-                    else:
-                        try:
-                            was = get(self, name)
-                        except AttributeError:
-                            was = _UNSET
-                        st.before[key] = (get, (self, name), was)
-                st.writes.add(key)
-            put(self, name, value)
-
-        t = type(cls.__name__, (cls,), {
-            "__slots__": (), "__getattribute__": tracked_get, "__setattr__": tracked_set,
-            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        hasdict = cls.__dictoffset__ != 0
+        ns = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        if TRACK_BACKEND == "c" and _plain_access(cls):
+            t = type(cls.__name__, (cls, _track.TrackedBase), ns)
+            _track_registry[t] = (adds or None, own or None, hasdict)
+        else:
+            get, put = _py_tracked(cls, own, adds, hasdict)
+            t = type(cls.__name__, (cls,), {**ns, "__getattribute__": get, "__setattr__": put})
         _tracked[cls] = t
         _tracked_classes.add(t)
     return t
+
+
+def set_track_backend(name: str) -> str:
+    """Emulator-level: which recorder the twins made from now on use ("c" or "python");
+    returns the one before.  Each backend keeps its own twins, so objects made after
+    the change get the other's - for comparing the two (tests/kernel_model)."""
+    global TRACK_BACKEND, _tracked
+    if name not in _twins:
+        raise ValueError(f"set_track_backend: {name!r} is not 'c' or 'python'")
+    old, TRACK_BACKEND, _tracked = TRACK_BACKEND, name, _twins[name]
+    return old
+
+
+def _plain_access(cls: type) -> bool:
+    """Is attribute access on `cls` object's own (no class on its MRO but object defines
+    __getattribute__, __getattr__, __setattr__ or __delattr__)?  Then the C recorder's
+    generic get and set are what the class would do."""
+    return not any(n in vars(c) for c in cls.__mro__[:-1]
+                   for n in ("__getattribute__", "__getattr__", "__setattr__", "__delattr__"))
+
+
+def _py_tracked(cls: type, own: frozenset, adds: frozenset, hasdict: bool
+                ) -> tuple[Callable[[object, str], Any], Callable[[object, str, object], None]]:
+    """The Python recorder: the twin's __getattribute__ and __setattr__ (see
+    _tracked_class), around the class's own."""
+    get, put = cls.__getattribute__, cls.__setattr__
+    dict_of = object.__getattribute__
+
+    def tracked_get(self: object, name: str) -> Any:
+        try:
+            v = get(self, name)
+        except AttributeError:      # a field not set yet: a read all the same
+            st = SCHED.fp_step
+            if st is not None:
+                st.reads.add((id(self), name))
+            raise
+        st = SCHED.fp_step
+        if st is not None:
+            if name in adds:
+                st.adds.add((id(self), name))
+            elif type(v) in _MUTABLE and name not in own:
+                SCHED.fp_watch(v, (id(self), name))    # type: ignore[misc]
+            else:
+                st.reads.add((id(self), name))
+        return v
+
+    def tracked_set(self: object, name: str, value: object) -> None:
+        st = SCHED.fp_step
+        if st is not None:
+            key = (id(self), name)
+            if name in adds:
+                st.adds.add(key)
+                put(self, name, value)
+                return
+            if key not in st.writes:    # the step's first write: keep the value
+                if hasdict:             # it had, for Recording's silent writes
+                    # (by the instance dict: a property is never silent, and a
+                    # field being made raises nothing)
+                    d = dict_of(self, "__dict__")
+                    st.before[key] = (dict.get, (d, name, _UNSET), d.get(name, _UNSET))
+                else:
+                    try:
+                        was = get(self, name)
+                    except AttributeError:
+                        was = _UNSET
+                    st.before[key] = (get, (self, name), was)
+            st.writes.add(key)
+        put(self, name, value)
+
+    return tracked_get, tracked_set
 
 
 #: the packages whose classes are the kernel's structs (and a client's, a device's):

@@ -1,0 +1,386 @@
+/*
+ * c_ext._track: partial-order reduction's field recorder in C.
+ *
+ * While the race explorer records footprints, the objects of the kernel's structs
+ * are "tracked twins" (kernel_model/slab.py, _tracked_class): every attribute read
+ * and write goes into the running step's footprint as (id(obj), field).  That is
+ * one hook per attribute access - tens of thousands per schedule - so it is the
+ * explorer's largest cost when written in Python.  Here it is a type's
+ * tp_getattro slot and its __setattr__ method: a twin made with TrackedBase among its bases gets
+ * the read slot directly and the write as a C method (no Python frame per access).
+ *
+ * The Python twin in slab.py (tracked_get/tracked_set) is the reference: this
+ * file does exactly what it does, and tests/kernel_model/test_track_twins.py
+ * compares the two.  Only classes whose attribute access is object's own
+ * (no __getattribute__, __getattr__, __setattr__ or __delattr__ of their own)
+ * get this twin; the others keep the Python one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* set by configure() */
+static PyObject *sched_dict;     /* SCHED.__dict__: fp_step and fp_watch live there */
+static PyObject *registry;       /* twin type -> (adds, own, hasdict) */
+static PyObject *mutable_types;  /* the types whose read is watched (slab._MUTABLE) */
+static PyObject *unset;          /* slab._UNSET */
+static PyObject *dict_get;       /* dict.get */
+static PyObject *obj_getattr;    /* object.__getattribute__ */
+
+static PyObject *s_fp_step, *s_fp_watch, *s_reads, *s_writes, *s_adds, *s_before;
+
+/* The running step (borrowed), or NULL with no error when none records. */
+static PyObject *
+running_step(void)
+{
+    PyObject *st;
+
+    if (sched_dict == NULL)
+        return NULL;
+    st = PyDict_GetItemWithError(sched_dict, s_fp_step);
+    if (st == Py_None)
+        return NULL;
+    return st;
+}
+
+/* step.<which>.add((id(self), name)); -1 on error */
+static int
+add_key(PyObject *st, PyObject *which, PyObject *key)
+{
+    PyObject *set = PyObject_GetAttr(st, which);
+    int r;
+
+    if (set == NULL)
+        return -1;
+    r = PySet_Add(set, key);
+    Py_DECREF(set);
+    return r;
+}
+
+static PyObject *
+make_key(PyObject *self, PyObject *name)
+{
+    PyObject *id = PyLong_FromVoidPtr(self);
+    PyObject *key;
+
+    if (id == NULL)
+        return NULL;
+    key = PyTuple_Pack(2, id, name);
+    Py_DECREF(id);
+    return key;
+}
+
+/* in(frozenset or None, name): 1, 0, or -1 on error */
+static int
+member(PyObject *set, PyObject *name)
+{
+    if (set == Py_None)
+        return 0;
+    return PySet_Contains(set, name);
+}
+
+/* The twin's (adds, own, hasdict) (borrowed): its own entry, or for a subclass made
+ * from a twin the nearest registered class on its MRO.  NULL with TypeError if none. */
+static PyObject *
+config_of(PyTypeObject *tp)
+{
+    PyObject *cfg = PyDict_GetItemWithError(registry, (PyObject *)tp);
+    PyObject *mro;
+    Py_ssize_t i;
+
+    if (cfg != NULL || PyErr_Occurred())
+        return cfg;
+    mro = tp->tp_mro;
+    for (i = 1; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+        cfg = PyDict_GetItemWithError(registry, PyTuple_GET_ITEM(mro, i));
+        if (cfg != NULL || PyErr_Occurred())
+            return cfg;
+    }
+    PyErr_Format(PyExc_TypeError, "_track: %s is not made from a registered twin",
+                 tp->tp_name);
+    return NULL;
+}
+
+static PyObject *
+tracked_getattro(PyObject *self, PyObject *name)
+{
+    PyObject *v = PyObject_GenericGetAttr(self, name);
+    PyObject *st, *cfg, *key, *watch;
+    int r;
+
+    st = running_step();
+    if (st == NULL) {
+        if (PyErr_Occurred() && v != NULL) {
+            Py_DECREF(v);
+            return NULL;
+        }
+        return v;
+    }
+    if (v == NULL) {
+        /* a field not set yet: a read all the same */
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyObject *t, *val, *tb;
+
+            PyErr_Fetch(&t, &val, &tb);
+            key = make_key(self, name);
+            if (key != NULL && add_key(st, s_reads, key) == 0) {
+                PyErr_Restore(t, val, tb);
+            } else {
+                Py_XDECREF(t);
+                Py_XDECREF(val);
+                Py_XDECREF(tb);
+            }
+            Py_XDECREF(key);
+        }
+        return NULL;
+    }
+    Py_INCREF(st);
+    key = make_key(self, name);
+    if (key == NULL)
+        goto fail;
+    cfg = config_of(Py_TYPE(self));
+    if (cfg == NULL)
+        goto fail_key;
+    r = member(PyTuple_GET_ITEM(cfg, 0), name);
+    if (r < 0)
+        goto fail_key;
+    if (r) {
+        r = add_key(st, s_adds, key);
+    } else {
+        r = PySet_Contains(mutable_types, (PyObject *)Py_TYPE(v));
+        if (r > 0) {
+            r = member(PyTuple_GET_ITEM(cfg, 1), name);
+            if (r == 0) {
+                watch = PyDict_GetItemWithError(sched_dict, s_fp_watch);
+                if (watch == NULL) {
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_RuntimeError, "_track: no fp_watch");
+                    goto fail_key;
+                }
+                PyObject *res = PyObject_CallFunctionObjArgs(watch, v, key, NULL);
+                if (res == NULL)
+                    goto fail_key;
+                Py_DECREF(res);
+                goto done;
+            }
+            if (r < 0)
+                goto fail_key;
+        }
+        if (r < 0)
+            goto fail_key;
+        r = add_key(st, s_reads, key);
+    }
+    if (r < 0)
+        goto fail_key;
+done:
+    Py_DECREF(key);
+    Py_DECREF(st);
+    return v;
+fail_key:
+    Py_DECREF(key);
+fail:
+    Py_DECREF(st);
+    Py_XDECREF(v);
+    return NULL;
+}
+
+/* step.before[key] = (how to read the field back, its arguments, its value now) */
+static int
+keep_before(PyObject *st, PyObject *self, PyObject *name, PyObject *key, int hasdict)
+{
+    PyObject *before, *entry = NULL, *args, *was;
+    int r = -1;
+
+    if (hasdict) {
+        PyObject *d = PyObject_GenericGetDict(self, NULL);
+
+        if (d == NULL)
+            return -1;
+        was = PyDict_GetItemWithError(d, name);
+        if (was == NULL && PyErr_Occurred()) {
+            Py_DECREF(d);
+            return -1;
+        }
+        args = PyTuple_Pack(3, d, name, unset);
+        Py_DECREF(d);
+        if (args == NULL)
+            return -1;
+        entry = PyTuple_Pack(3, dict_get, args, was != NULL ? was : unset);
+    } else {
+        was = PyObject_GenericGetAttr(self, name);
+        if (was == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+        }
+        args = PyTuple_Pack(2, self, name);
+        if (args == NULL) {
+            Py_XDECREF(was);
+            return -1;
+        }
+        entry = PyTuple_Pack(3, obj_getattr, args, was != NULL ? was : unset);
+        Py_XDECREF(was);
+    }
+    Py_DECREF(args);
+    if (entry == NULL)
+        return -1;
+    before = PyObject_GetAttr(st, s_before);
+    if (before != NULL) {
+        r = PyDict_SetItem(before, key, entry);
+        Py_DECREF(before);
+    }
+    Py_DECREF(entry);
+    return r;
+}
+
+/* __setattr__(self, name, value).  A method, not the tp_setattro slot: a type whose
+ * slot is C code of its own may not be given object.__setattr__ (CPython's check
+ * against skipping a C-level override), and the emulator writes fields past the
+ * recorder that way (counter_add, kfree's poisoning). */
+static PyObject *
+tracked_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *st, *cfg, *key, *writes, *name, *value;
+    int r;
+
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "__setattr__ takes 2 arguments, %zd given", nargs);
+        return NULL;
+    }
+    name = args[0];
+    value = args[1];
+    if (!PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError, "attribute name must be string, not '%.200s'",
+                     Py_TYPE(name)->tp_name);
+        return NULL;
+    }
+    st = running_step();
+    if (st == NULL) {
+        if (PyErr_Occurred() || PyObject_GenericSetAttr(self, name, value) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(st);
+    cfg = config_of(Py_TYPE(self));
+    if (cfg == NULL) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    key = make_key(self, name);
+    if (key == NULL)
+        goto fail;
+    r = member(PyTuple_GET_ITEM(cfg, 0), name);
+    if (r < 0)
+        goto fail_key;
+    if (r) {
+        if (add_key(st, s_adds, key) < 0)
+            goto fail_key;
+    } else {
+        writes = PyObject_GetAttr(st, s_writes);
+        if (writes == NULL)
+            goto fail_key;
+        r = PySet_Contains(writes, key);
+        if (r == 0)                          /* the step's first write: keep the value */
+            r = keep_before(st, self, name, key, PyObject_IsTrue(PyTuple_GET_ITEM(cfg, 2)));
+        if (r >= 0)
+            r = PySet_Add(writes, key);
+        Py_DECREF(writes);
+        if (r < 0)
+            goto fail_key;
+    }
+    Py_DECREF(key);
+    Py_DECREF(st);
+    if (PyObject_GenericSetAttr(self, name, value) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+fail_key:
+    Py_DECREF(key);
+fail:
+    Py_DECREF(st);
+    return NULL;
+}
+
+static PyMethodDef base_methods[] = {
+    {"__setattr__", (PyCFunction)(void (*)(void))tracked_setattr, METH_FASTCALL,
+     "Record the write in the running step's footprint, then set the field."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot base_slots[] = {
+    {Py_tp_doc, "Base of the C tracked twins: its attribute slots record footprints."},
+    {Py_tp_getattro, tracked_getattro},
+    {Py_tp_methods, base_methods},
+    {0, NULL},
+};
+
+static PyType_Spec base_spec = {
+    .name = "c_ext._track.TrackedBase",
+    .basicsize = sizeof(PyObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = base_slots,
+};
+
+static PyObject *
+configure(PyObject *Py_UNUSED(mod), PyObject *args)
+{
+    PyObject *sd, *reg, *mut, *un;
+
+    if (!PyArg_ParseTuple(args, "O!O!O!O:configure", &PyDict_Type, &sd, &PyDict_Type, &reg,
+                          &PyFrozenSet_Type, &mut, &un))
+        return NULL;
+    Py_INCREF(sd);
+    Py_XSETREF(sched_dict, sd);
+    Py_INCREF(reg);
+    Py_XSETREF(registry, reg);
+    Py_INCREF(mut);
+    Py_XSETREF(mutable_types, mut);
+    Py_INCREF(un);
+    Py_XSETREF(unset, un);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(sched_dict, registry, mutable_types, unset): where the recorder finds "
+     "the running step, each twin's (adds, own, hasdict), the watched types and the "
+     "marker of a field not set yet."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "c_ext._track",
+    "Partial-order reduction's field recorder (see track.c).", -1, methods,
+};
+
+static int
+intern(PyObject **p, const char *s)
+{
+    *p = PyUnicode_InternFromString(s);
+    return *p == NULL ? -1 : 0;
+}
+
+PyMODINIT_FUNC
+PyInit__track(void)
+{
+    PyObject *m, *base;
+
+    if (intern(&s_fp_step, "fp_step") || intern(&s_fp_watch, "fp_watch") ||
+        intern(&s_reads, "reads") || intern(&s_writes, "writes") ||
+        intern(&s_adds, "adds") || intern(&s_before, "before"))
+        return NULL;
+    dict_get = PyObject_GetAttrString((PyObject *)&PyDict_Type, "get");
+    if (dict_get == NULL)
+        return NULL;
+    obj_getattr = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type, "__getattribute__");
+    if (obj_getattr == NULL)
+        return NULL;
+    m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    base = PyType_FromSpec(&base_spec);
+    if (base == NULL || PyModule_AddObject(m, "TrackedBase", base) < 0) {
+        Py_XDECREF(base);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,247 @@
+"""The field recorder of partial-order reduction, in C (c_ext._track) and in Python
+(slab._py_tracked): the C one must record exactly what its Python twin records.
+
+A tracked twin's attribute reads and writes go into the running step's footprint
+(reads, writes, adds, the value before a step's first write, and a watch of each
+mutable container read).  These tests drive both twins through the same accesses and
+compare what they recorded, then compare whole searches made with each."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from kernel_model import slab
+from kernel_model.emu.explore import Recording, explore_dpor, run_once
+from kernel_model.sched import SCHED
+from kernel_model.slab import UseAfterFree
+from scenarios.races import RACES
+
+
+class Step:
+    """What the recorder writes into (the fields of explore.Step it uses)."""
+
+    def __init__(self) -> None:
+        self.reads: set = set()
+        self.writes: set = set()
+        self.adds: set = set()
+        self.before: dict = {}
+
+
+class WithDict:
+    POR_ADDS = ("token",)
+    POR_REPORTED = ("table",)
+
+    def __init__(self) -> None:
+        self.n = 1
+        self.items = [1, 2]
+        self.table = {"a": 1}
+        self.token = 0
+
+
+@attrs.define(slots=True)
+class WithSlots:
+    n: int = 1
+    items: list = attrs.Factory(list)
+
+
+class OwnSetattr:
+    """A class with its own __setattr__: the C recorder cannot stand in for it."""
+
+    def __init__(self) -> None:
+        self.n = 1
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value * 2 if name == "n" else value)
+
+
+@pytest.fixture
+def recording():
+    """SCHED.fp_step and fp_watch as a recording run sets them; each watch call logged."""
+    watched: list = []
+    st = Step()
+    SCHED.fp_step = st
+    SCHED.fp_watch = lambda box, key: watched.append((type(box).__name__, key[1]))
+    try:
+        yield st, watched
+    finally:
+        SCHED.fp_step = SCHED.fp_watch = None
+
+
+def _twin(cls: type, backend: str) -> type:
+    old = slab.set_track_backend(backend)
+    try:
+        return slab._tracked_class(cls)
+    finally:
+        slab.set_track_backend(old)
+
+
+def _make(cls: type, backend: str) -> object:
+    """An object of cls's twin, its fields set before the step records."""
+    st, SCHED.fp_step = SCHED.fp_step, None
+    try:
+        obj = object.__new__(_twin(cls, backend))
+        cls.__init__(obj)
+    finally:
+        SCHED.fp_step = st
+    return obj
+
+
+def _script(obj: object) -> list:
+    """The same accesses on either twin: what each returned or raised."""
+    out: list = [obj.n, obj.items]
+    obj.n = 5
+    obj.n = 6                               # a second write: no second `before`
+    out.append(obj.n)
+    try:
+        obj.missing                         # noqa: B018 - a read that raises
+    except AttributeError as e:
+        out.append(str(e))
+    try:
+        obj.fresh = 3                       # a field made in the step (a slots class
+    except AttributeError as e:             # has no room for it: the write still counts)
+        out.append(str(e))
+    if hasattr(type(obj), "POR_ADDS"):
+        obj.token = obj.token + 1
+        out.append(obj.table)
+    return out
+
+
+def _recorded(st: Step, obj: object) -> tuple:
+    """The footprint in names that do not depend on the object's id, and the `before`
+    entries as (what reading the field back gives now, the value kept)."""
+    def name(k: object) -> object:
+        return k[1] if type(k) is tuple and k[0] == id(obj) else k
+    def now(read: object, args: tuple) -> object:
+        try:
+            return read(*args)
+        except AttributeError:              # (_silent's "gone": a write)
+            return "gone"
+    before = {name(k): (now(r, a), was) for k, (r, a, was) in st.before.items()}
+    return ({name(k) for k in st.reads}, {name(k) for k in st.writes},
+            {name(k) for k in st.adds}, before)
+
+
+@pytest.mark.parametrize("cls", [WithDict, WithSlots])
+def test_the_c_recorder_records_what_the_python_one_does(cls, recording):
+    st, watched = recording
+    got = {}
+    for backend in ("python", "c"):
+        st.__init__()
+        watched.clear()
+        obj = _make(cls, backend)
+        result = _script(obj)
+        got[backend] = (result, _recorded(st, obj), list(watched))
+    assert got["c"] == got["python"]
+    result, (reads, writes, adds, before), watched = got["c"]
+    assert reads >= {"n", "missing"} and writes >= {"n", "fresh"}
+    assert before["n"] == (6, 1)                  # the value before the step's first write
+    assert before["fresh"][1] is slab._UNSET      # a field the step made
+    assert ("list", "items") in watched           # a container read is watched
+    if cls is WithDict:
+        assert adds == {"token"} and "token" not in writes
+        assert ("dict", "table") not in watched and "table" in reads   # POR_REPORTED
+
+
+def test_the_c_twin_is_c_and_a_class_with_its_own_setattr_keeps_the_python_one():
+    from c_ext import _track
+    assert issubclass(_twin(WithDict, "c"), _track.TrackedBase)
+    assert not issubclass(_twin(WithDict, "python"), _track.TrackedBase)
+    own = _twin(OwnSetattr, "c")
+    assert not issubclass(own, _track.TrackedBase)
+    obj = object.__new__(own)
+    OwnSetattr.__init__(obj)
+    assert obj.n == 2                             # its __setattr__ still runs
+
+
+def test_off_recording_a_c_twin_is_a_plain_object():
+    obj = _make(WithDict, "c")
+    obj.n = 7
+    assert obj.n == 7 and isinstance(obj, WithDict)
+    assert type(obj).__mro__[1] is WithDict
+    with pytest.raises(AttributeError):
+        obj.missing                               # noqa: B018
+    with pytest.raises(TypeError):
+        setattr(obj, 1, 2)                        # as object's: a name must be a str
+    del obj.n
+    assert not hasattr(obj, "n")
+
+
+def test_a_c_twin_takes_object_setattr_and_kfree_poisons_it(recording):
+    """The emulator writes past the recorder with object.__setattr__ (counter_add,
+    kfree): CPython refuses that on a type whose setattr slot is C code of its own,
+    which is why the C recorder's write is a method."""
+    from kernel_model.emu.machine import Machine
+    st, _ = recording
+    obj = _make(WithDict, "c")
+    object.__setattr__(obj, "n", 9)
+    assert obj.n == 9 and (id(obj), "n") not in st.writes
+    SCHED.fp_step = None
+    m = Machine(ram_size=16 << 20, name="toy")
+    with m.kernel():
+        slab.kmalloc_obj(obj)
+        slab.kfree(obj)
+    with pytest.raises(UseAfterFree):
+        obj.n                                     # noqa: B018
+    m.check_leaks()
+
+
+def test_a_subclass_of_a_c_twin_records_as_its_twin(recording):
+    st, _ = recording
+    sub = type("Sub", (_twin(WithDict, "c"),), {"__slots__": ()})
+    obj = object.__new__(sub)
+    WithDict.__init__(obj)
+    assert obj.token == 0
+    assert (id(obj), "token") in st.adds and (id(obj), "n") in st.writes
+
+
+def test_a_type_made_on_the_c_base_by_hand_is_refused_while_recording(recording):
+    from c_ext import _track
+    stray = type("Stray", (_track.TrackedBase,), {})
+    obj = stray()
+    with pytest.raises(TypeError, match="not made from a registered twin"):
+        obj.x = 1
+    object.__setattr__(obj, "x", 1)
+    with pytest.raises(TypeError, match="not made from a registered twin"):
+        obj.x                                     # noqa: B018
+
+
+@pytest.mark.parametrize("name,legacy", [("dereg-vs-invalidate", True),
+                                         ("invalidate-vs-teardown", False)])
+def test_a_search_is_the_same_with_either_recorder(name, legacy):
+    """Same schedules, same verdicts, in the same order: the recorders agree on every
+    footprint the search branched on."""
+    race = RACES[name]
+    got = {}
+    for backend in ("python", "c"):
+        old = slab.set_track_backend(backend)
+        try:
+            runs = list(explore_dpor(lambda: race.run(legacy), bound=1, max_schedules=25))
+        finally:
+            slab.set_track_backend(old)
+        got[backend] = [(r.schedule, r.failure and (r.failure.check, r.failure.detail))
+                        for r in runs]
+    assert got["c"] == got["python"]
+    assert any(f for _, f in got["c"]) is legacy
+
+
+def test_one_run_records_the_same_footprints_with_either_recorder():
+    race = RACES["dma-vs-invalidate"]
+    sizes = {}
+    for backend in ("python", "c"):
+        old = slab.set_track_backend(backend)
+        try:
+            rec = Recording([], footprints=True)
+            run = run_once(lambda: race.run(False), rec)
+        finally:
+            slab.set_track_backend(old)
+        assert run.failure is None
+        sizes[backend] = [(s.tid, s.point, len(s.reads), len(s.writes), len(s.adds))
+                          for s in rec.steps]
+    assert sizes["c"] == sizes["python"]
+    assert sum(r for *_, r, _w, _a in sizes["c"]) > 1000
+
+
+def test_set_track_backend_refuses_an_unknown_name():
+    with pytest.raises(ValueError, match="not 'c' or 'python'"):
+        slab.set_track_backend("rust")
