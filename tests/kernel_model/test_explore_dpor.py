@@ -787,3 +787,33 @@ def test_a_search_quiets_the_collector_and_gives_it_back():
     runs.close()
     assert seen == [(50_000, True)]
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_the_race_analysis_leaves_out_what_one_task_alone_touches():
+    """_shared: an object (a field's struct) that steps of two tasks touch stays in the
+    analysis, one that a single task touches - in however many steps - is left out."""
+    from kernel_model.emu.explore import _keep, _shared
+    steps = [Step(1, None, {(10, "a"), 20}, {(30, "x")}),
+             Step(2, 0, {(10, "b")}, set(), adds={40}),
+             Step(1, 1, {(30, "y")}, {50}),
+             Step(3, 2, set(), {(50, "f"), 40})]
+    assert _shared(steps) == {10, 40, 50}
+    assert sorted(_keep({(10, "a"), 20, (30, "x"), 40}, _shared(steps)), key=str) == \
+        [(10, "a"), 40]
+
+
+def test_a_keyed_table_update_records_each_key_and_a_new_key_once():
+    """KeyedDict.update records what __setitem__ of each key would: a write of each
+    key, and of #keys when one of them is new."""
+    from kernel_model.sched import KeyedDict
+    t = KeyedDict({1: "a"})
+    for new, keys_written in (({1: "b"}, False), ({1: "c", 2: "d"}, True)):
+        st = Step(0, None, set(), set())
+        SCHED.fp_step = st
+        try:
+            t.update(new)
+        finally:
+            SCHED.fp_step = None
+        assert {k for _, k in st.writes} == set(new) | ({"#keys"} if keys_written else set())
+        assert all(i == id(t) for i, _ in st.writes)
+    assert dict(t) == {1: "c", 2: "d"}
