@@ -806,6 +806,7 @@ def _races(points: list[Point],
     if not steps:
         return
     width = max(s.tid for s in steps) + 1
+    shared = _shared(steps)
     vcs: list[list[int]] = []
     local: list[int] = []                  # each step's position in its task's sequence
     last_of: dict[int, int] = {}           # task -> its latest step
@@ -843,12 +844,15 @@ def _races(points: list[Point],
                 _join(vc, vcs[e])
         deps: set[int] = set()
         deps_add = deps.add
+        # only what another task touches too can order two tasks' steps
+        reads, adds, writes = _keep(st.reads, shared), _keep(st.adds, shared), \
+            _keep(st.writes, shared)
         # each read comes after the object's last write and the adds since; each add
         # after the last write and the reads since (not other adds); each write after
         # all three - a whole struct's (kfree) after each field's too; a field after
         # a write of its whole struct.  (after(), inlined: this loop is the search's
         # own hottest)
-        for part, other_get in ((st.reads, adders_get), (st.adds, readers_get)):
+        for part, other_get in ((reads, adders_get), (adds, readers_get)):
             for o in part:
                 w = last_write_get(o)
                 if w is not None:
@@ -860,7 +864,7 @@ def _races(points: list[Point],
                     w = last_write_get(o[0])
                     if w is not None:
                         deps_add(w)
-        for o in st.writes:
+        for o in writes:
             if type(o) is tuple:
                 w = last_write_get(o[0])
                 if w is not None:
@@ -904,20 +908,45 @@ def _races(points: list[Point],
             woken_by[t] = k
         if st.ends:
             ended[tid] = k
-        for o in st.reads:
+        for o in reads:
             readers.setdefault(o, {})[tid] = k
             if type(o) is tuple:
                 fields.setdefault(o[0], set()).add(o)
-        for o in st.adds:
+        for o in adds:
             adders.setdefault(o, {})[tid] = k
             if type(o) is tuple:
                 fields.setdefault(o[0], set()).add(o)
-        for o in st.writes:
+        for o in writes:
             last_write[o] = k
             readers.pop(o, None)
             adders.pop(o, None)
             if type(o) is tuple:
                 fields.setdefault(o[0], set()).add(o)
+
+
+def _shared(steps: list[Step]) -> set[Hashable]:
+    """The objects (a field's: its struct's id) that steps of more than one task touch.
+    An object one task alone touches orders only that task's steps, which program
+    order orders already: _races leaves it out (most of a process's set-up, its own
+    structs, is such)."""
+    by_task: dict[int, set[Hashable]] = {}
+    for st in steps:
+        mine = by_task.get(st.tid)
+        if mine is None:
+            mine = by_task[st.tid] = set()
+        for part in (st.reads, st.writes, st.adds):
+            mine.update([o[0] if type(o) is tuple else o for o in part])
+    seen: set[Hashable] = set()
+    shared: set[Hashable] = set()
+    for mine in by_task.values():
+        shared |= seen & mine
+        seen |= mine
+    return shared
+
+
+def _keep(keys: set[Hashable], shared: set[Hashable]) -> list[Hashable]:
+    """The keys of `keys` whose object is in `shared` (see _shared)."""
+    return [o for o in keys if (o[0] if type(o) is tuple else o) in shared]
 
 
 def _join(vc: list[int], other: list[int]) -> None:
