@@ -272,6 +272,7 @@ _NOT_STRUCTS = ("kernel_model.emu.", "kernel_model.sched", "kernel_model.trace",
                 "kernel_model.xarray", "kernel_model.current")
 _struct_classes: list[type] = []
 _scanned = [0]                # len(sys.modules) when _struct_classes was made
+_installed = [-1]             # the _scanned whose classes track_structs has hooked
 
 
 def _is_struct(cls: type, modname: str) -> bool:
@@ -322,9 +323,13 @@ def track_structs() -> None:
     the __new__ stays: CPython cannot take a Python-level __new__ back off a class
     (the slot keeps calling through it), and off recording it costs one call per
     object made."""
-    for cls in _structs():
+    classes = _structs()
+    if _installed[0] == _scanned[0]:
+        return                  # every class of this scan has it (a scan per module load)
+    for cls in classes:
         if vars(cls).get("__new__") is not _tracked_new:
             cls.__new__ = _tracked_new            # type: ignore[method-assign]
+    _installed[0] = _scanned[0]
 
 
 def counter_add(obj: object, name: str, delta: int) -> None:
