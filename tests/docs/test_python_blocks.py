@@ -3,9 +3,9 @@ examples in the pytest plugin's docstring.
 
 A block runs in a fresh namespace, as a reader pastes it into a new session
 (machines numbered from 0, stdout captured).  A block that defines a pytest
-test (a top-level `def test_...`) runs instead as a test file of its own
-through the `pytester` fixture (in a subprocess), where the plugin's fixtures are what the
-page says they are; its tests must pass (an `xfail(strict=True)` one only
+test (a top-level `def test_...`) runs instead as a test file of its own, all
+such files in one pytest subprocess (test_blocks_run), where the plugin's fixtures
+are what the page says they are; its tests must pass (an `xfail(strict=True)` one only
 while it still fails).  `examples/cmb_peer` is on the path there, as after
 `pip install ./examples/cmb_peer`.
 
@@ -23,9 +23,13 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import pathlib
 import re
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
+from xml.etree import ElementTree
 
 import pytest
 
@@ -118,6 +122,44 @@ def test_the_plugin_docstring_examples_are_found():
     assert len(plugin_blocks()) == 2
 
 
+def _block_file(block: Block) -> str:
+    """The test file a block that defines tests runs as (by its place in BLOCKS)."""
+    return f"test_block_{BLOCKS.index(block)}.py"
+
+
+@pytest.fixture(scope="module")
+def test_blocks_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """Every block that defines tests, each a test file of its own, run by one pytest
+    in a subprocess (one interpreter start for them all; a subprocess: an in-process
+    run would drop the modules it imported from sys.modules afterwards, and the next
+    test would import second copies): the run's output, and per file its counts of
+    passed (an xfailed test counts: its strict xfail still fails) and failed (a failure,
+    an error - a collection error too - or a strict xfail that passed)."""
+    d = tmp_path_factory.mktemp("blocks")
+    for b in BLOCKS:
+        if b.skip is None and _defines_tests(b.code):
+            (d / _block_file(b)).write_text(b.code)
+    (d / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(CMB_PEER)!r})\n")
+    xml = d / "report.xml"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--junitxml={xml}", "-o", "junit_family=xunit1", str(d)],
+                       cwd=d, capture_output=True, text=True, timeout=600)
+    report: dict[str, dict[str, int]] = {}
+    if xml.exists():
+        for case in ElementTree.parse(xml).iter("testcase"):
+            where = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+            got = report.setdefault(pathlib.PurePath(where).name,
+                                    {"passed": 0, "failed": 0})
+            kinds = {child.tag for child in case}
+            if kinds & {"failure", "error"}:
+                got["failed"] += 1
+            elif "skipped" in kinds and case.find("skipped").get("type") != "pytest.xfail":
+                continue
+            else:
+                got["passed"] += 1
+    return r.stdout + r.stderr, report
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
 def test_python_block_runs(block: Block, request: pytest.FixtureRequest):
     if block.skip is not None:
@@ -134,16 +176,10 @@ def test_python_block_runs(block: Block, request: pytest.FixtureRequest):
 def run_block(block: Block, request: pytest.FixtureRequest) -> None:
     """Run one block as the module docstring says; fail the calling test if it fails."""
     if _defines_tests(block.code):
-        # only here: pytester drops the modules first imported while it is in use
-        pytester = request.getfixturevalue("pytester")
-        # a subprocess: an in-process run would drop the modules it imported from
-        # sys.modules afterwards, and the next test would import second copies
-        pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(CMB_PEER)!r})\n")
-        pytester.makepyfile(test_block=block.code)
-        result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-        outcomes = result.parseoutcomes()
-        assert result.ret == 0 and outcomes.get("passed", 0) + outcomes.get("xfailed", 0) >= 1, \
-            f"{block.where}:\n" + "\n".join(result.outlines[-30:])
+        output, report = request.getfixturevalue("test_blocks_run")
+        got = report.get(_block_file(block))
+        assert got is not None and not got["failed"] and got["passed"] >= 1, \
+            f"{block.where} ({_block_file(block)}): {got}\n" + "\n".join(output.splitlines()[-40:])
         return
     out = io.StringIO()
     with contextlib.redirect_stdout(out), fresh_process():
