@@ -20,12 +20,16 @@ import math
 import statistics
 import time
 
+import pytest
+
+from kernel_model import slab
 from kernel_model.emu.explore import Recording, explore, explore_dfs, explore_pct, run_once
 from kernel_model.emu.machine import Machine
 from kernel_model.sched import SCHED
 from scenarios.races import RACES
 
 FREE = RACES["free-callback-vs-put-pages"]
+ROUNDS = 10
 
 
 def _plain() -> None:
@@ -50,6 +54,52 @@ def test_dfs_schedules_per_second(benchmark):
     def forty() -> int:
         return sum(1 for _ in explore_dfs(lambda: FREE.run(False), bound=2, max_schedules=40))
     assert benchmark.pedantic(forty, rounds=3, iterations=1) == 40
+
+
+DMA = RACES["dma-vs-invalidate"]
+
+
+def _recorded_run(backend: str) -> Recording:
+    """One run of dma-vs-invalidate (fixed) recording footprints, as each of a DPOR
+    search's runs does, with the field recorder `backend`'s twins."""
+    old = slab.set_track_backend(backend)
+    try:
+        rec = Recording([], footprints=True)
+        run = run_once(lambda: DMA.run(False), rec)
+    finally:
+        slab.set_track_backend(old)
+    assert run.failure is None and run.points
+    return rec
+
+
+@pytest.mark.benchmark(group="recorded run: dma-vs-invalidate")
+@pytest.mark.parametrize("backend", ["c", "python"])
+def test_recorded_run(benchmark, backend):
+    """A realistic schedule (two processes each opening the device and making a PD,
+    CQ, MR and QP, then the race) with every field recorded: the C recorder against
+    its Python twin, and against the same run unrecorded (the baseline below)."""
+    rec = benchmark.pedantic(_recorded_run, args=(backend,), rounds=ROUNDS, iterations=1,
+                             warmup_rounds=1)
+    assert sum(len(s.reads) + len(s.writes) for s in rec.steps) > 1000
+
+
+@pytest.mark.benchmark(group="recorded run: dma-vs-invalidate")
+def test_recorded_run_unrecorded_baseline(benchmark):
+    """The yardstick: the same schedule with no footprints recorded."""
+    run = benchmark.pedantic(lambda: run_once(lambda: DMA.run(False), Recording([])),
+                             rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    assert run.failure is None and run.points
+
+
+@pytest.mark.benchmark(group="recorded run: dma-vs-invalidate")
+def test_dpor_schedules_of_dma_vs_invalidate(benchmark):
+    """Twenty schedules of dma-vs-invalidate's DPOR search (a round; its rate is
+    20 / the round's time): the recorded run, the race analysis and the search's
+    bookkeeping together."""
+    def twenty() -> int:
+        return explore(lambda: DMA.run(False), "dfs", bound=2, max_schedules=20).runs
+    assert benchmark.pedantic(twenty, rounds=3 if not benchmark.disabled else 1,
+                              iterations=1) == 20
 
 
 def _pct_hits(name: str, seeds: int = 100, budget: int = 1000) -> list[int]:
