@@ -32,6 +32,7 @@ import pytest
 import c_ext
 from c_ext import U64Array
 from kernel_model.emu.platform import Fabric, GpuConfig, rdma_host
+from tests.benchmarks.test_verbs_bench import VerbsHost
 from userspace.cuda.runtime import cudart
 from userspace.libibverbs import verbs as v
 from userspace.libibverbs.pyverbs import PD, Context, SendWR
@@ -73,25 +74,48 @@ class GpuReg:
 
 
 @pytest.mark.benchmark(group="register 1 GiB")
-@pytest.mark.parametrize("memory", ["gpu-nv_peer_mem", "host-gup"])
-def test_reg_mr_1gib(benchmark, memory):
-    r = GpuReg(memory.startswith("gpu"))
+def test_reg_mr_1gib_gpu(benchmark):
+    r = GpuReg(True)
     benchmark.pedantic(r.reg, setup=r.drop, rounds=5, iterations=1, warmup_rounds=1)
-    if memory.startswith("gpu"):
-        # one more registration, to read the nv-p2p latency it would add (4 RM calls:
-        # the probe's get and put, get_pages, dma_map_pages)
-        dev = r.m.modules["nvidia"].state.devices[0]
-        r.drop()
-        before = dev.p2p_latency_us
-        r.reg()
-        assert dev.p2p_latency_us - before == 4 * P2P_LATENCY_US
-        benchmark.extra_info["modelled_nv_p2p_latency_us"] = dev.p2p_latency_us - before
-        with r.m.kernel():
-            from drivers.ib_core.peer_mem import peer_clients
-            nv = next(c for c in peer_clients() if c.peer_mem.name == "nv_mem")
-        assert nv.stats["num_reg_pages"] - nv.stats["num_dereg_pages"] == GiB // GPU_PAGE
+    # one more registration, to read the nv-p2p latency it would add (4 RM calls:
+    # the probe's get and put, get_pages, dma_map_pages)
+    dev = r.m.modules["nvidia"].state.devices[0]
+    r.drop()
+    before = dev.p2p_latency_us
+    r.reg()
+    assert dev.p2p_latency_us - before == 4 * P2P_LATENCY_US
+    benchmark.extra_info["modelled_nv_p2p_latency_us"] = dev.p2p_latency_us - before
+    with r.m.kernel():
+        from drivers.ib_core.peer_mem import peer_clients
+        nv = next(c for c in peer_clients() if c.peer_mem.name == "nv_mem")
+    assert nv.stats["num_reg_pages"] - nv.stats["num_dereg_pages"] == GiB // GPU_PAGE
     r.drop()
     r.p.exit(0)
+
+
+@pytest.mark.benchmark(group="register 1 GiB")
+@pytest.mark.parametrize("gib", ["contiguous"], indirect=True)
+def test_reg_mr_1gib_host(benchmark, gib):
+    """The same registration of 1 GiB of host memory through gup (262,144 pages): the
+    session's faulted 1 GiB (tests/benchmarks/conftest.py), on its rdma_host."""
+    h = VerbsHost(gib)
+    mrs = []
+
+    def drop() -> None:
+        while mrs:
+            assert v.ibv_dereg_mr(mrs.pop()) == 0
+
+    def reg() -> None:
+        mrs.append(v.ibv_reg_mr(h.pd, gib.addr, GiB, ACCESS))
+    try:
+        benchmark.pedantic(reg, setup=drop, rounds=5, iterations=1, warmup_rounds=1)
+        assert mrs and mrs[0].length == GiB
+        vm = h.m.vmstat
+        assert vm["nr_foll_pin_acquired"] - vm["nr_foll_pin_released"] == GiB // 4096
+        drop()
+    finally:
+        drop()
+        h.teardown()
 
 
 @pytest.mark.benchmark(group="register + deregister 64 KiB")
