@@ -430,11 +430,19 @@ def mlx5_advise_mr(pd, advice: int, flags: int, sg_list: list) -> int:
 
 
 # -- CQ -----------------------------------------------------------------------------
+#: CQEs _init_cq_buf writes per store (1 MiB of 64-byte ones)
+_CQE_INIT_BATCH = 16384
+
+
 def _init_cq_buf(proc, buf: int, ncqe: int, cqe_sz: int) -> None:
-    """Mirrors mlx5_alloc_cq_buf's init: every CQE invalid, owned by hardware."""
+    """Mirrors mlx5_alloc_cq_buf's init: every CQE invalid, owned by hardware.
+    Written a batch of CQEs per store (libmlx5 writes them one by one), so a CQ
+    of 2^22 entries is not first built as one 256 MiB string."""
     op_own = bytes([MLX5_CQE_INVALID << 4 | MLX5_CQE_OWNER_MASK])
-    cqe = bytes(cqe_sz - 1) + op_own
-    proc.store(buf, cqe * ncqe)
+    batch = (bytes(cqe_sz - 1) + op_own) * min(ncqe, _CQE_INIT_BATCH)
+    for first in range(0, ncqe, _CQE_INIT_BATCH):
+        n = min(_CQE_INIT_BATCH, ncqe - first)
+        proc.store(buf + first * cqe_sz, batch if n == _CQE_INIT_BATCH else batch[:n * cqe_sz])
 
 
 MLX5_CQ_FLAGS_EXTENDED = 1 << 3
