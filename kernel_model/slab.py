@@ -22,10 +22,11 @@ The records live in `machine.slab` (made on first use, with its leak check).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from c_ext import _track
@@ -201,6 +202,16 @@ def set_track_backend(name: str) -> str:
         raise ValueError(f"set_track_backend: {name!r} is not 'c' or 'python'")
     old, TRACK_BACKEND, _tracked = TRACK_BACKEND, name, _twins[name]
     return old
+
+
+@contextlib.contextmanager
+def track_backend(name: str) -> Iterator[None]:
+    """Emulator-level: set_track_backend(name) for the block, the one before after it."""
+    old = set_track_backend(name)
+    try:
+        yield
+    finally:
+        set_track_backend(old)
 
 
 def _plain_access(cls: type) -> bool:

@@ -62,12 +62,9 @@ DMA = RACES["dma-vs-invalidate"]
 def _recorded_run(backend: str) -> Recording:
     """One run of dma-vs-invalidate (fixed) recording footprints, as each of a DPOR
     search's runs does, with the field recorder `backend`'s twins."""
-    old = slab.set_track_backend(backend)
-    try:
+    with slab.track_backend(backend):
         rec = Recording([], footprints=True)
         run = run_once(lambda: DMA.run(False), rec)
-    finally:
-        slab.set_track_backend(old)
     assert run.failure is None and run.points
     return rec
 

@@ -69,11 +69,8 @@ def recording():
 
 
 def _twin(cls: type, backend: str) -> type:
-    old = slab.set_track_backend(backend)
-    try:
+    with slab.track_backend(backend):
         return slab._tracked_class(cls)
-    finally:
-        slab.set_track_backend(old)
 
 
 def _make(cls: type, backend: str) -> object:
@@ -214,11 +211,8 @@ def test_a_search_is_the_same_with_either_recorder(name, legacy):
     race = RACES[name]
     got = {}
     for backend in ("python", "c"):
-        old = slab.set_track_backend(backend)
-        try:
+        with slab.track_backend(backend):
             runs = list(explore_dpor(lambda: race.run(legacy), bound=1, max_schedules=25))
-        finally:
-            slab.set_track_backend(old)
         got[backend] = [(r.schedule, r.failure and (r.failure.check, r.failure.detail))
                         for r in runs]
     assert got["c"] == got["python"]
@@ -229,12 +223,9 @@ def test_one_run_records_the_same_footprints_with_either_recorder():
     race = RACES["dma-vs-invalidate"]
     sizes = {}
     for backend in ("python", "c"):
-        old = slab.set_track_backend(backend)
-        try:
+        with slab.track_backend(backend):
             rec = Recording([], footprints=True)
             run = run_once(lambda: race.run(False), rec)
-        finally:
-            slab.set_track_backend(old)
         assert run.failure is None
         sizes[backend] = [(s.tid, s.point, len(s.reads), len(s.writes), len(s.adds))
                           for s in rec.steps]
@@ -242,6 +233,11 @@ def test_one_run_records_the_same_footprints_with_either_recorder():
     assert sum(r for *_, r, _w, _a in sizes["c"]) > 1000
 
 
-def test_set_track_backend_refuses_an_unknown_name():
+def test_set_track_backend_refuses_an_unknown_name_and_the_block_gives_it_back():
+    before = slab.TRACK_BACKEND
     with pytest.raises(ValueError, match="not 'c' or 'python'"):
         slab.set_track_backend("rust")
+    with pytest.raises(RuntimeError), slab.track_backend("python"):
+        assert slab.TRACK_BACKEND == "python"
+        raise RuntimeError("the block fails")
+    assert slab.TRACK_BACKEND == before
