@@ -30,10 +30,10 @@ from kernel_model.mm_types import (
 from kernel_model.page_alloc import (
     __GFP_ZERO,
     GFP_HIGHUSER_MOVABLE,
+    PAGE_FLAGS,
+    PAGE_MAPCOUNT,
     PG_anon,
     PG_dirty,
-    page,
-    put_page,
 )
 from kernel_model.pgtable import (
     _PAGE_DIRTY,
@@ -107,13 +107,14 @@ def handle_mm_fault(vma: vm_area_struct, address: int, flags: int) -> int:
 def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) -> int:
     """Mirrors do_anonymous_page(): a zeroed page, mapped with the VMA's prot."""
     mm = vma.vm_mm
+    zone = mm.machine.zone
     try:
-        pg = mm.machine.zone.alloc(GFP_HIGHUSER_MOVABLE | __GFP_ZERO, 0,
-                                   f"anon pid {mm.owner_pid}")
+        pg = zone.alloc(GFP_HIGHUSER_MOVABLE | __GFP_ZERO, 0, f"anon pid {mm.owner_pid}")
     except KernelError:
         return VM_FAULT_OOM
-    pg.flags |= PG_anon
-    pg._mapcount = 1
+    w = pg.pfn * 4              # the struct page's words: flags, page_mapcount
+    zone.pages[w + PAGE_FLAGS] |= PG_anon
+    zone.pages[w + PAGE_MAPCOUNT] = 1
     pte = (pg.pfn << mm.machine.page_shift) | vma.vm_page_prot
     if flags & FAULT_FLAG_WRITE:
         pte |= _PAGE_DIRTY  # a FOLL_FORCE write to a read-only VMA: dirty, not RW
@@ -135,28 +136,33 @@ def unmap_vmas(vma: vm_area_struct, start: int, end: int) -> None:
     ps = m.page_size
     span = ps << pt.bits  # bytes one PTE table covers
     zone = m.zone
+    words = zone.pages      # the struct pages' mem_map words: page_mapcount, flags
     special = vma.vm_flags & VM_PFNMAP
     addr = start
-    while addr < end:
-        slot = pt.pte_slot(addr, False)
-        if slot is None:
-            addr = (addr // span + 1) * span
-            continue
-        table_end = min(end, (addr // span + 1) * span)
-        while addr < table_end:
-            pte = ram_q[slot >> 3]
-            if pte & _PAGE_PRESENT:
-                ram_q[slot >> 3] = 0
-                pfn = pte_addr(pte) >> m.page_shift
-                if not (pte & _PAGE_SPECIAL or special) and pfn < m.nr_pages:
-                    pg = page(zone, pfn)
-                    pg._mapcount -= 1
-                    if pte & _PAGE_DIRTY:
-                        pg.flags |= PG_dirty  # set_page_dirty
-                    counter_add(mm, "rss", -1)
-                    put_page(pg)
-            slot += 8
-            addr += ps
+    rss = 0
+    try:
+        while addr < end:
+            slot = pt.pte_slot(addr, False)
+            if slot is None:
+                addr = (addr // span + 1) * span
+                continue
+            table_end = min(end, (addr // span + 1) * span)
+            while addr < table_end:
+                pte = ram_q[slot >> 3]
+                if pte & _PAGE_PRESENT:
+                    ram_q[slot >> 3] = 0
+                    pfn = pte_addr(pte) >> m.page_shift
+                    if not (pte & _PAGE_SPECIAL or special) and pfn < m.nr_pages:
+                        words[pfn * 4 + PAGE_MAPCOUNT] -= 1
+                        if pte & _PAGE_DIRTY:
+                            words[pfn * 4 + PAGE_FLAGS] |= PG_dirty  # set_page_dirty
+                        rss -= 1
+                        zone.put_pfn(pfn)
+                slot += 8
+                addr += ps
+    finally:
+        if rss:         # one add for the zap (as the kernel batches its rss counters)
+            counter_add(mm, "rss", rss)
 
 
 @traced

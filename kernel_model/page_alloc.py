@@ -43,7 +43,8 @@ PG_dirty = 1 << 2
 PG_pgtable = 1 << 3
 PG_anon = 1 << 4
 
-_FLAGS, _REF, _PIN, _MAP = 0, 1, 2, 3
+#: a struct page's words in the mem_map (int32 each; pm.h's PAGE_STRUCT_WORDS)
+PAGE_FLAGS, PAGE_REFCOUNT, PAGE_PINCOUNT, PAGE_MAPCOUNT = 0, 1, 2, 3
 
 
 def _field(i: int) -> property:
@@ -62,11 +63,11 @@ class page:
         self.zone = zone
         self.pfn = pfn
 
-    flags = _field(_FLAGS)
-    _refcount = _field(_REF)
-    _pincount = _field(_PIN)
+    flags = _field(PAGE_FLAGS)
+    _refcount = _field(PAGE_REFCOUNT)
+    _pincount = _field(PAGE_PINCOUNT)
     # EMU: the kernel's _mapcount starts at -1; ours counts mappings from 0.
-    _mapcount = _field(_MAP)
+    _mapcount = _field(PAGE_MAPCOUNT)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, page) and other.zone is self.zone and other.pfn == self.pfn
@@ -118,12 +119,12 @@ class zone:
 
     def _add_free(self, pfn: int, order: int) -> None:
         self.free_area[order][pfn] = None
-        self.pages[pfn * 4 + _FLAGS] |= PG_buddy
+        self.pages[pfn * 4 + PAGE_FLAGS] |= PG_buddy
         self.nr_free += 1 << order
 
     def _del_free(self, pfn: int, order: int) -> None:
         del self.free_area[order][pfn]
-        self.pages[pfn * 4 + _FLAGS] &= ~PG_buddy
+        self.pages[pfn * 4 + PAGE_FLAGS] &= ~PG_buddy
         self.nr_free -= 1 << order
 
     # -- __rmqueue_smallest + expand
@@ -133,7 +134,7 @@ class zone:
             area = free_area[current_order]
             if area:
                 pfn, _ = area.popitem()
-                self.pages[pfn * 4 + _FLAGS] &= ~PG_buddy
+                self.pages[pfn * 4 + PAGE_FLAGS] &= ~PG_buddy
                 self.nr_free -= 1 << current_order
                 while current_order > order:  # expand(): keep the low half
                     current_order -= 1
@@ -149,8 +150,8 @@ class zone:
         if pfn is None:
             raise KernelError(ENOMEM, f"__alloc_pages: out of memory for order {order}")
         pages = self.pages
-        pages[pfn * 4 + _REF] = 1
-        pages[pfn * 4 + _FLAGS] &= ~(PG_dirty | PG_anon | PG_pgtable)
+        pages[pfn * 4 + PAGE_REFCOUNT] = 1
+        pages[pfn * 4 + PAGE_FLAGS] &= ~(PG_dirty | PG_anon | PG_pgtable)
         if gfp & _GFP_ZERO:
             self._fill(pfn, order, self._zero)
         self.allocated[pfn] = (order, owner, _caller())
@@ -175,11 +176,11 @@ class zone:
                                     f"{rec[0]} freed at order {order}")
         p = pfn * 4
         pages = self.pages
-        if pages[p + _PIN] or pages[p + _MAP]:
+        if pages[p + PAGE_PINCOUNT] or pages[p + PAGE_MAPCOUNT]:
             self.machine.report_bug("free_pages_check", f"Bad page state pfn {pfn:#x}: "
-                                    f"pincount {pages[p + _PIN]} mapcount "
-                                    f"{pages[p + _MAP]}")
-        pages[p + _REF] = 0
+                                    f"pincount {pages[p + PAGE_PINCOUNT]} mapcount "
+                                    f"{pages[p + PAGE_MAPCOUNT]}")
+        pages[p + PAGE_REFCOUNT] = 0
         self._fill(pfn, order, self._poison)
         free_area = self.free_area
         while order < MAX_ORDER:
@@ -190,6 +191,18 @@ class zone:
             pfn = min(pfn, buddy)
             order += 1
         self._add_free(pfn, order)
+
+    def put_pfn(self, pfn: int, order: int = 0) -> None:
+        """put_page() of the page at pfn, on its mem_map word (a zap drops thousands:
+        no page view made for each)."""
+        pages = self.pages
+        ref = pages[pfn * 4 + PAGE_REFCOUNT]
+        if ref <= 0:
+            self.machine.report_bug("put_page", f"refcount underflow on pfn {pfn:#x}")
+            return
+        pages[pfn * 4 + PAGE_REFCOUNT] = ref - 1
+        if ref == 1:
+            self.free(pfn, order)
 
     def owner_of(self, pfn: int) -> tuple[int, str, str] | None:
         """(head pfn, owner, where) of the allocated block containing pfn."""
@@ -248,13 +261,7 @@ def get_page(pg: page) -> None:
 
 def put_page(pg: page, order: int = 0) -> None:
     """Mirrors put_page(): drop a reference and free the page when it reaches 0."""
-    ref = pg._refcount
-    if ref <= 0:
-        pg.zone.machine.report_bug("put_page", f"refcount underflow on pfn {pg.pfn:#x}")
-        return
-    pg._refcount = ref - 1
-    if ref == 1:
-        pg.zone.free(pg.pfn, order)
+    pg.zone.put_pfn(pg.pfn, order)
 
 
 def page_ref_count(pg: page) -> int:
