@@ -5,11 +5,11 @@
  * are "tracked twins" (kernel_model/slab.py, _tracked_class): every attribute read
  * and write goes into the running step's footprint as (id(obj), field).  That is
  * one hook per attribute access - tens of thousands per schedule - so it is the
- * explorer's largest cost when written in Python.  Here it is a type's
- * tp_getattro slot and its __setattr__ method: a twin made with TrackedBase among its bases gets
- * the read slot directly and the write as a C method (no Python frame per access).
+ * explorer's largest cost when written in Python.  Here a twin made with TrackedBase
+ * among its bases reads through its C tp_getattro slot and writes through its C
+ * __setattr__ method (no Python frame per access).
  *
- * The Python twin in slab.py (tracked_get/tracked_set) is the reference: this
+ * The Python recorder in slab.py (_py_tracked) is the reference: this
  * file does exactly what it does, and tests/kernel_model/test_track_twins.py
  * compares the two.  Only classes whose attribute access is object's own
  * (no __getattribute__, __getattr__, __setattr__ or __delattr__ of their own)
@@ -100,11 +100,42 @@ config_of(PyTypeObject *tp)
     return NULL;
 }
 
+/* A field the class lists in POR_ADDS: step.adds.add(key).  1 if it is one, 0 if not,
+ * -1 on error. */
+static int
+record_add(PyObject *st, PyObject *cfg, PyObject *name, PyObject *key)
+{
+    int r = member(PyTuple_GET_ITEM(cfg, 0), name);
+
+    if (r > 0)
+        r = add_key(st, s_adds, key) < 0 ? -1 : 1;
+    return r;
+}
+
+/* A container read: SCHED.fp_watch(v, key) follows it from now on.  1, or -1 on
+ * error. */
+static int
+watch_read(PyObject *v, PyObject *key)
+{
+    PyObject *watch = PyDict_GetItemWithError(sched_dict, s_fp_watch), *res;
+
+    if (watch == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "_track: no fp_watch");
+        return -1;
+    }
+    res = PyObject_CallFunctionObjArgs(watch, v, key, NULL);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 1;
+}
+
 static PyObject *
 tracked_getattro(PyObject *self, PyObject *name)
 {
     PyObject *v = PyObject_GenericGetAttr(self, name);
-    PyObject *st, *cfg, *key, *watch;
+    PyObject *st, *cfg, *key;
     int r;
 
     st = running_step();
@@ -138,48 +169,26 @@ tracked_getattro(PyObject *self, PyObject *name)
     if (key == NULL)
         goto fail;
     cfg = config_of(Py_TYPE(self));
-    if (cfg == NULL)
-        goto fail_key;
-    r = member(PyTuple_GET_ITEM(cfg, 0), name);
-    if (r < 0)
-        goto fail_key;
-    if (r) {
-        r = add_key(st, s_adds, key);
-    } else {
+    r = cfg == NULL ? -1 : record_add(st, cfg, name, key);
+    if (r == 0) {                  /* not an add: a watched read, or a plain one */
         r = PySet_Contains(mutable_types, (PyObject *)Py_TYPE(v));
         if (r > 0) {
-            r = member(PyTuple_GET_ITEM(cfg, 1), name);
-            if (r == 0) {
-                watch = PyDict_GetItemWithError(sched_dict, s_fp_watch);
-                if (watch == NULL) {
-                    if (!PyErr_Occurred())
-                        PyErr_SetString(PyExc_RuntimeError, "_track: no fp_watch");
-                    goto fail_key;
-                }
-                PyObject *res = PyObject_CallFunctionObjArgs(watch, v, key, NULL);
-                if (res == NULL)
-                    goto fail_key;
-                Py_DECREF(res);
-                goto done;
-            }
-            if (r < 0)
-                goto fail_key;
+            r = member(PyTuple_GET_ITEM(cfg, 1), name);     /* POR_REPORTED? */
+            r = r == 0 ? watch_read(v, key) : r > 0 ? 0 : -1;
         }
-        if (r < 0)
-            goto fail_key;
-        r = add_key(st, s_reads, key);
+        if (r == 0)
+            r = add_key(st, s_reads, key);
     }
-    if (r < 0)
-        goto fail_key;
-done:
     Py_DECREF(key);
     Py_DECREF(st);
+    if (r < 0) {
+        Py_DECREF(v);
+        return NULL;
+    }
     return v;
-fail_key:
-    Py_DECREF(key);
 fail:
     Py_DECREF(st);
-    Py_XDECREF(v);
+    Py_DECREF(v);
     return NULL;
 }
 
@@ -268,13 +277,10 @@ tracked_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     key = make_key(self, name);
     if (key == NULL)
         goto fail;
-    r = member(PyTuple_GET_ITEM(cfg, 0), name);
+    r = record_add(st, cfg, name, key);
     if (r < 0)
         goto fail_key;
-    if (r) {
-        if (add_key(st, s_adds, key) < 0)
-            goto fail_key;
-    } else {
+    if (r == 0) {
         writes = PyObject_GetAttr(st, s_writes);
         if (writes == NULL)
             goto fail_key;

@@ -107,14 +107,13 @@ def handle_mm_fault(vma: vm_area_struct, address: int, flags: int) -> int:
 def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) -> int:
     """Mirrors do_anonymous_page(): a zeroed page, mapped with the VMA's prot."""
     mm = vma.vm_mm
-    zone = mm.machine.zone
     try:
-        pg = zone.alloc(GFP_HIGHUSER_MOVABLE | __GFP_ZERO, 0, f"anon pid {mm.owner_pid}")
+        pg = mm.machine.zone.alloc(GFP_HIGHUSER_MOVABLE | __GFP_ZERO, 0,
+                                   f"anon pid {mm.owner_pid}")
     except KernelError:
         return VM_FAULT_OOM
-    w = pg.pfn * 4              # the struct page's words: flags, page_mapcount
-    zone.pages[w + PAGE_FLAGS] |= PG_anon
-    zone.pages[w + PAGE_MAPCOUNT] = 1
+    pg.flags |= PG_anon
+    pg._mapcount = 1
     pte = (pg.pfn << mm.machine.page_shift) | vma.vm_page_prot
     if flags & FAULT_FLAG_WRITE:
         pte |= _PAGE_DIRTY  # a FOLL_FORCE write to a read-only VMA: dirty, not RW
