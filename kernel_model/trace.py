@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -56,7 +58,9 @@ MAX_ARGS_TEXT = 120
 #: tracepoints test this before building their fields (the static key)
 enabled = False
 
-_REGISTRY: list[_Traced] = []
+#: every registered function still alive, by fid (see _Traced)
+_REGISTRY: dict[int, _Traced] = {}
+_next_fid = itertools.count()
 _active: Tracer | None = None
 
 _MODULE_LAYERS = (("kernel_model.syscalls", "syscall"), ("kernel_model.hw", "hw"),
@@ -75,46 +79,66 @@ def layer_of_module(module: str) -> str:
 
 
 class _Traced:
-    """One registered function: its original code and its trampolines."""
+    """One registered function: its original code and its trampolines.
+
+    The registry holds the function weakly, as the kernel's list of traceable
+    functions loses a module's entries when it is unloaded: a driver or peer
+    client defines some traced functions per module instance (closures over
+    its parameters), one set per machine that loads it, and a search builds
+    thousands of machines.  Held strongly, each set kept its machine alive for
+    the rest of the process, and every Tracer.start() patched them all.  So
+    nothing reachable from here may lead back to the function: its copy (which
+    holds its closure, and a closure can hold its sibling functions) lives on
+    the function itself, and its __kwdefaults__ are saved by the Tracer that
+    patches it.
+    """
 
     def __init__(self, fn: types.FunctionType, layer: str, name: str):
-        self.fn = fn
+        self.fid = next(_next_fid)
+        # when fn is collected it leaves the registry (and a Tracer that patched
+        # it keeps it alive until that Tracer lets go)
+        self.ref = weakref.ref(fn, lambda _, fid=self.fid: _REGISTRY.pop(fid, None))
         self.layer = layer
         self.name = name
         self.code = fn.__code__
-        self.kwdefaults = fn.__kwdefaults__
-        self.fid = len(_REGISTRY)
-        # the signature and the trampolines are made when first needed: every module
-        # registers its functions at import, and most processes never trace
+        # the trampolines are made when first needed: every module registers its
+        # functions at import, and most processes never trace
         self._tramps: dict[str, types.CodeType] = {}
-        self._copy: types.FunctionType | None = None
+
+    @property
+    def fn(self) -> types.FunctionType | None:
+        """The function, or None once it has been collected."""
+        return self.ref()
 
     @functools.cached_property
     def params(self) -> list[str]:
         """The positional parameters' names, as the trace prints the arguments."""
-        sig = inspect.signature(self.fn)  # follows __wrapped__ through functools.wraps
+        fn = self.fn
+        if fn is None:   # not reached: a Tracer holds what it patched until it builds
+            return list(self.code.co_varnames[:self.code.co_argcount])
+        sig = inspect.signature(fn)  # follows __wrapped__ through functools.wraps
         return [p.name for p in sig.parameters.values()
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
-    def tramp(self, clock: str) -> types.CodeType:
+    def tramp(self, fn: types.FunctionType, clock: str) -> types.CodeType:
         """The trampoline's code for `clock` ("virtual" or "wall"), made once."""
         code = self._tramps.get(clock)
         if code is None:
-            code = self._tramps[clock] = _trampoline(self.copy(), self.fid, clock)
+            code = self._tramps[clock] = _trampoline(fn, self.fid, clock)
         return code
 
-    def copy(self) -> types.FunctionType:
+    def copy(self, fn: types.FunctionType, kwdefaults: dict | None) -> types.FunctionType:
         """The original function as a separate object, for the trampoline to call:
-        made once and kept, so every tracing session calls the same function and the
-        interpreter's specialised call sites for it stay valid from one session to
-        the next.  Its defaults never apply: the trampoline has fn's signature, fills
-        them from fn's own (as they are at the call) and passes every argument."""
-        f = self._copy
+        made once and kept (on fn, see the class docstring), so every tracing
+        session calls the same function and the interpreter's specialised call
+        sites for it stay valid from one session to the next.  Its defaults never
+        apply: the trampoline has fn's signature, fills them from fn's own (as they
+        are at the call) and passes every argument."""
+        f = fn.__dict__.get("_pm_copy")
         if f is None:
-            f = self._copy = types.FunctionType(self.code, self.fn.__globals__,
-                                                self.fn.__name__, self.fn.__defaults__,
-                                                self.fn.__closure__)
-            f.__kwdefaults__ = self.kwdefaults
+            f = fn.__dict__["_pm_copy"] = types.FunctionType(
+                self.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+            f.__kwdefaults__ = kwdefaults
         return f
 
 
@@ -194,7 +218,7 @@ def traced(fn: Callable | None = None, *, layer: str | None = None,
         if not isinstance(f, types.FunctionType) or f.__code__.co_flags & 0x2A0:
             raise TypeError(f"traced: {f!r} is not a plain function")
         r = _Traced(f, lay, name or f.__name__)
-        _REGISTRY.append(r)
+        _REGISTRY[r.fid] = r
         if _active is not None:  # a module loaded (imported) while tracing: as ftrace
             _active._patch_function(r)  # patches a module's call sites at load
         return f
@@ -204,7 +228,7 @@ def traced(fn: Callable | None = None, *, layer: str | None = None,
 
 def registered() -> list[tuple[str, str]]:
     """(name, layer) of every traceable function (available_filter_functions)."""
-    return [(r.name, r.layer) for r in _REGISTRY]
+    return [(r.name, r.layer) for r in list(_REGISTRY.values())]
 
 
 class _Tracepoint:
@@ -281,7 +305,13 @@ class Tracer:
             raise ValueError(f"Tracer: unknown layer in {sorted(self.layers)}; "
                              f"layers are {', '.join(LAYERS)}")
         self._events: list[tuple] = []
-        self._patched: list[_Traced] = []
+        # what start() patched: (entry, the function, its own __kwdefaults__), held
+        # until stop() restores them
+        self._patched: list[tuple[_Traced, types.FunctionType, dict | None]] = []
+        # every entry patched in this session, by fid, for building the Trace (an
+        # entry outlives its function; its params were read while it was patched)
+        self._fns: dict[int, _Traced] = {}
+        self._held: list[types.FunctionType] = []
         self._trace: Trace | None = None
         self._stopped = False
         self._t0 = 0
@@ -292,7 +322,8 @@ class Tracer:
         if not self._stopped:
             raise RuntimeError("Tracer: stop() it before reading the trace")
         if self._trace is None:
-            self._trace = _build(self._events, self.clock, self._t0)
+            self._trace = _build(self._events, self.clock, self._t0, self._fns)
+            self._held = []
         return self._trace
 
     # -- start / stop --------------------------------------------------------------
@@ -313,21 +344,24 @@ class Tracer:
         return self
 
     def _patch(self) -> None:
-        for r in _REGISTRY:
+        for r in list(_REGISTRY.values()):  # a collected function leaves it as we go
             self._patch_function(r)
         for tp in _TRACEPOINTS:
             self._patch_tracepoint(tp)
 
     def _patch_function(self, r: _Traced) -> None:
         """Swap one registered function's code for its trampoline."""
-        if self.layers is not None and r.layer not in self.layers:
+        fn = r.fn
+        if fn is None or (self.layers is not None and r.layer not in self.layers):
             return
-        ctx = (r.copy(), self._events.append, _cur, SCHED)
+        kwdefaults = fn.__kwdefaults__
+        ctx = (r.copy(fn, kwdefaults), self._events.append, _cur, SCHED)
         if self.clock == "wall":
             ctx += (time.perf_counter_ns,)
-        r.fn.__code__ = r.tramp(self.clock)
-        r.fn.__kwdefaults__ = {**(r.kwdefaults or {}), "_pm": ctx}
-        self._patched.append(r)
+        fn.__code__ = r.tramp(fn, self.clock)
+        fn.__kwdefaults__ = {**(kwdefaults or {}), "_pm": ctx}
+        self._patched.append((r, fn, kwdefaults))
+        self._fns[r.fid] = r
 
     def _patch_tracepoint(self, tp: types.FunctionType) -> None:
         if self.layers is None or tp.tp.layer in self.layers:
@@ -346,9 +380,11 @@ class Tracer:
         self._stopped = True
 
     def _unpatch(self) -> None:
-        for r in self._patched:
-            r.fn.__code__ = r.code
-            r.fn.__kwdefaults__ = r.kwdefaults
+        for r, fn, kwdefaults in self._patched:
+            fn.__code__ = r.code
+            fn.__kwdefaults__ = kwdefaults
+        # the functions stay alive until the Trace is built: it reads their signatures
+        self._held = [fn for _, fn, _ in self._patched]
         self._patched.clear()
         for tp in _TRACEPOINTS:
             tp.__code__ = tp.codes["virtual"]
@@ -398,7 +434,7 @@ class _Builder:
         return self.vclock
 
 
-def _build(events: list[tuple], clock: str, t0: int) -> Trace:
+def _build(events: list[tuple], clock: str, t0: int, fns: dict[int, _Traced]) -> Trace:
     """The Trace from the recorded tuples.  Their layouts ([t]: the wall clock's
     perf_counter_ns, only in wall mode):
         entry       (fid, task, kwargs or None, [t,] *args)
@@ -436,7 +472,7 @@ def _build(events: list[tuple], clock: str, t0: int) -> Trace:
             (parent.children if parent else b.trace.roots[tr]).append(p)
             tl.append((POINT, p))
         elif code >= 0:
-            r = _REGISTRY[code]
+            r = fns[code]
             parent = stack[-1][0] if stack else None
             c = Call(r.name, r.layer, tr, b.ts(raw), args=_args_text(r, ev[first:], payload),
                      depth=len(stack), parent=parent)

@@ -119,3 +119,47 @@ def test_a_session_after_the_defaults_changed_calls_the_function_as_it_is_now():
     assert [c.ret for tr in (t, t2, t3) for c in tr.trace.calls()] == ["12", "12", "14"]
     p.exit(0)
     m.check_leaks()
+
+
+def _module_instance(base):
+    """What a driver's module instance does at load: define traced closures over its
+    parameters, two siblings that reach each other through their cells."""
+    @traced(layer="driver")
+    def inst_probe(v):
+        return inst_remove(v) + base
+
+    @traced(layer="driver")
+    def inst_remove(v):
+        return v if v < 0 else -v
+    return inst_probe
+
+
+def test_a_collected_traced_closure_leaves_the_registry_and_its_trace_still_builds():
+    """The registry holds functions weakly (as unloading a module drops its entries):
+    a module instance's traced closures go once nothing else holds them, even after a
+    Tracer patched them and kept their copies.  A Tracer that patched one holds it
+    until its Trace is built, so the arguments still have their parameter names."""
+    import gc
+    import weakref
+
+    m = Machine()
+    p = m.spawn("rec")
+    before = set(trace._REGISTRY)
+    probe = _module_instance(1000)
+    mine = set(trace._REGISTRY) - before
+    assert [trace._REGISTRY[f].name for f in sorted(mine)] == ["inst_probe", "inst_remove"]
+    with Tracer() as t, p.kernel():
+        assert probe(5) == 995
+    gone = weakref.ref(probe)
+    del probe
+    gc.collect()
+    assert gone() is not None                          # held by t until its trace is built
+    assert [(c.func, c.args, c.ret) for c in t.trace.calls()] == [
+        ("inst_probe", "v=5", "995"), ("inst_remove", "v=5", "-5")]
+    gc.collect()
+    assert gone() is None and not mine & set(trace._REGISTRY)
+    with Tracer() as t2, p.kernel():                  # the next session patches what is left
+        assert rec_closure(1) == 101
+    assert [c.func for c in t2.trace.calls()] == ["rec_closure"]
+    p.exit(0)
+    m.check_leaks()
