@@ -46,6 +46,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from c_ext import _tracebuf, default_backend_name
 from kernel_model import current as _cur
 from kernel_model.errno import KernelError
 from kernel_model.sched import SCHED, Task
@@ -79,7 +80,7 @@ def layer_of_module(module: str) -> str:
 
 
 class _Traced:
-    """One registered function: its original code and its trampolines.
+    """One registered function: its original code and its trampoline.
 
     The registry holds the function weakly, as the kernel's list of traceable
     functions loses a module's entries when it is unloaded: a driver or peer
@@ -87,10 +88,11 @@ class _Traced:
     its parameters), one set per machine that loads it, and a search builds
     thousands of machines.  Held strongly, each set kept its machine alive for
     the rest of the process, and every Tracer.start() patched them all.  So
-    nothing reachable from here may lead back to the function: its copy (which
-    holds its closure, and a closure can hold its sibling functions) lives on
-    the function itself, and its __kwdefaults__ are saved by the Tracer that
-    patches it.
+    nothing reachable from here may lead back to the function: its trampoline
+    (whose copy of it holds its closure, and a closure can hold its sibling
+    functions) lives on the function itself, and its __kwdefaults__ are saved by the Tracer that
+    patches it.  (The trampoline is made when first needed: every module
+    registers its functions at import, and most processes never trace.)
     """
 
     def __init__(self, fn: types.FunctionType, layer: str, name: str):
@@ -101,9 +103,6 @@ class _Traced:
         self.layer = layer
         self.name = name
         self.code = fn.__code__
-        # the trampolines are made when first needed: every module registers its
-        # functions at import, and most processes never trace
-        self._tramps: dict[str, types.CodeType] = {}
 
     @property
     def fn(self) -> types.FunctionType | None:
@@ -120,57 +119,40 @@ class _Traced:
         return [p.name for p in sig.parameters.values()
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
-    def tramp(self, fn: types.FunctionType, clock: str) -> types.CodeType:
-        """The trampoline's code for `clock` ("virtual" or "wall"), made once."""
-        code = self._tramps.get(clock)
+    def tramp(self, fn: types.FunctionType, kwdefaults: dict | None) -> types.CodeType:
+        """The trampoline's code, made once and kept on fn with the copy of the
+        original it calls: made once, so every tracing session calls the same
+        function and the interpreter's specialised call sites for it stay valid
+        from one session to the next; on fn, because the copy holds fn's closure
+        (see the class docstring).  The copy's defaults never apply: the
+        trampoline has fn's signature, fills them from fn's own (as they are at
+        the call) and passes every argument."""
+        code = fn.__dict__.get("_pm_tramp")
         if code is None:
-            code = self._tramps[clock] = _trampoline(fn, self.fid, clock)
+            copy = types.FunctionType(self.code, fn.__globals__, fn.__name__, fn.__defaults__,
+                                      fn.__closure__)
+            copy.__kwdefaults__ = kwdefaults
+            code = fn.__dict__["_pm_tramp"] = _trampoline(fn, self.fid, copy)
         return code
 
-    def copy(self, fn: types.FunctionType, kwdefaults: dict | None) -> types.FunctionType:
-        """The original function as a separate object, for the trampoline to call:
-        made once and kept (on fn, see the class docstring), so every tracing
-        session calls the same function and the interpreter's specialised call
-        sites for it stay valid from one session to the next.  Its defaults never
-        apply: the trampoline has fn's signature, fills them from fn's own (as they
-        are at the call) and passes every argument."""
-        f = fn.__dict__.get("_pm_copy")
-        if f is None:
-            f = fn.__dict__["_pm_copy"] = types.FunctionType(
-                self.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-            f.__kwdefaults__ = kwdefaults
-        return f
+
+_ORIG = "_pm: the original"   # the constant a trampoline's code holds its copy of fn in
+
+_TRAMP = "        return _pm({orig!r}, {fid}, {xfid}, {kw}, {args})"
 
 
-_PM_UNPACK = {"virtual": "_pm_o, _pm_a, _pm_c, _pm_s = _pm",
-              "wall": "_pm_o, _pm_a, _pm_c, _pm_s, _pm_t = _pm"}
+def _trampoline(fn: types.FunctionType, fid: int, copy: types.FunctionType) -> types.CodeType:
+    """Code with fn's own signature that hands the call to the recorder:
+    `return rec.call(copy, fid, ~fid, kwargs or None, *args)`, which records the entry
+    (the running task, the arguments flattened into it: see _build), calls the
+    copy of the original, and records the exit (its return value or exception).
+    One extra Python call and one call into the recorder (c_ext._tracebuf.Recorder,
+    or its twin PyRecorder).
 
-_TRAMP = """
-        {unpack}
-        _pm_k = _pm_c._current or _pm_s.current
-        _pm_a(({fid}, _pm_k, {kw}{ts}, {args}))
-        try:
-            _pm_r = _pm_o({call})
-        except BaseException as _pm_e:
-            _pm_a(({xfid}, _pm_k, _pm_e{ts}))
-            raise
-        _pm_a(({xfid}, _pm_k, _pm_r{ts}))
-        return _pm_r"""
-
-
-def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
-    """Code with fn's own signature that records entry and exit around a call
-    of the original - the recorder inlined, so a traced call costs one extra
-    Python call and two small tuples (entry and exit; the arguments are
-    flattened into the entry's, see _build).
-
-    The function's index `fid` is a literal in the code (exits record ~fid);
-    the rest arrives as one keyword-only default `_pm`, set in __kwdefaults__
-    when tracing starts and unpacked on entry (CPython fills each keyword-only
-    default by a dict lookup per call: one costs less than five): _pm_o the
-    original, _pm_a the event list's append, _pm_c and _pm_s the `current`
-    module and the scheduler, _pm_t the wall clock (wall mode only).  fn's
-    positional defaults still apply (__defaults__ is untouched).  It has as
+    The function's index `fid` (and ~fid, which its exit records) are literals
+    in the code and the copy a constant of it; the recorder's call() arrives as
+    the keyword-only default `_pm`, set in __kwdefaults__ when tracing starts.
+    fn's positional defaults still apply (__defaults__ is untouched).  It has as
     many free variables as fn's closure, because CPython only lets __code__ be
     replaced by code with the same number; they are referenced on a path that
     never runs.
@@ -187,8 +169,6 @@ def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
         params.insert(co.co_posonlyargcount, "/")
     params.append(f"*{varargs}" if varargs else "*")
     params += kwonly + ["_pm=None"] + ([f"**{varkw}"] if varkw else [])
-    call = pos + ([f"*{varargs}"] if varargs else []) + [f"{k}={k}" for k in kwonly] + (
-        [f"**{varkw}"] if varkw else [])
     args = "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "")
     kws = [f"{k!r}: {k}" for k in kwonly] + ([f"**{varkw}"] if varkw else [])
     kw = "{" + ", ".join(kws) + "}" if kws else "None"
@@ -197,13 +177,13 @@ def _trampoline(fn: types.FunctionType, fid: int, clock: str) -> types.CodeType:
     src.append(f"    def _tramp({', '.join(params)}):")
     if cells:
         src.append(f"        if _pm is None: ({', '.join(cells)},)")
-    src += [_TRAMP.format(unpack=_PM_UNPACK[clock], args=args, kw=kw, call=", ".join(call),
-                          fid=fid, xfid=~fid,
-                          ts=", _pm_t()" if clock == "wall" else ""), "    return _tramp"]
+    src += [_TRAMP.format(orig=_ORIG, fid=fid, xfid=~fid, kw=kw, args=args),
+            "    return _tramp"]
     ns: dict[str, Any] = {}
     exec("\n".join(src), ns)  # noqa: S102 - generated from a code object, no user input
     code = ns["_outer"]().__code__
-    return code.replace(co_name=co.co_name, co_qualname=co.co_qualname,
+    consts = tuple(copy if c == _ORIG else c for c in code.co_consts)
+    return code.replace(co_name=co.co_name, co_qualname=co.co_qualname, co_consts=consts,
                         co_filename=co.co_filename, co_firstlineno=co.co_firstlineno)
 
 
@@ -241,16 +221,11 @@ class _Tracepoint:
         return f"tracepoint {self.name}({', '.join(self.fields)}) [{self.layer}]"
 
 
-_TRACEPOINTS: list[types.FunctionType] = []
-
-_TP_BODY = {
-    "virtual": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, {vals}))",
-    "wall": "_pm_a(('P', _pm_c._current or _pm_s.current, _pm_p, _pm_t(), {vals}))",
-}
-_TP_CELLS = ("_pm_a", "_pm_p", "_pm_c", "_pm_s", "_pm_t")
+_TRACEPOINTS: list[Any] = []    # c_ext._tracebuf.TracePoint, or its twin (a function)
 
 
-def _discard(ev: tuple) -> None:
+
+def _discard(tp: _Tracepoint, *values: object) -> None:
     """Where a tracepoint hit goes while no tracer runs (callers test `enabled` first)."""
 
 
@@ -262,49 +237,126 @@ def tracepoint(name: str, fields: str, layer: str = "kernel_model") -> Callable[
         if trace.enabled:
             trace_pages_pinned(start, nr_pages, nr)
 
-    A hit appends one tuple; the fields are named and formatted only when
-    the Trace is built.  What it appends to lives in its closure cells,
-    which a starting Tracer fills (cells are cheaper to read than keyword
-    defaults); the body is generated once per clock.
+    A hit hands its values to the running Tracer's recorder, which keeps them;
+    they are named and formatted only when the Trace is built.  On the C backend
+    the tracepoint is a c_ext._tracebuf.TracePoint (a hit costs no Python frame)
+    whose `sink` a starting Tracer sets and a stopping one clears; on the Python
+    backend it is its twin, a generated function whose closure cell `_pm_a`
+    holds the recorder's point() (see _set_sink).
     """
     if layer not in LAYERS:
         raise ValueError(f"tracepoint: unknown layer {layer!r}")
     names = tuple(fields.split())
     meta = _Tracepoint(name, names, layer)
-    vals = "".join(f"{f}, " for f in names)
-    fns = {}
-    for mode, body in _TP_BODY.items():
-        src = (f"def _mk({', '.join(_TP_CELLS)}):\n"
+    fn: Any
+    if default_backend_name() == "c":
+        fn = _tracebuf.TracePoint(meta, f"trace_{name}", len(names))
+    else:   # the twin: a generated function whose closure cell holds the sink's point()
+        src = (f"def _mk(_pm_a, _pm_p):\n"
                f"    def trace_{name}({', '.join(names)}):\n"
-               f"        {body.format(vals=vals)}\n"
-               # every cell referenced in both bodies: __code__ swaps need equal free vars
-               f"        if _pm_a is None: ({', '.join(_TP_CELLS)},)\n"
+               f"        _pm_a(_pm_p, {''.join(f'{f}, ' for f in names)})\n"
                f"    return trace_{name}\n")
         ns: dict[str, Any] = {}
         exec(src, ns)  # noqa: S102 - field names are identifiers, checked by compile
-        fns[mode] = ns["_mk"](_discard, meta, _cur, SCHED, time.perf_counter_ns)
-    fn = fns["virtual"]
-    fn.tp = meta  # type: ignore[attr-defined]
-    fn.codes = {mode: f.__code__ for mode, f in fns.items()}  # type: ignore[attr-defined]
-    fn.cells = dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True))  # type: ignore
+        fn = ns["_mk"](_discard, meta)
+        fn.tp = meta
     _TRACEPOINTS.append(fn)
     if _active is not None:
         _active._patch_tracepoint(fn)
     return fn
 
 
+def _set_sink(tp: Any, rec: Any) -> None:
+    """Point a tracepoint at a recorder (None: nowhere).  A C TracePoint takes it
+    as is; the Python twin's cell takes its point() (or _discard)."""
+    if isinstance(tp, _tracebuf.TracePoint):
+        tp.sink = rec
+    else:
+        tp.__closure__[tp.__code__.co_freevars.index("_pm_a")].cell_contents = \
+            _discard if rec is None else rec.point
+
+
+class PyRecorder:
+    """The Python twin of c_ext._tracebuf.Recorder, and its reference: a Tracer's
+    events as tuples in a list (the layouts _build documents).  Each method finds
+    the running task as the trampolines need it - kernel_model.current's, else the
+    scheduler's - and reads the wall clock when it runs."""
+
+    def __init__(self, current_dict: dict, sched: object,
+                 clock: Callable[[], int] | None = None):
+        self._cur = current_dict
+        self._sched = sched
+        self._clock = clock
+        self._ev: list[tuple] = []
+
+    def _running(self) -> object:
+        return self._cur.get("_current") or self._sched.current  # type: ignore[attr-defined]
+
+    def enter(self, fid: int, kw: dict | None, *args: object) -> object:
+        """A traced call's entry: (fid, task, kw, [t,] *args); returns the task."""
+        k = self._running()
+        t = () if self._clock is None else (self._clock(),)
+        self._ev.append((fid, k, kw, *t, *args))
+        return k
+
+    def call(self, fn: Callable, fid: int, xfid: int, kw: dict | None, *args: object) -> Any:
+        """fn(*args, **kw), its entry and exit (xfid = ~fid) recorded around it (a
+        trampoline's whole work)."""
+        k = self.enter(fid, kw, *args)
+        try:
+            r = fn(*args, **kw) if kw is not None else fn(*args)
+        except BaseException as e:
+            self.exit(xfid, k, e)
+            raise
+        self.exit(xfid, k, r)
+        return r
+
+    def exit(self, xfid: int, task: object, value: object) -> None:
+        """Its exit: (~fid, task, return value or exception, [t])."""
+        t = () if self._clock is None else (self._clock(),)
+        self._ev.append((xfid, task, value, *t))
+
+    def point(self, tp: _Tracepoint, *values: object) -> None:
+        """A tracepoint hit: ("P", task, tp, [t,] *values)."""
+        k = self._running()
+        t = () if self._clock is None else (self._clock(),)
+        self._ev.append(("P", k, tp, *t, *values))
+
+    def add(self, *fields: object) -> None:
+        """An event exactly as given (the scheduler's switch and clock hooks)."""
+        self._ev.append(fields)
+
+    def events(self) -> list[tuple]:
+        """Every event recorded, in order."""
+        return list(self._ev)
+
+    def __len__(self) -> int:
+        return len(self._ev)
+
+
+_RECORDERS: dict[str, Callable[..., Any]] = {"c": _tracebuf.Recorder, "python": PyRecorder}
+
+
 class Tracer:
     """Records a function graph of the emulated kernel.  See the module docstring."""
 
-    def __init__(self, *, clock: str = "virtual", layers: Iterable[str] | None = None):
+    def __init__(self, *, clock: str = "virtual", layers: Iterable[str] | None = None,
+                 recorder: str | None = None):
+        """`recorder`: "c" (c_ext._tracebuf) or "python" (PyRecorder, its twin);
+        None follows $PEERMEM_BACKEND, as the per-page loops do."""
         if clock not in ("virtual", "wall"):
             raise ValueError("Tracer: clock must be 'virtual' or 'wall'")
+        recorder = recorder or default_backend_name()
+        if recorder not in _RECORDERS:
+            raise ValueError(f"Tracer: recorder must be 'c' or 'python', not {recorder!r}")
         self.clock = clock
+        self.recorder = recorder
         self.layers = None if layers is None else set(layers)
         if self.layers is not None and not self.layers <= set(LAYERS):
             raise ValueError(f"Tracer: unknown layer in {sorted(self.layers)}; "
                              f"layers are {', '.join(LAYERS)}")
-        self._events: list[tuple] = []
+        self._rec = _RECORDERS[recorder](vars(_cur), SCHED,
+                                         time.perf_counter_ns if clock == "wall" else None)
         # what start() patched: (entry, the function, its own __kwdefaults__), held
         # until stop() restores them
         self._patched: list[tuple[_Traced, types.FunctionType, dict | None]] = []
@@ -322,7 +374,7 @@ class Tracer:
         if not self._stopped:
             raise RuntimeError("Tracer: stop() it before reading the trace")
         if self._trace is None:
-            self._trace = _build(self._events, self.clock, self._t0, self._fns)
+            self._trace = _build(self._rec.events(), self.clock, self._t0, self._fns)
             self._held = []
         return self._trace
 
@@ -355,18 +407,14 @@ class Tracer:
         if fn is None or (self.layers is not None and r.layer not in self.layers):
             return
         kwdefaults = fn.__kwdefaults__
-        ctx = (r.copy(fn, kwdefaults), self._events.append, _cur, SCHED)
-        if self.clock == "wall":
-            ctx += (time.perf_counter_ns,)
-        fn.__code__ = r.tramp(fn, self.clock)
-        fn.__kwdefaults__ = {**(kwdefaults or {}), "_pm": ctx}
+        fn.__code__ = r.tramp(fn, kwdefaults)
+        fn.__kwdefaults__ = {**(kwdefaults or {}), "_pm": self._rec.call}
         self._patched.append((r, fn, kwdefaults))
         self._fns[r.fid] = r
 
-    def _patch_tracepoint(self, tp: types.FunctionType) -> None:
+    def _patch_tracepoint(self, tp: Any) -> None:
         if self.layers is None or tp.tp.layer in self.layers:
-            tp.__code__ = tp.codes[self.clock]
-            tp.cells["_pm_a"].cell_contents = self._events.append
+            _set_sink(tp, self._rec)
 
     def stop(self) -> None:
         """Restore the original code; `trace` builds the Trace when first read."""
@@ -387,8 +435,7 @@ class Tracer:
         self._held = [fn for _, fn, _ in self._patched]
         self._patched.clear()
         for tp in _TRACEPOINTS:
-            tp.__code__ = tp.codes["virtual"]
-            tp.cells["_pm_a"].cell_contents = _discard
+            _set_sink(tp, None)
 
     def __enter__(self) -> Tracer:
         return self.start()
@@ -399,11 +446,11 @@ class Tracer:
     # -- recording -------------------------------------------------------------------
     def _on_switch(self, prev: Task, nxt: Task, reason: str) -> None:
         ev = ("S", _cur._current or prev, nxt.saved_ts or nxt, reason)
-        self._events.append(ev + (time.perf_counter_ns(),) if self.clock == "wall" else ev)
+        self._rec.add(*ev, time.perf_counter_ns()) if self.clock == "wall" else self._rec.add(*ev)
 
     def _on_clock(self, jiffies: int) -> None:
         ev = ("T", None, jiffies, None)
-        self._events.append(ev + (time.perf_counter_ns(),) if self.clock == "wall" else ev)
+        self._rec.add(*ev, time.perf_counter_ns()) if self.clock == "wall" else self._rec.add(*ev)
 
 
 # -- building the Trace -------------------------------------------------------------

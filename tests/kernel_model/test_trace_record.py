@@ -52,11 +52,12 @@ def rec_outer(n):
     return total
 
 
+@pytest.mark.parametrize("recorder", ["c", "python"])
 @pytest.mark.parametrize("clock", ["virtual", "wall"])
-def test_arguments_fields_and_returns_survive_flattening(clock):
+def test_arguments_fields_and_returns_survive_flattening(clock, recorder):
     m = Machine()
     p = m.spawn("rec")
-    with Tracer(clock=clock) as t, p.kernel():
+    with Tracer(clock=clock, recorder=recorder) as t, p.kernel():
         assert rec_outer(5) == 12 + 11 + 1
     tr = t.trace
     outer = [c for c in tr.calls() if c.func == "rec_outer"]
@@ -84,19 +85,21 @@ def test_arguments_fields_and_returns_survive_flattening(clock):
     m.check_leaks()
 
 
-def test_both_clocks_record_the_same_graph():
-    """The same run on the two clocks: the same calls, arguments, returns and points."""
-    def shape(clock):
+def test_both_clocks_and_both_recorders_record_the_same_graph():
+    """The same run on the two clocks and the two recorders (c_ext._tracebuf and its
+    Python twin): the same calls, arguments, returns and points."""
+    def shape(clock, recorder="c"):
         m = Machine()
         p = m.spawn("rec")
-        with Tracer(clock=clock) as t, p.kernel():
+        with Tracer(clock=clock, recorder=recorder) as t, p.kernel():
             rec_outer(3)
         p.exit(0)
         m.check_leaks()
         return [(c.func, c.args, c.ret, c.depth) for c in t.trace.calls()], \
             [(q.name, q.fields, q.depth) for q in t.trace.points()]
 
-    assert shape("virtual") == shape("wall")
+    assert shape("virtual") == shape("wall") == shape("virtual", "python") == \
+        shape("wall", "python")
 
 
 def test_a_session_after_the_defaults_changed_calls_the_function_as_it_is_now():
