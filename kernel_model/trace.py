@@ -23,10 +23,11 @@ every reference to it (imports, ops tables, bound methods) is traced, and
 stopping restores the original code.  Tracepoints cost one module-attribute
 test while off.
 
-Recording appends one small tuple per event and nothing else (the
-recorder is inlined into the trampoline); arguments and return values are
-summarised to text only when the Trace (kernel_model.tracedata) is first
-read after the run.  Times are virtual by default:
+Recording keeps each event's fields and nothing else: the recorder
+(c_ext._tracebuf.Recorder, in C; PyRecorder is its twin) holds them in one
+flat array, and a tracepoint on the C backend is a C callable, so a hit
+costs no Python frame.  Arguments and return values are summarised to text
+only when the Trace (kernel_model.tracedata) is first read after the run.  Times are virtual by default:
 each recorded event costs TICK_NS, and a sleep advances the clock by its
 jiffies, so two runs of the same program give byte-identical traces.
 `Tracer(clock="wall")` records perf_counter_ns() instead.
