@@ -106,12 +106,12 @@ def test_reg_mr_1gib_host(benchmark, gib):
             assert v.ibv_dereg_mr(mrs.pop()) == 0
 
     def reg() -> None:
-        mrs.append(v.ibv_reg_mr(h.pd, gib.addr, GiB, ACCESS))
+        mrs.append(v.ibv_reg_mr(h.pd, gib.addr, gib.size, ACCESS))
     try:
         benchmark.pedantic(reg, setup=drop, rounds=5, iterations=1, warmup_rounds=1)
-        assert mrs and mrs[0].length == GiB
+        assert mrs and mrs[0].length == gib.size
         vm = h.m.vmstat
-        assert vm["nr_foll_pin_acquired"] - vm["nr_foll_pin_released"] == GiB // 4096
+        assert vm["nr_foll_pin_acquired"] - vm["nr_foll_pin_released"] == gib.nr_pages
         drop()
     finally:
         drop()
