@@ -61,7 +61,7 @@ def call_site(skip: tuple[str, ...] = _SKIP) -> str:
 
     Every lock acquire and every kmalloc/kfree names its caller, so the walk
     is cached: whether a code object's file is skipped, once per code object,
-    and the formatted name, once per (code object, line).
+    and the formatted name, once per (code object, instruction).
     """
     if skip is not _SKIP:
         return _call_site_walk(sys._getframe(1), skip)
@@ -77,14 +77,17 @@ def call_site(skip: tuple[str, ...] = _SKIP) -> str:
         f = f.f_back
     if f is None:
         return _call_site_walk(sys._getframe(1), skip)
-    key = (f.f_code, f.f_lineno)
+    # keyed by the instruction, not the line: f_lineno scans the code's line table
+    # on every read, f_lasti is a field
+    key = (f.f_code, f.f_lasti)
     site = _SITES.get(key)
     if site is None:
         site = _SITES[key] = _site_name(f)
     return site
 
 
-#: code object -> is its file one of _SKIP's; (code object, line) -> its site name
+#: code object -> is its file one of _SKIP's; (code object, instruction offset) -> its
+#: site name
 _SKIPPED: dict[types.CodeType, bool] = {}
 _SITES: dict[tuple[types.CodeType, int], str] = {}
 

@@ -27,9 +27,10 @@ Recording keeps each event's fields and nothing else: the recorder
 (c_ext._tracebuf.Recorder, in C; PyRecorder is its twin) holds them in one
 flat array, and a tracepoint on the C backend is a C callable, so a hit
 costs no Python frame.  Arguments and return values are summarised to text
-only when the Trace (kernel_model.tracedata) is first read after the run.  Times are virtual by default:
-each recorded event costs TICK_NS, and a sleep advances the clock by its
-jiffies, so two runs of the same program give byte-identical traces.
+only when the Trace (kernel_model.tracedata) is first read after the run.
+Times are virtual by default: each recorded event costs TICK_NS, and a sleep
+advances the clock by its jiffies, so two runs of the same program give
+byte-identical traces.
 `Tracer(clock="wall")` records perf_counter_ns() instead.
 
 The layer of a function comes from its module (drivers.mlx5_ib -> mlx5_ib,

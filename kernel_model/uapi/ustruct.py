@@ -20,6 +20,7 @@ code is another uapi struct class embeds it (`("dest", ib_uverbs_qp_dest)`).
 
 from __future__ import annotations
 
+import operator
 import struct
 from typing import Any, ClassVar, TypeVar
 
@@ -39,10 +40,14 @@ class UStruct:
     #: the layout compiled once (struct.Struct) and the non-pad field names in order
     _STRUCT: ClassVar[struct.Struct] = struct.Struct("<")
     _NAMES: ClassVar[tuple[str, ...]] = ()
+    #: the fields' values in _NAMES order, as a tuple (operator.attrgetter)
+    _GET: ClassVar[Any] = staticmethod(lambda obj: ())
 
     def pack(self) -> bytes:
         """The struct's bytes, as the C compiler lays it out."""
         nested = self._NESTED
+        if not nested:      # most structs: one attrgetter, one Struct.pack
+            return self._STRUCT.pack(*self._GET(self))
         return self._STRUCT.pack(*[getattr(self, n).pack() if n in nested else getattr(self, n)
                                    for n in self._NAMES])
 
@@ -55,6 +60,8 @@ class UStruct:
         if len(raw) < size:
             raw = bytes(raw).ljust(size, b"\0")
         nested = cls._NESTED
+        if not nested:      # the fields are __init__'s parameters, in the same order
+            return cls(*cls._STRUCT.unpack(raw))
         return cls(**{n: nested[n].unpack(v) if n in nested else v
                       for n, v in zip(cls._NAMES, cls._STRUCT.unpack(raw), strict=True)})
 
@@ -84,6 +91,8 @@ def uapi_struct(cls: type[T]) -> type[T]:
     cls._NESTED = nested
     cls._STRUCT = struct.Struct(fmt)
     cls._NAMES = tuple(n for n, c in cls.FIELDS if not _is_pad(c))
+    get = operator.attrgetter(*cls._NAMES) if cls._NAMES else (lambda obj: ())
+    cls._GET = staticmethod(get if len(cls._NAMES) != 1 else lambda obj: (get(obj),))
     these = {n: attrs.field(factory=nested[n]) if n in nested else
              attrs.field(default=_default(c)) for n, c in cls.FIELDS if not _is_pad(c)}
     return attrs.define(these=these, slots=False, eq=True)(cls)
