@@ -69,9 +69,10 @@ def call_site(skip: tuple[str, ...] = _SKIP) -> str:
     skipped = _SKIPPED
     while f is not None:
         co = f.f_code
-        s = skipped.get(co)
+        s = skipped.get(id(co))
         if s is None:
-            s = skipped[co] = co.co_filename.replace("\\", "/").endswith(_SKIP)
+            s = skipped[id(co)] = co.co_filename.replace("\\", "/").endswith(_SKIP)
+            _CODES.append(co)
         if not s:
             break
         f = f.f_back
@@ -79,17 +80,22 @@ def call_site(skip: tuple[str, ...] = _SKIP) -> str:
         return _call_site_walk(sys._getframe(1), skip)
     # keyed by the instruction, not the line: f_lineno scans the code's line table
     # on every read, f_lasti is a field
-    key = (f.f_code, f.f_lasti)
+    key = (id(f.f_code), f.f_lasti)
     site = _SITES.get(key)
     if site is None:
-        site = _SITES[key] = _site_name(f)
+        site = _SITES[key] = _site_name(f)    # f's code is in _CODES: it was checked
     return site
 
 
-#: code object -> is its file one of _SKIP's; (code object, instruction offset) -> its
-#: site name
-_SKIPPED: dict[types.CodeType, bool] = {}
-_SITES: dict[tuple[types.CodeType, int], str] = {}
+# Keyed by id(code object), not the code object: a code object's hash is computed
+# afresh on every lookup from its name, bytecode, constants (nested code objects
+# too) and names - 150-300 ns, several times per call_site.  _CODES holds every
+# code object a key names, so no id is reused while it is a key.
+#: id(code object) -> is its file one of _SKIP's; (id(code object), instruction
+#: offset) -> its site name
+_SKIPPED: dict[int, bool] = {}
+_SITES: dict[tuple[int, int], str] = {}
+_CODES: list[types.CodeType] = []
 
 
 def _call_site_walk(first: types.FrameType, skip: tuple[str, ...]) -> str:

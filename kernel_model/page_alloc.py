@@ -216,21 +216,23 @@ class zone:
 
 def _caller() -> str:
     """file:line of the first frame outside the allocator, for leak reports (the name
-    formatted once per code object and line: every page allocation records one)."""
+    formatted once per code object and instruction: every page allocation records one)."""
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename == __file__:
         f = f.f_back
     if f is None:
         return "?"
-    key = (f.f_code, f.f_lineno)
+    co = f.f_code
+    key = (id(co), f.f_lasti)       # see lockdep.call_site: no code hash, no line scan
     site = _CALLERS.get(key)
     if site is None:
-        site = _CALLERS[key] = (f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} "
-                                f"{f.f_code.co_name}")
+        site = _CALLERS[key] = f"{co.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {co.co_name}"
+        _CALLER_CODES.append(co)    # no id reused while it is a key
     return site
 
 
-_CALLERS: dict[tuple[types.CodeType, int], str] = {}
+_CALLERS: dict[tuple[int, int], str] = {}
+_CALLER_CODES: list[types.CodeType] = []
 
 
 def _zone() -> zone:
