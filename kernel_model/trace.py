@@ -88,13 +88,13 @@ class _Traced:
     functions loses a module's entries when it is unloaded: a driver or peer
     client defines some traced functions per module instance (closures over
     its parameters), one set per machine that loads it, and a search builds
-    thousands of machines.  Held strongly, each set kept its machine alive for
-    the rest of the process, and every Tracer.start() patched them all.  So
-    nothing reachable from here may lead back to the function: its trampoline
-    (whose copy of it holds its closure, and a closure can hold its sibling
-    functions) lives on the function itself, and its __kwdefaults__ are saved by the Tracer that
-    patches it.  (The trampoline is made when first needed: every module
-    registers its functions at import, and most processes never trace.)
+    thousands of machines.  Held strongly, each set stayed registered for the
+    rest of the process, with all its closure holds, and every Tracer.start()
+    patched them all.  So nothing reachable from here may lead back to the
+    function: its trampoline (whose copy of it holds its closure, and a closure
+    can hold its sibling functions) lives on the function itself.  (The
+    trampoline is made when first needed: every module registers its functions
+    at import, and most processes never trace.)
     """
 
     def __init__(self, fn: types.FunctionType, layer: str, name: str):
@@ -121,7 +121,7 @@ class _Traced:
         return [p.name for p in sig.parameters.values()
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
-    def tramp(self, fn: types.FunctionType, kwdefaults: dict | None) -> types.CodeType:
+    def tramp(self, fn: types.FunctionType) -> types.CodeType:
         """The trampoline's code, made once and kept on fn with the copy of the
         original it calls: made once, so every tracing session calls the same
         function and the interpreter's specialised call sites for it stay valid
@@ -133,14 +133,31 @@ class _Traced:
         if code is None:
             copy = types.FunctionType(self.code, fn.__globals__, fn.__name__, fn.__defaults__,
                                       fn.__closure__)
-            copy.__kwdefaults__ = kwdefaults
+            copy.__kwdefaults__ = fn.__kwdefaults__
             code = fn.__dict__["_pm_tramp"] = _trampoline(fn, self.fid, copy)
         return code
 
 
-_ORIG = "_pm: the original"   # the constant a trampoline's code holds its copy of fn in
+_ORIG = "_pm: the original"   # the constants a trampoline's code holds its copy of fn
+_SINK_NAME = "_pm: the sink"  # and _SINK in (placeholders in the generated source)
 
-_TRAMP = "        return _pm({orig!r}, {fid}, {xfid}, {kw}, {args})"
+
+
+class _Sink:
+    """Where the trampolines find the running Tracer's recorder: one object, a
+    constant of every trampoline, so starting a Tracer sets one attribute rather
+    than each traced function's defaults."""
+
+    __slots__ = ("call",)
+
+    def __init__(self) -> None:
+        self.call: Callable[..., Any] | None = None
+
+
+_SINK = _Sink()
+
+# (an attribute of the placeholder, not a subscript: the compiler folds "'str'[0]")
+_TRAMP = "        return {sink!r}.call({orig!r}, {fid}, {xfid}, {kw}, {args})"
 
 
 def _trampoline(fn: types.FunctionType, fid: int, copy: types.FunctionType) -> types.CodeType:
@@ -152,9 +169,10 @@ def _trampoline(fn: types.FunctionType, fid: int, copy: types.FunctionType) -> t
     or its twin PyRecorder).
 
     The function's index `fid` (and ~fid, which its exit records) are literals
-    in the code and the copy a constant of it; the recorder's call() arrives as
-    the keyword-only default `_pm`, set in __kwdefaults__ when tracing starts.
-    fn's positional defaults still apply (__defaults__ is untouched).  It has as
+    in the code, and the copy and _SINK (where the running Tracer's recorder is)
+    constants of it.  The signature is fn's exactly - no extra parameter - so
+    fn's own defaults apply (__defaults__ and __kwdefaults__ are untouched) and
+    the interpreter specialises calls of it as it does calls of fn.  It has as
     many free variables as fn's closure, because CPython only lets __code__ be
     replaced by code with the same number; they are referenced on a path that
     never runs.
@@ -169,8 +187,9 @@ def _trampoline(fn: types.FunctionType, fid: int, copy: types.FunctionType) -> t
     params = list(pos)
     if co.co_posonlyargcount:
         params.insert(co.co_posonlyargcount, "/")
-    params.append(f"*{varargs}" if varargs else "*")
-    params += kwonly + ["_pm=None"] + ([f"**{varkw}"] if varkw else [])
+    if varargs or kwonly:
+        params.append(f"*{varargs}" if varargs else "*")
+    params += kwonly + ([f"**{varkw}"] if varkw else [])
     args = "".join(f"{p}, " for p in pos) + (f"*{varargs}, " if varargs else "")
     kws = [f"{k!r}: {k}" for k in kwonly] + ([f"**{varkw}"] if varkw else [])
     kw = "{" + ", ".join(kws) + "}" if kws else "None"
@@ -178,13 +197,14 @@ def _trampoline(fn: types.FunctionType, fid: int, copy: types.FunctionType) -> t
     src = ["def _outer():"] + [f"    {c} = None" for c in cells]
     src.append(f"    def _tramp({', '.join(params)}):")
     if cells:
-        src.append(f"        if _pm is None: ({', '.join(cells)},)")
-    src += [_TRAMP.format(orig=_ORIG, fid=fid, xfid=~fid, kw=kw, args=args),
+        src.append(f"        if {_SINK_NAME!r}.call is None: ({', '.join(cells)},)")
+    src += [_TRAMP.format(sink=_SINK_NAME, orig=_ORIG, fid=fid, xfid=~fid, kw=kw, args=args),
             "    return _tramp"]
     ns: dict[str, Any] = {}
     exec("\n".join(src), ns)  # noqa: S102 - generated from a code object, no user input
     code = ns["_outer"]().__code__
-    consts = tuple(copy if c == _ORIG else c for c in code.co_consts)
+    swap = {_ORIG: copy, _SINK_NAME: _SINK}
+    consts = tuple(swap.get(c, c) if type(c) is str else c for c in code.co_consts)
     return code.replace(co_name=co.co_name, co_qualname=co.co_qualname, co_consts=consts,
                         co_filename=co.co_filename, co_firstlineno=co.co_firstlineno)
 
@@ -359,9 +379,8 @@ class Tracer:
                              f"layers are {', '.join(LAYERS)}")
         self._rec = _RECORDERS[recorder](vars(_cur), SCHED,
                                          time.perf_counter_ns if clock == "wall" else None)
-        # what start() patched: (entry, the function, its own __kwdefaults__), held
-        # until stop() restores them
-        self._patched: list[tuple[_Traced, types.FunctionType, dict | None]] = []
+        # what start() patched: (entry, the function), held until stop() restores them
+        self._patched: list[tuple[_Traced, types.FunctionType]] = []
         # every entry patched in this session, by fid, for building the Trace (an
         # entry outlives its function; its params were read while it was patched)
         self._fns: dict[int, _Traced] = {}
@@ -398,6 +417,7 @@ class Tracer:
         return self
 
     def _patch(self) -> None:
+        _SINK.call = self._rec.call
         for r in list(_REGISTRY.values()):  # a collected function leaves it as we go
             self._patch_function(r)
         for tp in _TRACEPOINTS:
@@ -408,10 +428,8 @@ class Tracer:
         fn = r.fn
         if fn is None or (self.layers is not None and r.layer not in self.layers):
             return
-        kwdefaults = fn.__kwdefaults__
-        fn.__code__ = r.tramp(fn, kwdefaults)
-        fn.__kwdefaults__ = {**(kwdefaults or {}), "_pm": self._rec.call}
-        self._patched.append((r, fn, kwdefaults))
+        fn.__code__ = r.tramp(fn)
+        self._patched.append((r, fn))
         self._fns[r.fid] = r
 
     def _patch_tracepoint(self, tp: Any) -> None:
@@ -430,11 +448,11 @@ class Tracer:
         self._stopped = True
 
     def _unpatch(self) -> None:
-        for r, fn, kwdefaults in self._patched:
+        _SINK.call = None
+        for r, fn in self._patched:
             fn.__code__ = r.code
-            fn.__kwdefaults__ = kwdefaults
         # the functions stay alive until the Trace is built: it reads their signatures
-        self._held = [fn for _, fn, _ in self._patched]
+        self._held = [fn for _, fn in self._patched]
         self._patched.clear()
         for tp in _TRACEPOINTS:
             _set_sink(tp, None)
