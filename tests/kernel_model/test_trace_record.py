@@ -166,3 +166,21 @@ def test_a_collected_traced_closure_leaves_the_registry_and_its_trace_still_buil
     assert [c.func for c in t2.trace.calls()] == ["rec_closure"]
     p.exit(0)
     m.check_leaks()
+
+
+def test_a_function_registered_while_tracing_is_recorded_and_restored():
+    """A module loaded while a Tracer runs registers its functions then, and they are
+    patched at once (as ftrace patches a module's call sites at load): its calls are
+    in the trace, and stop() gives it its own code back with its defaults untouched."""
+    m = Machine()
+    p = m.spawn("rec")
+    with Tracer() as t, p.kernel():
+        late = _make_rec_closure(7)           # registered now, while tracing
+        assert late(1) == 8
+        tramp = late.__code__
+    assert late.__code__ is not tramp          # the trampoline was installed...
+    assert late(1) == 8                        # ...and is gone: the original code runs
+    assert late.__kwdefaults__ is None and "_pm" not in late.__code__.co_varnames
+    assert [(c.func, c.args, c.ret) for c in t.trace.calls()] == [("rec_closure", "v=1", "8")]
+    p.exit(0)
+    m.check_leaks()
