@@ -325,6 +325,134 @@ static PyType_Spec base_spec = {
     .slots = base_slots,
 };
 
+/*
+ * KeyedBase: the hot methods of kernel_model.sched.KeyedDict, a dict that reports
+ * its accesses to partial-order reduction key by key - the firmware's object tables
+ * always, every ifc struct's fields while a search records.  A lookup reads
+ * (id(self), key); a store writes it, and writes (id(self), "#keys") first when the
+ * key is new; a delete is KeyedDict._forget's to record (a subclass hooks it).  Off
+ * a recording, each costs one probe of the scheduler's dict more than dict's own.
+ * The Python twin and reference is sched._PyKeyedBase.
+ */
+static PyObject *s_keys, *s_forget;
+
+/* step.<which>.add((id(self), k)) when a step records; -1 on error */
+static int
+keyed_record(PyObject *self, PyObject *which, PyObject *k)
+{
+    PyObject *st = running_step(), *key;
+    int r;
+
+    if (st == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    key = make_key(self, k);
+    if (key == NULL)
+        return -1;
+    r = add_key(st, which, key);
+    Py_DECREF(key);
+    return r;
+}
+
+static PyObject *
+keyed_subscript(PyObject *self, PyObject *k)
+{
+    if (keyed_record(self, s_reads, k) < 0)
+        return NULL;
+    return PyDict_Type.tp_as_mapping->mp_subscript(self, k);
+}
+
+static int
+keyed_contains(PyObject *self, PyObject *k)
+{
+    if (keyed_record(self, s_reads, k) < 0)
+        return -1;
+    return PyDict_Contains(self, k);
+}
+
+static int
+keyed_ass_subscript(PyObject *self, PyObject *k, PyObject *v)
+{
+    PyObject *st, *r;
+
+    if (v == NULL) {                     /* del self[k]: _forget records it */
+        r = PyObject_CallMethodOneArg(self, s_forget, k);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+        return PyDict_DelItem(self, k);
+    }
+    st = running_step();
+    if (st == NULL && PyErr_Occurred())
+        return -1;
+    if (st != NULL) {
+        int has = PyDict_Contains(self, k);
+
+        if (has < 0)
+            return -1;
+        if (!has && keyed_record(self, s_writes, s_keys) < 0)
+            return -1;
+        if (keyed_record(self, s_writes, k) < 0)
+            return -1;
+    }
+    return PyDict_SetItem(self, k, v);
+}
+
+/* get(k, default=None) */
+static PyObject *
+keyed_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *v;
+
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "get expected 1 or 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (keyed_record(self, s_reads, args[0]) < 0)
+        return NULL;
+    v = PyDict_GetItemWithError(self, args[0]);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        v = nargs == 2 ? args[1] : Py_None;
+    }
+    return Py_NewRef(v);
+}
+
+static PyMethodDef keyed_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))keyed_get, METH_FASTCALL,
+     "get(k, default=None): dict.get, the read of k recorded."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot keyed_slots[] = {
+    {Py_tp_doc, "The C half of sched.KeyedDict: lookups and stores that record their key."},
+    {Py_mp_subscript, keyed_subscript},
+    {Py_mp_ass_subscript, keyed_ass_subscript},
+    {Py_sq_contains, keyed_contains},
+    {Py_tp_methods, keyed_methods},
+    {0, NULL},
+};
+
+static PyType_Spec keyed_spec = {
+    .name = "c_ext._track.KeyedBase",
+    .basicsize = 0,                      /* dict's */
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = keyed_slots,
+};
+
+/* set_sched(sched_dict): where the running step is (sched.py, at import) */
+static PyObject *
+set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
+{
+    if (!PyDict_Check(sd)) {
+        PyErr_SetString(PyExc_TypeError, "set_sched: a dict (vars(SCHED))");
+        return NULL;
+    }
+    Py_INCREF(sd);
+    Py_XSETREF(sched_dict, sd);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 configure(PyObject *Py_UNUSED(mod), PyObject *args)
 {
@@ -345,6 +473,8 @@ configure(PyObject *Py_UNUSED(mod), PyObject *args)
 }
 
 static PyMethodDef methods[] = {
+    {"set_sched", set_sched, METH_O,
+     "set_sched(sched_dict): where KeyedBase finds the running step."},
     {"configure", configure, METH_VARARGS,
      "configure(sched_dict, registry, mutable_types, unset): where the recorder finds "
      "the running step, each twin's (adds, own, hasdict), the watched types and the "
@@ -371,7 +501,8 @@ PyInit__track(void)
 
     if (intern(&s_fp_step, "fp_step") || intern(&s_fp_watch, "fp_watch") ||
         intern(&s_reads, "reads") || intern(&s_writes, "writes") ||
-        intern(&s_adds, "adds") || intern(&s_before, "before"))
+        intern(&s_adds, "adds") || intern(&s_before, "before") ||
+        intern(&s_keys, "#keys") || intern(&s_forget, "_forget"))
         return NULL;
     dict_get = PyObject_GetAttrString((PyObject *)&PyDict_Type, "get");
     if (dict_get == NULL)
@@ -387,6 +518,17 @@ PyInit__track(void)
         Py_XDECREF(base);
         Py_DECREF(m);
         return NULL;
+    }
+    {
+        PyObject *bases = PyTuple_Pack(1, (PyObject *)&PyDict_Type);
+        PyObject *keyed = bases ? PyType_FromSpecWithBases(&keyed_spec, bases) : NULL;
+
+        Py_XDECREF(bases);
+        if (keyed == NULL || PyModule_AddObject(m, "KeyedBase", keyed) < 0) {
+            Py_XDECREF(keyed);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from greenlet import getcurrent, greenlet
 
+from c_ext import _track, default_backend_name
 from kernel_model import current as _cur
 
 if TYPE_CHECKING:
@@ -588,6 +589,7 @@ class Scheduler:
 
 #: the one CPU every machine's tasks run on
 SCHED = Scheduler()
+_track.set_sched(vars(SCHED))     # where c_ext._track.KeyedBase finds the running step
 
 
 class Named:
@@ -629,32 +631,11 @@ def touch_key(key: tuple, write: bool | str = True) -> None:
         (st.reads if write is False else st.adds if write == "add" else st.writes).add(key)
 
 
-class KeyedDict(dict):
-    """Emulator-level: a dict that reports its accesses to partial-order reduction key
-    by key (touch_key), for tables that tasks change entry by entry - the firmware's
-    object tables - so that destroying object 5 and looking up object 9 do not
-    conflict, as a whole-table watch would make them.  Which keys exist is a part of
-    its own (#keys): inserting a key writes it; deleting one adds to it (deletes of
-    different keys commute, insertion order would not); iterating and len() read it,
-    and iterating reads every entry.  Made by keyed_dict() only while the reduction
-    records, so it costs nothing otherwise."""
+class _PyKeyedBase(dict):
+    """The Python twin of c_ext._track.KeyedBase, and its reference: KeyedDict's
+    lookups and stores (see KeyedDict), each recording its key."""
 
     __slots__ = ()
-
-    def __new__(cls, *args: object, **kwargs: object) -> Any:
-        obj = dict.__new__(cls)
-        keep = SCHED.fp_keep
-        if keep is not None:
-            keep(obj, True)
-        return obj
-
-    def _all(self, write: bool | str = False) -> None:
-        st = SCHED.fp_step
-        if st is not None:
-            i = id(self)
-            keys = st.reads if write is False else st.adds if write == "add" else st.writes
-            keys.add((i, "#keys"))
-            keys.update([(i, k) for k in dict.keys(self)])
 
     # (touch_key inlined: MLX5_GET and MLX5_SET come through here)
     def __getitem__(self, k: Any) -> Any:
@@ -683,6 +664,43 @@ class KeyedDict(dict):
             st.writes.add((id(self), k))
         dict.__setitem__(self, k, v)
 
+    def __delitem__(self, k: Any) -> None:
+        self._forget(k)  # type: ignore[attr-defined]
+        dict.__delitem__(self, k)
+
+
+_KeyedBase: type = _track.KeyedBase if default_backend_name() == "c" else _PyKeyedBase
+
+
+class KeyedDict(_KeyedBase):  # type: ignore[valid-type,misc]
+    """Emulator-level: a dict that reports its accesses to partial-order reduction key
+    by key (touch_key), for tables that tasks change entry by entry - the firmware's
+    object tables - so that destroying object 5 and looking up object 9 do not
+    conflict, as a whole-table watch would make them.  Which keys exist is a part of
+    its own (#keys): inserting a key writes it; deleting one adds to it (deletes of
+    different keys commute, insertion order would not); iterating and len() read it,
+    and iterating reads every entry.  Made by keyed_dict() only while the reduction
+    records, so it costs nothing otherwise.  Its lookups and stores are
+    c_ext._track.KeyedBase's (C; the firmware's tables are looked up on every
+    command and WQE), or _PyKeyedBase's on $PEERMEM_BACKEND=python."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: object, **kwargs: object) -> Any:
+        obj = dict.__new__(cls)
+        keep = SCHED.fp_keep
+        if keep is not None:
+            keep(obj, True)
+        return obj
+
+    def _all(self, write: bool | str = False) -> None:
+        st = SCHED.fp_step
+        if st is not None:
+            i = id(self)
+            keys = st.reads if write is False else st.adds if write == "add" else st.writes
+            keys.add((i, "#keys"))
+            keys.update([(i, k) for k in dict.keys(self)])
+
     def _forget(self, k: Any) -> None:
         """Key k is about to be deleted (it may be absent): a write of it, and an add to
         the keys if it is there.  A subclass hooks deletions here (FwTable)."""
@@ -691,10 +709,6 @@ class KeyedDict(dict):
             st.writes.add((id(self), k))
             if dict.__contains__(self, k):
                 st.adds.add((id(self), "#keys"))
-
-    def __delitem__(self, k: Any) -> None:
-        self._forget(k)
-        dict.__delitem__(self, k)
 
     def pop(self, k: Any, *default: Any) -> Any:
         self._forget(k)
