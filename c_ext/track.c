@@ -440,6 +440,131 @@ static PyType_Spec keyed_spec = {
     .slots = keyed_slots,
 };
 
+/*
+ * The race analysis's filter (kernel_model/emu/explore.py, _shared and _keep; those
+ * are the Python twins): which objects the steps of more than one task touch, and
+ * each step's keys on those.  A key is (id(struct), field, ...) or an object itself;
+ * its object is the first item of a tuple, else the key.
+ */
+static PyObject *s_tid;
+
+static inline PyObject *
+object_of(PyObject *key)
+{
+    return PyTuple_CheckExact(key) && PyTuple_GET_SIZE(key) > 0 ? PyTuple_GET_ITEM(key, 0) : key;
+}
+
+/* objects_by_task(steps) -> {tid: set of objects its steps touch}: the tasks in the
+ * order of their first step, each set filled in the order of the steps' reads,
+ * writes and adds (as _shared's Python builds them) */
+static PyObject *
+objects_by_task(PyObject *Py_UNUSED(mod), PyObject *steps)
+{
+    PyObject *by = PyDict_New(), *it, *st;
+    PyObject *parts[3];
+
+    if (by == NULL)
+        return NULL;
+    parts[0] = s_reads;
+    parts[1] = s_writes;
+    parts[2] = s_adds;
+    it = PyObject_GetIter(steps);
+    if (it == NULL)
+        goto fail;
+    while ((st = PyIter_Next(it)) != NULL) {
+        PyObject *tid = PyObject_GetAttr(st, s_tid), *mine;
+        int i;
+
+        if (tid == NULL)
+            goto fail_st;
+        mine = PyDict_GetItemWithError(by, tid);
+        if (mine == NULL) {
+            if (PyErr_Occurred() || (mine = PySet_New(NULL)) == NULL) {
+                Py_DECREF(tid);
+                goto fail_st;
+            }
+            if (PyDict_SetItem(by, tid, mine) < 0) {
+                Py_DECREF(mine);
+                Py_DECREF(tid);
+                goto fail_st;
+            }
+            Py_DECREF(mine);             /* the dict holds it */
+        }
+        Py_DECREF(tid);
+        for (i = 0; i < 3; i++) {
+            PyObject *part = PyObject_GetAttr(st, parts[i]), *pit, *key;
+
+            if (part == NULL)
+                goto fail_st;
+            pit = PyObject_GetIter(part);
+            Py_DECREF(part);
+            if (pit == NULL)
+                goto fail_st;
+            while ((key = PyIter_Next(pit)) != NULL) {
+                int r = PySet_Add(mine, object_of(key));
+
+                Py_DECREF(key);
+                if (r < 0) {
+                    Py_DECREF(pit);
+                    goto fail_st;
+                }
+            }
+            Py_DECREF(pit);
+            if (PyErr_Occurred())
+                goto fail_st;
+        }
+        Py_DECREF(st);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        Py_DECREF(by);
+        return NULL;
+    }
+    return by;
+fail_st:
+    Py_DECREF(st);
+    Py_DECREF(it);
+fail:
+    Py_DECREF(by);
+    return NULL;
+}
+
+/* keep(keys, shared) -> [the keys whose object is in shared], in keys' order */
+static PyObject *
+keep(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *out, *it, *key;
+
+    if (nargs != 2 || !PyAnySet_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "keep(keys, shared): shared is a set");
+        return NULL;
+    }
+    out = PyList_New(0);
+    it = out ? PyObject_GetIter(args[0]) : NULL;
+    if (it == NULL) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    while ((key = PyIter_Next(it)) != NULL) {
+        int r = PySet_Contains(args[1], object_of(key));
+
+        if (r > 0)
+            r = PyList_Append(out, key);
+        Py_DECREF(key);
+        if (r < 0) {
+            Py_DECREF(it);
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* set_sched(sched_dict): where the running step is (sched.py, at import) */
 static PyObject *
 set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
@@ -473,6 +598,10 @@ configure(PyObject *Py_UNUSED(mod), PyObject *args)
 }
 
 static PyMethodDef methods[] = {
+    {"objects_by_task", objects_by_task, METH_O,
+     "objects_by_task(steps) -> {tid: objects its steps touch} (explore._shared's part)"},
+    {"keep", (PyCFunction)(void (*)(void))keep, METH_FASTCALL,
+     "keep(keys, shared) -> the keys whose object is in shared, in order (explore._keep)"},
     {"set_sched", set_sched, METH_O,
      "set_sched(sched_dict): where KeyedBase finds the running step."},
     {"configure", configure, METH_VARARGS,
@@ -502,7 +631,8 @@ PyInit__track(void)
     if (intern(&s_fp_step, "fp_step") || intern(&s_fp_watch, "fp_watch") ||
         intern(&s_reads, "reads") || intern(&s_writes, "writes") ||
         intern(&s_adds, "adds") || intern(&s_before, "before") ||
-        intern(&s_keys, "#keys") || intern(&s_forget, "_forget"))
+        intern(&s_keys, "#keys") || intern(&s_forget, "_forget") ||
+        intern(&s_tid, "tid"))
         return NULL;
     dict_get = PyObject_GetAttrString((PyObject *)&PyDict_Type, "get");
     if (dict_get == NULL)

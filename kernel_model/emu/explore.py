@@ -56,6 +56,8 @@ from typing import Any
 
 import attrs
 
+from c_ext import _track
+from kernel_model import slab
 from kernel_model.emu.machine import Machine
 from kernel_model.emu.tracefilter import filter_trace
 from kernel_model.emu.traceout import format_ftrace
@@ -807,6 +809,7 @@ def _races(points: list[Point],
         return
     width = max(s.tid for s in steps) + 1
     shared = _shared(steps)
+    _keep = _track.keep if slab.TRACK_BACKEND == "c" else _py_keep
     vcs: list[list[int]] = []
     local: list[int] = []                  # each step's position in its task's sequence
     last_of: dict[int, int] = {}           # task -> its latest step
@@ -929,13 +932,8 @@ def _shared(steps: list[Step]) -> set[Hashable]:
     An object one task alone touches orders only that task's steps, which program
     order orders already: _races leaves it out (most of a process's set-up, its own
     structs, is such)."""
-    by_task: dict[int, set[Hashable]] = {}
-    for st in steps:
-        mine = by_task.get(st.tid)
-        if mine is None:
-            mine = by_task[st.tid] = set()
-        for part in (st.reads, st.writes, st.adds):
-            mine.update([o[0] if type(o) is tuple else o for o in part])
+    by_task = (_track.objects_by_task if slab.TRACK_BACKEND == "c" else
+               _py_objects_by_task)(steps)
     seen: set[Hashable] = set()
     shared: set[Hashable] = set()
     for mine in by_task.values():
@@ -944,8 +942,21 @@ def _shared(steps: list[Step]) -> set[Hashable]:
     return shared
 
 
-def _keep(keys: set[Hashable], shared: set[Hashable]) -> list[Hashable]:
-    """The keys of `keys` whose object is in `shared` (see _shared)."""
+def _py_objects_by_task(steps: list[Step]) -> dict[int, set[Hashable]]:
+    """Each task's objects (c_ext._track.objects_by_task's Python twin)."""
+    by_task: dict[int, set[Hashable]] = {}
+    for st in steps:
+        mine = by_task.get(st.tid)
+        if mine is None:
+            mine = by_task[st.tid] = set()
+        for part in (st.reads, st.writes, st.adds):
+            mine.update([o[0] if type(o) is tuple else o for o in part])
+    return by_task
+
+
+def _py_keep(keys: set[Hashable], shared: set[Hashable]) -> list[Hashable]:
+    """The keys of `keys` whose object is in `shared` (see _shared), in keys' order
+    (c_ext._track.keep's Python twin)."""
     return [o for o in keys if (o[0] if type(o) is tuple else o) in shared]
 
 

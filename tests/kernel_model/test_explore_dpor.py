@@ -8,10 +8,12 @@ equivalent when every outcome one of them reaches the other reaches too.
 from __future__ import annotations
 
 import gc
+import random
 from typing import Any
 
 import pytest
 
+from c_ext import _track
 from kernel_model.emu.explore import (
     Footprint,
     Recording,
@@ -789,17 +791,43 @@ def test_a_search_quiets_the_collector_and_gives_it_back():
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
-def test_the_race_analysis_leaves_out_what_one_task_alone_touches():
+@pytest.mark.parametrize("backend", ["c", "python"])
+def test_the_race_analysis_leaves_out_what_one_task_alone_touches(backend):
     """_shared: an object (a field's struct) that steps of two tasks touch stays in the
-    analysis, one that a single task touches - in however many steps - is left out."""
-    from kernel_model.emu.explore import _keep, _shared
+    analysis, one that a single task touches - in however many steps - is left out.
+    On either backend (c_ext._track's objects_by_task and keep, or their twins)."""
+    from kernel_model import slab
+    from kernel_model.emu.explore import _py_keep, _shared
     steps = [Step(1, None, {(10, "a"), 20}, {(30, "x")}),
              Step(2, 0, {(10, "b")}, set(), adds={40}),
              Step(1, 1, {(30, "y")}, {50}),
              Step(3, 2, set(), {(50, "f"), 40})]
-    assert _shared(steps) == {10, 40, 50}
-    assert sorted(_keep({(10, "a"), 20, (30, "x"), 40}, _shared(steps)), key=str) == \
-        [(10, "a"), 40]
+    keep = _track.keep if backend == "c" else _py_keep
+    with slab.track_backend(backend):
+        assert _shared(steps) == {10, 40, 50}
+        assert sorted(keep({(10, "a"), 20, (30, "x"), 40}, _shared(steps)), key=str) == \
+            [(10, "a"), 40]
+
+
+def test_the_c_filter_keeps_the_python_ones_order():
+    """The race analysis meets races in the order it walks each step's keys, so the C
+    filter must give them in the Python one's order: the same list from the same set,
+    and the same objects per task, tasks in the same order."""
+    from kernel_model.emu.explore import _py_keep, _py_objects_by_task
+    rnd = random.Random(5)
+    keys = {(rnd.randrange(50), f"f{rnd.randrange(9)}") if rnd.random() < 0.7
+            else rnd.randrange(50) for _ in range(400)}
+    shared = set(range(0, 50, 3))
+    assert _track.keep(keys, shared) == _py_keep(keys, shared)
+    assert _track.keep(keys, frozenset()) == []
+    steps = [Step(rnd.randrange(4), None, set(rnd.sample(sorted(keys, key=str), 20)),
+                  set(rnd.sample(sorted(keys, key=str), 5))) for _ in range(30)]
+    c, py = _track.objects_by_task(steps), _py_objects_by_task(steps)
+    assert list(c) == list(py) and all(list(c[t]) == list(py[t]) for t in c)
+    with pytest.raises(TypeError, match="shared is a set"):
+        _track.keep(keys, [1])
+    with pytest.raises(AttributeError):
+        _track.objects_by_task([object()])
 
 
 def test_a_keyed_table_update_records_each_key_and_a_new_key_once():
