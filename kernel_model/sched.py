@@ -679,10 +679,12 @@ class KeyedDict(_KeyedBase):  # type: ignore[valid-type,misc]
     conflict, as a whole-table watch would make them.  Which keys exist is a part of
     its own (#keys): inserting a key writes it; deleting one adds to it (deletes of
     different keys commute, insertion order would not); iterating and len() read it,
-    and iterating reads every entry.  Made by keyed_dict() only while the reduction
-    records, so it costs nothing otherwise.  Its lookups and stores are
-    c_ext._track.KeyedBase's (C; the firmware's tables are looked up on every
-    command and WQE), or _PyKeyedBase's on $PEERMEM_BACKEND=python."""
+    and iterating reads every entry.  The firmware's tables are KeyedDicts always
+    (FwTable); an ifc struct's fields are one only while the reduction records
+    (keyed_dict()).  Its lookups and stores are c_ext._track.KeyedBase's (C: the
+    firmware's tables are looked up on every command and WQE, and off a recording
+    each costs one probe more than a dict's), or _PyKeyedBase's on
+    $PEERMEM_BACKEND=python."""
 
     __slots__ = ()
 
