@@ -602,11 +602,16 @@ class Named:
     __slots__ = ()
 
     def __new__(cls, *args: object, **kwargs: object) -> Any:
-        obj = object.__new__(cls)
-        keep = SCHED.fp_keep
-        if keep is not None:
-            keep(obj, True)
-        return obj
+        return _named_when_made(object.__new__(cls))
+
+
+def _named_when_made(obj: Any) -> Any:
+    """Hand a new object to the recording reduction to name (Scheduler.fp_keep), if
+    one records: Named's and KeyedDict's __new__."""
+    keep = SCHED.fp_keep
+    if keep is not None:
+        keep(obj, True)
+    return obj
 
 
 def touch(obj: object, write: bool | str = True) -> None:
@@ -689,11 +694,7 @@ class KeyedDict(_KeyedBase):  # type: ignore[valid-type,misc]
     __slots__ = ()
 
     def __new__(cls, *args: object, **kwargs: object) -> Any:
-        obj = dict.__new__(cls)
-        keep = SCHED.fp_keep
-        if keep is not None:
-            keep(obj, True)
-        return obj
+        return _named_when_made(dict.__new__(cls))
 
     def _all(self, write: bool | str = False) -> None:
         st = SCHED.fp_step
