@@ -129,27 +129,35 @@ record(Recorder *r, PyObject *const *head, Py_ssize_t nhead, PyObject *const *re
     return 0;
 }
 
-/* enter(fid, kw, *args) -> the running task: (fid, task, kw, [t,] *args) */
+/* Record (code, the running task, third, [t,] rest...): an entry or a tracepoint hit.
+ * Returns the task (a new reference), or NULL on error with nothing recorded. */
 static PyObject *
-rec_enter(Recorder *r, PyObject *const *args, Py_ssize_t nargs)
+record_at_task(Recorder *r, PyObject *code, PyObject *third, PyObject *const *rest,
+               Py_ssize_t nrest)
 {
-    PyObject *k, *head[3];
+    PyObject *head[3], *k = running(r);
 
-    if (nargs < 2) {
-        PyErr_SetString(PyExc_TypeError, "enter(fid, kw, *args)");
-        return NULL;
-    }
-    k = running(r);
     if (k == NULL)
         return NULL;
-    head[0] = args[0];
+    head[0] = code;
     head[1] = k;
-    head[2] = args[1];
-    if (record(r, head, 3, args + 2, nargs - 2) < 0) {
+    head[2] = third;
+    if (record(r, head, 3, rest, nrest) < 0) {
         Py_DECREF(k);
         return NULL;
     }
     return k;
+}
+
+/* enter(fid, kw, *args) -> the running task: (fid, task, kw, [t,] *args) */
+static PyObject *
+rec_enter(Recorder *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 2) {
+        PyErr_SetString(PyExc_TypeError, "enter(fid, kw, *args)");
+        return NULL;
+    }
+    return record_at_task(r, args[0], args[1], args + 2, nargs - 2);
 }
 
 /* call(fn, fid, xfid, kw, *args) -> fn(*args, **kw), recorded around the call: the
@@ -166,16 +174,10 @@ rec_call(Recorder *r, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     kw = args[3];
-    k = running(r);
+    k = record_at_task(r, args[1], kw, args + 4, nargs - 4);
     if (k == NULL)
         return NULL;
-    head[0] = args[1];
     head[1] = k;
-    head[2] = kw;
-    if (record(r, head, 3, args + 4, nargs - 4) < 0) {
-        Py_DECREF(k);
-        return NULL;
-    }
     res = PyObject_VectorcallDict(args[0], args + 4, nargs - 4, kw == Py_None ? NULL : kw);
     head[0] = args[2];
     if (res != NULL) {
@@ -220,18 +222,12 @@ rec_exit(Recorder *r, PyObject *const *args, Py_ssize_t nargs)
 static int
 record_point(Recorder *r, PyObject *tp, PyObject *const *values, Py_ssize_t n)
 {
-    PyObject *k, *head[3];
-    int rc;
+    PyObject *k = record_at_task(r, s_point, tp, values, n);
 
-    k = running(r);
     if (k == NULL)
         return -1;
-    head[0] = s_point;
-    head[1] = k;
-    head[2] = tp;
-    rc = record(r, head, 3, values, n);
     Py_DECREF(k);
-    return rc;
+    return 0;
 }
 
 /* point(tp, *values): ("P", task, tp, [t,] *values) */

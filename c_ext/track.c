@@ -336,16 +336,13 @@ static PyType_Spec base_spec = {
  */
 static PyObject *s_keys, *s_forget;
 
-/* step.<which>.add((id(self), k)) when a step records; -1 on error */
+/* st.<which>.add((id(self), k)); -1 on error */
 static int
-keyed_record(PyObject *self, PyObject *which, PyObject *k)
+keyed_add(PyObject *st, PyObject *which, PyObject *self, PyObject *k)
 {
-    PyObject *st = running_step(), *key;
+    PyObject *key = make_key(self, k);
     int r;
 
-    if (st == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    key = make_key(self, k);
     if (key == NULL)
         return -1;
     r = add_key(st, which, key);
@@ -353,10 +350,21 @@ keyed_record(PyObject *self, PyObject *which, PyObject *k)
     return r;
 }
 
+/* A read of k, when a step records; -1 on error */
+static int
+keyed_read(PyObject *self, PyObject *k)
+{
+    PyObject *st = running_step();
+
+    if (st == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return keyed_add(st, s_reads, self, k);
+}
+
 static PyObject *
 keyed_subscript(PyObject *self, PyObject *k)
 {
-    if (keyed_record(self, s_reads, k) < 0)
+    if (keyed_read(self, k) < 0)
         return NULL;
     return PyDict_Type.tp_as_mapping->mp_subscript(self, k);
 }
@@ -364,7 +372,7 @@ keyed_subscript(PyObject *self, PyObject *k)
 static int
 keyed_contains(PyObject *self, PyObject *k)
 {
-    if (keyed_record(self, s_reads, k) < 0)
+    if (keyed_read(self, k) < 0)
         return -1;
     return PyDict_Contains(self, k);
 }
@@ -385,13 +393,14 @@ keyed_ass_subscript(PyObject *self, PyObject *k, PyObject *v)
     if (st == NULL && PyErr_Occurred())
         return -1;
     if (st != NULL) {
-        int has = PyDict_Contains(self, k);
+        int has, rc = -1;
 
-        if (has < 0)
-            return -1;
-        if (!has && keyed_record(self, s_writes, s_keys) < 0)
-            return -1;
-        if (keyed_record(self, s_writes, k) < 0)
+        Py_INCREF(st);                   /* held across the key's own __eq__ */
+        has = PyDict_Contains(self, k);
+        if (has >= 0 && (has || keyed_add(st, s_writes, self, s_keys) == 0))
+            rc = keyed_add(st, s_writes, self, k);
+        Py_DECREF(st);
+        if (rc < 0)
             return -1;
     }
     return PyDict_SetItem(self, k, v);
@@ -407,7 +416,7 @@ keyed_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "get expected 1 or 2 arguments, got %zd", nargs);
         return NULL;
     }
-    if (keyed_record(self, s_reads, args[0]) < 0)
+    if (keyed_read(self, args[0]) < 0)
         return NULL;
     v = PyDict_GetItemWithError(self, args[0]);
     if (v == NULL) {

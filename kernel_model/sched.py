@@ -674,7 +674,7 @@ class _PyKeyedBase(dict):
         dict.__delitem__(self, k)
 
 
-_KeyedBase: type = _track.KeyedBase if default_backend_name() == "c" else _PyKeyedBase
+_KeyedBase: type = _PyKeyedBase if default_backend_name() == "python" else _track.KeyedBase
 
 
 class KeyedDict(_KeyedBase):  # type: ignore[valid-type,misc]

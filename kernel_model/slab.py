@@ -23,13 +23,12 @@ The records live in `machine.slab` (made on first use, with its leak check).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from c_ext import _track
+from c_ext import _track, default_backend_name
 from kernel_model.current import live_machines
 from kernel_model.errno import KernelBug
 from kernel_model.lockdep import call_site, machine_now
@@ -153,7 +152,7 @@ _UNSET = object()                  # a field a step set for the first time
 _tracked_classes: set[type] = set()
 #: which recorder new twins get: "c" (c_ext._track) or "python" (_py_tracked), by
 #: $PEERMEM_BACKEND as the per-page loops are; set_track_backend changes it
-TRACK_BACKEND = "python" if os.environ.get("PEERMEM_BACKEND") == "python" else "c"
+TRACK_BACKEND = "python" if default_backend_name() == "python" else "c"
 _twins: dict[str, dict[type, type]] = {"c": {}, "python": {}}
 _tracked = _twins[TRACK_BACKEND]    # class -> its footprint-recording twin
 #: each C twin's (adds, own, hasdict) for c_ext._track, which reads it by type

@@ -271,7 +271,7 @@ def tracepoint(name: str, fields: str, layer: str = "kernel_model") -> Callable[
     names = tuple(fields.split())
     meta = _Tracepoint(name, names, layer)
     fn: Any
-    if default_backend_name() == "c":
+    if default_backend_name() != "python":
         fn = _tracebuf.TracePoint(meta, f"trace_{name}", len(names))
     else:   # the twin: a generated function whose closure cell holds the sink's point()
         src = (f"def _mk(_pm_a, _pm_p):\n"
@@ -368,7 +368,7 @@ class Tracer:
         None follows $PEERMEM_BACKEND, as the per-page loops do."""
         if clock not in ("virtual", "wall"):
             raise ValueError("Tracer: clock must be 'virtual' or 'wall'")
-        recorder = recorder or default_backend_name()
+        recorder = recorder or ("python" if default_backend_name() == "python" else "c")
         if recorder not in _RECORDERS:
             raise ValueError(f"Tracer: recorder must be 'c' or 'python', not {recorder!r}")
         self.clock = clock
@@ -381,10 +381,10 @@ class Tracer:
                                          time.perf_counter_ns if clock == "wall" else None)
         # what start() patched: (entry, the function), held until stop() restores them
         self._patched: list[tuple[_Traced, types.FunctionType]] = []
-        # every entry patched in this session, by fid, for building the Trace (an
-        # entry outlives its function; its params were read while it was patched)
-        self._fns: dict[int, _Traced] = {}
-        self._held: list[types.FunctionType] = []
+        # every function patched in this session, by fid, with its entry: the Trace
+        # is built from the entries and reads the functions' signatures, so they
+        # are held until it is
+        self._fns: dict[int, tuple[_Traced, types.FunctionType]] = {}
         self._trace: Trace | None = None
         self._stopped = False
         self._t0 = 0
@@ -395,8 +395,9 @@ class Tracer:
         if not self._stopped:
             raise RuntimeError("Tracer: stop() it before reading the trace")
         if self._trace is None:
-            self._trace = _build(self._rec.events(), self.clock, self._t0, self._fns)
-            self._held = []
+            self._trace = _build(self._rec.events(), self.clock, self._t0,
+                                 {fid: r for fid, (r, _) in self._fns.items()})
+            self._fns = {}
         return self._trace
 
     # -- start / stop --------------------------------------------------------------
@@ -430,7 +431,7 @@ class Tracer:
             return
         fn.__code__ = r.tramp(fn)
         self._patched.append((r, fn))
-        self._fns[r.fid] = r
+        self._fns[r.fid] = (r, fn)
 
     def _patch_tracepoint(self, tp: Any) -> None:
         if self.layers is None or tp.tp.layer in self.layers:
@@ -451,8 +452,6 @@ class Tracer:
         _SINK.call = None
         for r, fn in self._patched:
             fn.__code__ = r.code
-        # the functions stay alive until the Trace is built: it reads their signatures
-        self._held = [fn for _, fn in self._patched]
         self._patched.clear()
         for tp in _TRACEPOINTS:
             _set_sink(tp, None)
@@ -465,12 +464,16 @@ class Tracer:
 
     # -- recording -------------------------------------------------------------------
     def _on_switch(self, prev: Task, nxt: Task, reason: str) -> None:
-        ev = ("S", _cur._current or prev, nxt.saved_ts or nxt, reason)
-        self._rec.add(*ev, time.perf_counter_ns()) if self.clock == "wall" else self._rec.add(*ev)
+        self._add("S", _cur._current or prev, nxt.saved_ts or nxt, reason)
 
     def _on_clock(self, jiffies: int) -> None:
-        ev = ("T", None, jiffies, None)
-        self._rec.add(*ev, time.perf_counter_ns()) if self.clock == "wall" else self._rec.add(*ev)
+        self._add("T", None, jiffies, None)
+
+    def _add(self, *ev: object) -> None:
+        """A scheduler hook's event, the wall clock's time last when it runs."""
+        if self.clock == "wall":
+            ev += (time.perf_counter_ns(),)
+        self._rec.add(*ev)
 
 
 # -- building the Trace -------------------------------------------------------------

@@ -45,7 +45,7 @@ class Session:
         self.finish()
         # every mode's round starts from a collected heap: building the last round's
         # Trace (on only) makes thousands of objects, and the collections that
-        # follows would otherwise land in the next round of `on` alone
+        # follow would otherwise land in the next round of `on` alone
         gc.collect()
         if self.mode == "off":
             Tracer().start().stop()
