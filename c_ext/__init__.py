@@ -15,7 +15,9 @@ segments, DMA addresses) stay in C memory and never become lists of tuples.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
 from c_ext import twins
 
@@ -177,6 +179,26 @@ class _Backend:
         if self.name == "python":
             return twins.pte_get(mem, pgd, va)
         return lib.pm_pte_get(mem.c, pgd, va)
+
+    def page_at(self, mem: MemCtx, pgd: int, va: int, n: int, need: int,
+                task_size: int) -> int:
+        """The physical address of [va, va + n) when it lies in one page below
+        task_size whose PTE under pgd has every bit of need, else -1: the TLB hit
+        of a load or store (kernel_model.memory.page_at)."""
+        if not (0 <= va < 1 << 64 and 0 <= n < 1 << 64 and 0 <= need < 1 << 64
+                and 0 <= task_size < 1 << 64):
+            return -1
+        if not 0 <= pgd < mem.nr_pages << mem.page_shift:
+            raise ValueError(f"page_at: root table {pgd:#x} outside RAM")
+        return self.page_at_fn(mem)(pgd, va, n, need, task_size)
+
+    def page_at_fn(self, mem: MemCtx) -> Callable[[int, int, int, int, int], int]:
+        """page_at bound to one machine's memory, with no checks in Python: the
+        caller passes a root table inside RAM and 64-bit unsigned integers (a
+        load or store of the running process, many per system call)."""
+        if self.name == "python":
+            return functools.partial(twins.page_at, mem)
+        return functools.partial(lib.pm_page_at, mem.c)
 
     def gup_fast(self, mem: MemCtx, pgd: int, start: int, nr: int, need: int, deny: int,
                  pfns: U64Array, off: int = 0) -> int:

@@ -66,6 +66,25 @@ uint64_t pm_pte_get(const struct pm_mem *m, uint64_t pgd, uint64_t va)
 }
 
 /*
+ * The TLB hit a load or store takes before the page walk (memory.page_at):
+ * the physical address of [va, va + len) when the range lies in one page
+ * below task_size whose PTE has every bit of need; -1 for anything else,
+ * which sends the caller down the faulting walk.
+ */
+int64_t pm_page_at(const struct pm_mem *m, uint64_t pgd, uint64_t va,
+		   uint64_t len, uint64_t need, uint64_t task_size)
+{
+	uint64_t ps = 1ull << m->page_shift, off = va & (ps - 1), pte;
+
+	if (len == 0 || len > ps - off || va >= task_size || len > task_size - va)
+		return -1;
+	pte = pm_pte_get(m, pgd, va);
+	if ((pte & need) != need)
+		return -1;
+	return (int64_t)((pte & PM_PTE_ADDR_MASK) + off);
+}
+
+/*
  * gup fast path: pin nr pages from start while each PTE has every bit of
  * need and none of deny, maps RAM, and its page can take a reference.
  * Returns how many were pinned; the caller's slow path takes over there.

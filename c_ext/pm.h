@@ -41,6 +41,8 @@ struct pm_mem {			/* one machine's memory, shared by every call */
 long pm_gup_fast(const struct pm_mem *m, uint64_t pgd, uint64_t start,
 		 long nr, uint64_t need, uint64_t deny, uint64_t *pfns);
 uint64_t pm_pte_get(const struct pm_mem *m, uint64_t pgd, uint64_t va);
+int64_t pm_page_at(const struct pm_mem *m, uint64_t pgd, uint64_t va,
+		   uint64_t len, uint64_t need, uint64_t task_size);
 long pm_unpin(const struct pm_mem *m, const uint64_t *pfns,
 	      const uint64_t *counts, long n, int len_shift, int dirty,
 	      uint64_t *freed, uint64_t *err);

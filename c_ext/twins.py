@@ -39,6 +39,17 @@ def pte_get(mem, pgd, va):
     return mem.ram_q[(table >> 3) + ((va >> mem.page_shift) & ((1 << (mem.page_shift - 3)) - 1))]
 
 
+def page_at(mem, pgd, va, length, need, task_size):
+    ps = 1 << mem.page_shift
+    off = va & (ps - 1)
+    if length == 0 or length > ps - off or va >= task_size or length > task_size - va:
+        return -1
+    pte = pte_get(mem, pgd, va)
+    if pte & need != need:
+        return -1
+    return (pte & PTE_ADDR_MASK) + off
+
+
 def gup_fast(mem, pgd, start, nr, need, deny, pfns, off):
     shift = mem.page_shift
     bits = shift - 3

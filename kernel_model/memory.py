@@ -48,6 +48,10 @@ from kernel_model.trace import traced, tracepoint
 if TYPE_CHECKING:
     from kernel_model.mm_types import mm_struct
 
+# what page_at needs of a PTE; its arguments are 64-bit unsigned in C
+_NEED_READ, _NEED_WRITE = _PAGE_PRESENT, _PAGE_PRESENT | _PAGE_RW
+_U64 = 1 << 64
+
 # vm_fault_t (include/linux/mm_types.h)
 VM_FAULT_OOM = 0x000001
 VM_FAULT_SIGBUS = 0x000002
@@ -225,17 +229,13 @@ def page_at(mm: mm_struct, addr: int, length: int, write: bool) -> int:
     report - most of what a program's loads and stores and the kernel's small
     copy_*_user calls touch - so they take it first and run the whole walk only on
     -1 (the TLB hit before the page walk).  The PTE is read as it is now; nothing
-    is cached across calls.
+    is cached across calls.  The walk and the checks are one C call
+    (ops.page_at_fn, pm_page_at).
     """
-    ps = mm.machine.page_size
-    off = addr & (ps - 1)
-    if length <= 0 or addr < 0 or off + length > ps or addr + length > mm.task_size:
+    if not (0 <= addr < _U64 and 0 < length < _U64):
         return -1
-    need = _PAGE_PRESENT | _PAGE_RW if write else _PAGE_PRESENT
-    pte = mm.pgtable.get(addr)
-    if pte & need != need:
-        return -1
-    return pte_addr(pte) + off
+    return mm.machine.page_at_fn(mm.pgtable.pgd, addr, length,
+                                 _NEED_WRITE if write else _NEED_READ, mm.task_size)
 
 
 def access_vm(mm: mm_struct, addr: int, length: int, write: bool,

@@ -97,6 +97,8 @@ class Machine:
         if SCHED.fp_keep is not None:   # named when made, as a struct is (Footprint)
             SCHED.fp_keep(self.mem, True)
         self.ops = c_ext.backend(backend)
+        # the TLB hit of a process's loads and stores (memory.page_at), on this RAM
+        self.page_at_fn = self.ops.page_at_fn(self.mem)
         self.zone = zone(self)
         # pfn 0 stays reserved, as on x86: a zero physical address never names a page
         self.mem.pages[0] = PG_reserved

@@ -210,8 +210,9 @@ class Process:
     def load(self, va: int, n: int) -> bytes:
         """Read n bytes at va as the program's CPU would."""
         m = self.machine
-        if self.alive:
-            phys = page_at(self.task.mm, va, n, False)   # the TLB hit: no walk
+        t = self.task
+        if t.exit_code is None:                          # alive
+            phys = page_at(t.mm, va, n, False)           # the TLB hit: no walk
             if phys >= 0:
                 if phys + n <= m.ram_size:
                     return m.phys_read(phys, n)
@@ -228,10 +229,12 @@ class Process:
     def store(self, va: int, data: bytes) -> None:
         """Write data at va as the program's CPU would (MMIO pages reach the device)."""
         m = self.machine
-        if self.alive:
-            phys = page_at(self.task.mm, va, len(data), True)
+        t = self.task
+        if t.exit_code is None:                          # alive
+            n = len(data)
+            phys = page_at(t.mm, va, n, True)
             if phys >= 0:
-                if phys + len(data) <= m.ram_size:
+                if phys + n <= m.ram_size:
                     m.phys_write(phys, data)
                     return
                 with running(self.task):

@@ -51,6 +51,7 @@ from kernel_model.pgtable import (
     _PAGE_RW,
     _PAGE_SPECIAL,
     _PAGE_USER,
+    pte_addr,
 )
 
 RAM = 32 << 20
@@ -1017,3 +1018,60 @@ def test_pte_get_survives_a_corrupt_upper_table():
         assert m.ops.pte_get(m.mem, p.mm.pgd, LAYOUT_BASE) & _PAGE_PRESENT
         p.exit(0)
         m.check_leaks()
+
+
+@pytest.mark.parametrize("page_size", [4096, 1 << 16])
+def test_page_at_is_the_tlb_hit_on_both_backends(page_size):
+    """ops.page_at (pm_page_at and its twin) gives the physical address of a range
+    inside one page whose PTE has the bits asked for, and -1 for every other case:
+    an empty range, a range crossing the page's end, one at or beyond task_size, a
+    read-only or unfaulted page asked for write or read, integers at 64 bits; the
+    backends agree case by case, and memory.page_at, the callers' entry, agrees with
+    both.  A root table outside RAM is refused."""
+    from kernel_model.memory import page_at
+    got = {}
+    for b in BACKENDS:
+        m = Machine(ram_size=RAM, page_size=page_size, backend=b)
+        p = m.spawn("tlb")
+        ps = m.page_size
+        base = LAYOUT_BASE
+        assert p.mmap(base, 3 * ps, flags=MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED) == base
+        p.store(base, b"w")                                  # faulted, writable
+        assert p.mmap(base + 3 * ps, ps, prot=PROT_READ,
+                      flags=MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED) == base + 3 * ps
+        p.load(base + 3 * ps, 1)                             # faulted, read-only
+        mm, pgd, ts = p.mm, p.mm.pgtable.pgd, p.mm.task_size
+        phys0 = pte_addr(mm.pgtable.get(base))
+        R, W = _PAGE_PRESENT, _PAGE_PRESENT | _PAGE_RW
+        cases = [
+            ((base + 5, 8, W), phys0 + 5),                   # inside a writable page
+            ((base, ps, R), phys0),                          # the whole page
+            ((base + ps - 4, 4, W), phys0 + ps - 4),         # ends at the page's end
+            ((base + ps - 4, 5, W), -1),                     # crosses into the next
+            ((base, 0, R), -1),                              # empty
+            ((base + ps, 8, R), -1),                         # not faulted in yet
+            ((base + 3 * ps, 8, R), None),                   # read-only, read: a hit
+            ((base + 3 * ps, 8, W), -1),                     # read-only, write
+            ((ts - 8, 8, R), -1),                            # nothing mapped there
+            ((ts, 8, R), -1),                                # at task_size
+            ((ts - 4, 8, R), -1),                            # runs past it
+            (((1 << 64) - 1, 1, R), -1),                     # the last 64-bit address
+            ((base, (1 << 64) - 1, R), -1),                  # a 64-bit length
+            ((base, 1 << 64, R), -1),                        # beyond 64 bits
+            ((-1, 8, R), -1),
+        ]
+        out = []
+        for (va, n, need), want in cases:
+            hit = m.ops.page_at(m.mem, pgd, va, n, need, ts)
+            if want is None:
+                want = pte_addr(mm.pgtable.get(base + 3 * ps))
+            assert hit == want, (b, hex(va), n, need)
+            if need in (R, W):
+                assert page_at(mm, va, n, need == W) == hit, (b, hex(va), n)
+            out.append(hit - phys0 if hit >= 0 else hit)
+        got[b] = out
+        with pytest.raises(ValueError, match="outside RAM"):
+            m.ops.page_at(m.mem, m.ram_size, base, 8, R, ts)
+        p.exit(0)
+        m.check_leaks()
+    assert got["c"] == got["python"]
