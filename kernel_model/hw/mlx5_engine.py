@@ -233,6 +233,9 @@ trace_roce_frame = tracepoint("roce_frame", "src dst kind op src_qpn dest_qpn wq
 def _port_name(hca: ConnectX) -> str:
     return f"{hca.machine.name}/{hca.name}"
 MAX_PIECES = 1 << 16
+# up to this many pieces a DMA is slice copies (no zeroed payload first, no index
+# arrays); beyond, one ops.dma_copy
+FEW_PIECES = 16
 
 
 class WqeError(Exception):
@@ -709,9 +712,9 @@ class Mlx5Engine:
         if self._in_ram(phys):
             for p, n in phys:
                 touch_ram(mem, p, n, False)
-            if len(phys) == 1:            # one piece: the payload is a copy of it,
-                p, n = phys[0]            # not zeroes copied over (a 1 MiB memset)
-                out = bytearray(mem.ram[p:p + n])
+            if len(phys) <= FEW_PIECES:   # the payload is a copy of the pieces,
+                ram = mem.ram             # not zeroes copied over (a 1 MiB memset)
+                out = bytearray().join([ram[p:p + n] for p, n in phys])
             else:
                 out = bytearray(length)
                 self._copy(out, [(0, length)], mem, phys)
@@ -741,9 +744,11 @@ class Mlx5Engine:
             mem = self.machine.mem
             for p, n in phys:
                 touch_ram(mem, p, n, True)
-            if len(phys) == 1 and phys[0][1] == len(payload):
-                p, n = phys[0]                # one piece: the payload lands whole
-                mem.ram[p:p + n] = payload
+            if len(phys) <= FEW_PIECES and sum(n for _, n in phys) == len(payload):
+                ram, src, off = mem.ram, memoryview(payload), 0
+                for p, n in phys:
+                    ram[p:p + n] = src[off:off + n]
+                    off += n
             else:
                 self._copy(mem, phys, payload, [(0, len(payload))])
         else:
