@@ -22,7 +22,13 @@ from c_ext import U64Array, UnpinUnderflow
 from kernel_model import trace
 from kernel_model.current import current
 from kernel_model.errno import EFAULT, EINVAL, ENOMEM, EOVERFLOW, KernelError
-from kernel_model.memory import FAULT_FLAG_WRITE, VM_FAULT_ERROR, VM_FAULT_OOM, handle_mm_fault
+from kernel_model.memory import (
+    FAULT_FLAG_WRITE,
+    VM_FAULT_ERROR,
+    VM_FAULT_OOM,
+    fault_anon_run,
+    handle_mm_fault,
+)
 from kernel_model.mm import VM_IO, VM_MAYWRITE, VM_PFNMAP, VM_READ, VM_SHARED, VM_WRITE, mm_struct
 from kernel_model.pgtable import _PAGE_DIRTY, _PAGE_PRESENT, _PAGE_RW, _PAGE_SPECIAL, _PAGE_USER
 from kernel_model.trace import traced, tracepoint
@@ -101,11 +107,14 @@ def __get_user_pages(mm: mm_struct, start: int, nr_pages: int, gup_flags: int,
             if n:
                 continue
             # follow_page_mask() found nothing it may pin: faultin_page()
+            absent = not mm.pgtable.get(addr) & _PAGE_PRESENT
             ret = handle_mm_fault(vma, addr, FAULT_FLAG_WRITE if gup_flags & FOLL_WRITE else 0)
             if ret & VM_FAULT_OOM:
                 raise KernelError(ENOMEM, f"faultin_page: out of memory at {addr:#x}")
             if ret & VM_FAULT_ERROR:
                 raise KernelError(EFAULT, f"faultin_page: fault error {ret:#x} at {addr:#x}")
+            if absent and run > 1:           # the next laps' faults, as they would come
+                fault_anon_run(vma, addr, addr + (run << shift), bool(gup_flags & FOLL_WRITE))
             # the retry follows on past the faulted page while pages are present (the
             # next lap's follow_page_mask, without a lap for it)
             n = m.ops.gup_fast(m.mem, mm.pgd, addr, run, need, _PAGE_SPECIAL, pages, off + done)

@@ -42,6 +42,7 @@ from kernel_model.pgtable import (
     _PAGE_SPECIAL,
     pte_addr,
 )
+from kernel_model.sched import SCHED
 from kernel_model.slab import counter_add
 from kernel_model.trace import traced, tracepoint
 
@@ -124,6 +125,51 @@ def do_anonymous_page(vma: vm_area_struct, address: int, slot: int, flags: int) 
     mm.pgtable.set(slot, pte)
     counter_add(mm, "rss", 1)
     return 0
+
+
+def fault_anon_run(vma: vm_area_struct, va: int, end: int, write: bool) -> None:
+    """After handle_mm_fault mapped a page at va where there was none: the first-touch
+    faults of the pages after it up to end (the end of the access), while they lie
+    in the VMA and in the same PTE table and have no PTE, when the VMA is anonymous.
+    Each gets what do_anonymous_page gives a page - a zeroed page, anonymous, mapped
+    once, the VMA's prot (dirty for a write), one rss - in the order its own fault
+    would have taken it, recorded as va's page is.
+
+    # EMU: one loop instead of a fault per page (access_vm, __get_user_pages), taken
+    # only when nothing could tell the two apart: no tracer (each fault is a trace
+    # event) and no partial-order recording (each is a step's footprint); no
+    # scheduling point lies between the faults of one access.
+    """
+    if trace.enabled or SCHED.fp_step is not None or vma.vm_ops is not None or \
+            vma.vm_flags & VM_PFNMAP:
+        return
+    end = min(end, vma.vm_end)
+    mm = vma.vm_mm
+    m = mm.machine
+    pt = mm.pgtable
+    ps, shift = m.page_size, m.page_shift
+    span = ps << pt.bits
+    va &= ~(ps - 1)
+    end = min(end, (va // span + 1) * span)        # this PTE table's pages
+    slot = pt.pte_slot(va, False)
+    if slot is None or end <= va + ps:
+        return
+    ram_q = pt.ram_q
+    first = slot >> 3
+    n = 0                                           # pages after va's without a PTE
+    while va + (n + 1) * ps < end and not ram_q[first + n + 1]:
+        n += 1
+    if not n:
+        return
+    zone = m.zone
+    pfns = zone.alloc_zeroed_run(n, zone.allocated[pte_addr(ram_q[first]) >> shift])
+    words = zone.pages
+    prot = vma.vm_page_prot | (_PAGE_DIRTY if write else 0)
+    for i, pfn in enumerate(pfns, 1):
+        words[pfn * 4 + PAGE_FLAGS] |= PG_anon
+        words[pfn * 4 + PAGE_MAPCOUNT] = 1
+        ram_q[first + i] = (pfn << shift) | prot
+    counter_add(mm, "rss", len(pfns))
 
 
 @traced
@@ -262,11 +308,14 @@ def access_vm(mm: mm_struct, addr: int, length: int, write: bool,
                 break
             if trace.enabled:
                 trace_page_fault_user(va, (pte & _PAGE_PRESENT) | (2 if write else 0) | 4)
+            absent = not pte & _PAGE_PRESENT
             if handle_mm_fault(vma, va, FAULT_FLAG_WRITE if write else 0) & VM_FAULT_ERROR:
                 break
             pte = mm.pgtable.get(va)
             if not pte & _PAGE_PRESENT or (write and not (pte & _PAGE_RW or force)):
                 break
+            if absent and addr + length - va > n:
+                fault_anon_run(vma, va, addr + length, write)
         chunk(pte_addr(pte) + va % ps, done, n)
         done += n
     return done
