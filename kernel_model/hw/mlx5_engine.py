@@ -694,6 +694,8 @@ class Mlx5Engine:
                 raise QpQuiesced(f"{o.kind} {o.num:#x}")
 
     def _to_phys(self, pieces: list[tuple[int, int]], write: bool) -> list[tuple[int, int]]:
+        if not self.machine.iommu.translating:
+            return pieces                 # the bus address is the physical one
         out: list[tuple[int, int]] = []
         for dma, n in pieces:
             out += [(dma, n)] if dma & MEMIC_PIECE else self._phys(dma, n, write)
@@ -701,7 +703,10 @@ class Mlx5Engine:
 
     def _in_ram(self, phys: list[tuple[int, int]]) -> bool:
         size = self.machine.ram_size
-        return all(p + n <= size for p, n in phys)
+        for p, n in phys:
+            if p + n > size:
+                return False
+        return True
 
     @traced
     def hca_dma_gather(self, pieces: list[tuple[int, int]], length: int) -> bytearray:
@@ -1368,7 +1373,10 @@ class Mlx5Engine:
             length = ATOMIC_SIZE
         # the QP's own message limit (qpc.log_msg_max: a UD QP's is 12, its 4096-byte
         # MTU - found by peermem fuzz: a UD WQE of 1 MiB reached the GRH's 16-bit length)
-        log_max = min(qpc["log_msg_max"] or 64, self.hca.fw.cap("log_max_msg"))
+        log_max = qpc.get("log_max")
+        if log_max is None:               # the cap is fixed from INIT_HCA on
+            log_max = qpc["log_max"] = min(qpc["log_msg_max"] or 64,
+                                           self.hca.fw.cap("log_max_msg"))
         if length > 1 << log_max:
             raise WqeError(SYND_LOCAL_LENGTH, f"message of {length} bytes, the QP's "
                                               f"maximum is {1 << log_max}")
