@@ -52,10 +52,12 @@ def phys_page(p, va) -> int:
 
 
 def mtt_page(m, mr) -> int:
-    """The page the HCA's translation table (big-endian MTT entries) gives for the MR's
-    first page."""
-    raw = int(m.hcas[0].fw.mkeys[mr.ibv_mr.lkey >> 8].pas.view[0])
-    return int.from_bytes(raw.to_bytes(8, "little"), "big") & ~(K4 - 1)
+    """The page the HCA's translation table (big-endian MTT entries, each a block of
+    2^log_page_size bytes) gives for the MR's first page."""
+    mk = m.hcas[0].fw.mkeys[mr.ibv_mr.lkey >> 8]
+    raw = int(mk.pas.view[0])
+    block = int.from_bytes(raw.to_bytes(8, "little"), "big") & ~(K4 - 1)
+    return (block + (mk.mkc["start_addr"] & ((1 << mk.mkc["log_page_size"]) - 1))) & ~(K4 - 1)
 
 
 def reg(dom, addr, n=K64, access=FI_REMOTE_WRITE):

@@ -162,7 +162,7 @@ def test_closing_the_context_unmaps_the_clock_pages():
     ctx.close()
     assert mctx.hca_core_clock == mctx.clock_info_page == 0
     for addr in (core, info):
-        assert proc.mm.find_vma(addr) is None
+        assert proc.mm.vma_lookup(addr) is None
 
 
 @pytest.mark.parametrize("wallclock", [False, True])
