@@ -97,8 +97,6 @@ class Machine:
         if SCHED.fp_keep is not None:   # named when made, as a struct is (Footprint)
             SCHED.fp_keep(self.mem, True)
         self.ops = c_ext.backend(backend)
-        # the TLB hit of a process's loads and stores (memory.page_at), on this RAM
-        self.page_at_fn = self.ops.page_at_fn(self.mem)
         self.zone = zone(self)
         # pfn 0 stays reserved, as on x86: a zero physical address never names a page
         self.mem.pages[0] = PG_reserved
@@ -128,6 +126,17 @@ class Machine:
         self.lockdep = lockdep_graph(self)
         live_machines.add(self)
         _by_serial[self.serial] = self
+
+    @property
+    def ops(self) -> c_ext._Backend:
+        """The C loops or their Python twins (c_ext.backend)."""
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops: c_ext._Backend) -> None:
+        self._ops = ops
+        # the TLB hit of a process's loads and stores (memory.page_at), on this RAM
+        self.page_at_fn = ops.page_at_fn(self.mem)
 
     def __repr__(self) -> str:
         return (f"Machine {self.name} {self.ram_size >> 20} MiB page {self.page_size} "

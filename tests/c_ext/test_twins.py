@@ -1072,6 +1072,14 @@ def test_page_at_is_the_tlb_hit_on_both_backends(page_size):
         got[b] = out
         with pytest.raises(ValueError, match="outside RAM"):
             m.ops.page_at(m.mem, m.ram_size, base, 8, R, ts)
+        # the machine's own TLB hit follows its backend, also when it is swapped
+        other = "python" if b == "c" else "c"
+        want_fn = {"c": c_ext.lib.pm_page_at, "python": c_ext.twins.page_at}
+        assert m.page_at_fn.func is want_fn[b]
+        m.ops = c_ext.backend(other)
+        assert m.page_at_fn.func is want_fn[other]
+        assert page_at(mm, base + 5, 8, True) == phys0 + 5
+        m.ops = c_ext.backend(b)
         p.exit(0)
         m.check_leaks()
     assert got["c"] == got["python"]
