@@ -16,7 +16,9 @@ segments, DMA addresses) stay in C memory and never become lists of tuples.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
+import sys
 from collections.abc import Callable
 
 from c_ext import twins
@@ -79,6 +81,20 @@ class UnpinUnderflow(Exception):
     def __init__(self, pfn: int, nfreed: int, done: int):
         super().__init__(f"unpin of pfn {pfn:#x} which holds no pin")
         self.pfn, self.nfreed, self.done = pfn, nfreed, done
+
+
+#: mmap(2)'s MAP_NORESERVE: Python's mmap module exports it only from 3.12 on
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux")
+                        else 0)
+
+
+def anon_map(size: int) -> mmap.mmap:
+    """A private anonymous mapping of `size` bytes that commits no memory until it is
+    touched (MAP_NORESERVE): emulated RAM, VRAM and BARs of gigabytes of which a run
+    touches a little.  Without NORESERVE each counted against the host's commit
+    limit in full, and a process holding a few could no longer fork (the explorer's
+    workers and snapshots: ENOMEM)."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | MAP_NORESERVE)
 
 
 class U64Array:

@@ -31,11 +31,11 @@ from test or machine setup code, module load and unload).
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
+from c_ext import anon_map
 from kernel_model import dma
 from kernel_model.current import current, current_or_none, running
 from kernel_model.errno import EEXIST, EINVAL, ENOMEM, KernelError
@@ -298,8 +298,7 @@ class MemoryBar:
     @property
     def buf(self) -> memoryview:
         if self._buf is None:
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
-            self._buf = memoryview(mmap.mmap(-1, self.size, flags=flags))
+            self._buf = memoryview(anon_map(self.size))
         return self._buf
 
     def read(self, off: int, n: int) -> bytes:

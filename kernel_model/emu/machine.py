@@ -17,7 +17,6 @@ hard-code 4096 for it (MLX5_ADAPTER_PAGE_SIZE is a different, fixed thing).
 from __future__ import annotations
 
 import itertools
-import mmap
 import weakref
 from bisect import bisect_right
 from collections import Counter
@@ -89,9 +88,8 @@ class Machine:
         self.nr_pages = ram_size >> self.page_shift
         self.levels = pgtable_levels(self.page_shift)
         self.panic_on_warn = panic_on_warn
-        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
-        self._ram = mmap.mmap(-1, ram_size, flags=flags)
-        self._mem_map = mmap.mmap(-1, self.nr_pages * 16, flags=flags)
+        self._ram = c_ext.anon_map(ram_size)
+        self._mem_map = c_ext.anon_map(self.nr_pages * 16)
         self.mem = c_ext.MemCtx(self._ram, self._mem_map, self.nr_pages, self.page_shift,
                                 self.levels)
         if SCHED.fp_keep is not None:   # named when made, as a struct is (Footprint)

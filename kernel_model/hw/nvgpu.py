@@ -29,12 +29,11 @@ memory whose owner freed it or whose pin was revoked.
 
 from __future__ import annotations
 
-import mmap
 from typing import TYPE_CHECKING
 
 import attrs
 
-from c_ext import U64Array
+from c_ext import U64Array, anon_map
 from kernel_model.ioport import MachineCheck
 from kernel_model.pci import pci_add_device, pci_dev, pci_register_bar
 from kernel_model.sched import touch
@@ -113,8 +112,7 @@ class NvGpu:
     @property
     def vidmem(self) -> memoryview:
         if self._vidmem is None:
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
-            self._vidmem = memoryview(mmap.mmap(-1, self.config.mem_size, flags=flags))
+            self._vidmem = memoryview(anon_map(self.config.mem_size))
         return self._vidmem
 
     def vidmem_read(self, gpu_addr: int, n: int) -> bytes:

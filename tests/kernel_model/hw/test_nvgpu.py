@@ -9,8 +9,11 @@ MachineCheck for a read and a dropped write.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+import c_ext
 from kernel_model.emu.leakcheck import find_leaks
 from kernel_model.emu.machine import Machine
 from kernel_model.hw.nvgpu import GPU_PAGE_SHIFT, GPU_PAGE_SIZE, GpuConfig, NvGpu
@@ -227,3 +230,35 @@ def test_the_leak_check_is_registered_once_per_machine(m, gpu):
     NvGpu(m, GpuConfig(mem_size=P, bar1_size=64 * MiB))
     assert sum(getattr(c, "__module__", "") == "kernel_model.hw.nvgpu"
                for c in m.leak_checks) == 1
+
+
+def _accounted(addr: int) -> bool | None:
+    """Does the host count the mapping at addr against its commit limit (smaps' VmFlags
+    "ac")?  None when the mapping is not found."""
+    cur = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                cur = lo <= addr < hi
+            elif line.startswith("VmFlags") and cur:
+                return " ac" in line
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_vidmem_and_ram_commit_nothing_until_touched(m: Machine):
+    """A 16 GiB VRAM and the machine's RAM are MAP_NORESERVE mappings (c_ext.anon_map):
+    a process holding a few GPU machines can still fork (the explorer's workers).
+    Python 3.11's mmap module has no MAP_NORESERVE; without the value passed by hand
+    each GPU committed its whole VRAM."""
+    assert c_ext.MAP_NORESERVE == 0x4000
+    gpu = NvGpu(m, GpuConfig())                         # the default board: 16 GiB
+    vid = gpu.vidmem
+    assert len(vid) == gpu.config.mem_size == 16 << 30
+    vid[5 << 30] = 7                                    # one page of it, touched
+    addr = c_ext.ffi.cast("uintptr_t", c_ext.ffi.from_buffer(vid))
+    assert _accounted(int(addr)) is False
+    ram = c_ext.ffi.cast("uintptr_t", c_ext.ffi.from_buffer(m.mem.ram))
+    assert _accounted(int(ram)) is False
