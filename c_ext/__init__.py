@@ -38,7 +38,6 @@ _alloc = ffi.new if ffi is not None else None
 _alloc_big = (ffi.new_allocator(alloc=lib.pm_calloc, free=lib.pm_free,
                                 should_clear_after_alloc=False) if ffi is not None else None)
 _BIG = 1 << 17      # entries (1 MiB): below that, a mapping of its own costs more
-_alloc_noclear = ffi.new_allocator(should_clear_after_alloc=False) if ffi is not None else None
 # arrays of 64 KiB and more come from pm_pool_alloc's cache of freed blocks: the
 # registration paths make and drop the same large columns on every call, and
 # fresh memory costs a page fault per page (see pm.c)
@@ -108,16 +107,21 @@ class U64Array:
         lazy=True: a large zeroed array of which few entries will be touched,
         zeroed by the kernel page by page as they are (see _alloc_big)."""
         self.n = n
+        if n < _POOLED and ffi is not None:
+            # the common case, first; zeroed even when it need not be: under 64 KiB
+            # the clear costs less than going through a non-clearing allocator
+            self.ptr = ptr = _alloc("uint64_t[]", n or 1)
+            self.view = memoryview(buf := ffi.buffer(ptr)).cast("Q")
+            self.buf = buf
+            return
         if ffi is None:
             self.buf = bytearray(8 * max(n, 1))
             self.ptr = None
         else:
             if lazy and n >= _BIG:
                 alloc = _alloc_big
-            elif n >= _POOLED:
-                alloc = _pool if zero else _pool_noclear
             else:
-                alloc = _alloc if zero else _alloc_noclear
+                alloc = _pool if zero else _pool_noclear
             self.ptr = alloc("uint64_t[]", max(n, 1))
             self.buf = ffi.buffer(self.ptr)
         self.view = memoryview(self.buf).cast("Q")
