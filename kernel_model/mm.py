@@ -15,6 +15,7 @@ scheduler issue lands; nothing here yields).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from kernel_model.errno import (
@@ -160,15 +161,32 @@ def get_unmapped_area(mm: mm_struct, length: int) -> int:
     """Mirrors the top-down allocator: highest gap below mmap_base that fits.
 
     EMU: a non-MAP_FIXED hint address is ignored (the kernel uses it when free).
+    EMU: the walk from the top resumes where the last one found its gap when the
+    request is bigger than every gap it passed (mm.gap_cache: the pre-3.8 kernel's
+    free_area_cache and cached_hole_size; today's kernel searches a maple tree by
+    gap size).  The address is the one the walk from the top finds; only the walk
+    over the packed VMAs above is skipped.
     """
-    end = mm.mmap_base
-    for vma in reversed(mm.vmas):
+    base = mm.mmap_base
+    vmas = mm.vmas                      # (the walk reads the whole list)
+    end, hole, i = base, 0, len(vmas)
+    cache = object.__getattribute__(mm, "gap_cache")
+    if cache is not None and cache[0] == base and length > cache[2]:
+        _, end, hole = cache            # every gap above `end` is at most `hole` bytes
+        i = bisect_left(object.__getattribute__(mm, "_starts"), end)
+    while i:
+        i -= 1
+        vma = vmas[i]
         if vma.vm_start >= end:
             continue
         if vma.vm_end + length <= end:
+            object.__setattr__(mm, "gap_cache", (base, end, hole))
             return end - length
-        end = min(end, vma.vm_start)
+        if vma.vm_end < end:            # a gap too small for this request
+            hole = max(hole, end - vma.vm_end)
+        end = vma.vm_start
     if end - length >= mm.machine.page_size * 16:
+        object.__setattr__(mm, "gap_cache", (base, end, hole))
         return end - length
     raise KernelError(ENOMEM, "get_unmapped_area: address space exhausted")
 

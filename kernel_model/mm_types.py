@@ -129,6 +129,10 @@ class mm_struct:
         self.rss = 0
         self.mmap_base = MMAP_BASE
         self.task_size = TASK_SIZE
+        #: get_unmapped_area's (mmap_base, end, hole): every gap between end and
+        #: mmap_base is at most hole bytes; None: unknown (unlink forgets it).  An
+        #: emulator cache: read and written past partial-order reduction's recorder
+        object.__setattr__(self, "gap_cache", None)
         machine.mms.add(self)
 
     def __repr__(self) -> str:
@@ -194,6 +198,9 @@ class mm_struct:
         self._changed(vma, +1)
 
     def unlink(self, vma: vm_area_struct) -> None:
+        cache = object.__getattribute__(self, "gap_cache")
+        if cache is not None and vma.vm_end > cache[1]:
+            object.__setattr__(self, "gap_cache", None)   # a gap above it may grow
         vmas = object.__getattribute__(self, "vmas")
         i = vmas.index(vma)
         del vmas[i]
