@@ -143,14 +143,13 @@ def fault_anon_run(vma: vm_area_struct, va: int, end: int, write: bool) -> None:
     if trace.enabled or SCHED.fp_step is not None or vma.vm_ops is not None or \
             vma.vm_flags & VM_PFNMAP:
         return
-    end = min(end, vma.vm_end)
     mm = vma.vm_mm
     m = mm.machine
     pt = mm.pgtable
     ps, shift = m.page_size, m.page_shift
     span = ps << pt.bits
     va &= ~(ps - 1)
-    end = min(end, (va // span + 1) * span)        # this PTE table's pages
+    end = min(end, vma.vm_end, (va // span + 1) * span)   # the VMA's, this PTE table's
     slot = pt.pte_slot(va, False)
     if slot is None or end <= va + ps:
         return
