@@ -574,6 +574,611 @@ keep(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/*
+ * races(cands, steps, shared): explore._races's analysis (its Python twin is
+ * explore._py_races; tests/kernel_model/test_explore_dpor.py compares them).
+ *
+ * The Python keeps, for every object key, a dict of its last write and a dict of
+ * task -> step for its readers and adders since; most of a run's analysis went on
+ * hashing the same tuple keys into those dicts several times a step.  Here each key
+ * is hashed once a step into one table that numbers it, and the rest is arrays.
+ * What can reach the result keeps Python's own objects and order: the dependences
+ * are a Python set filled in the same order (its iteration order decides which race
+ * of a decision comes first), readers and adders keep their tasks in first-insertion
+ * order, a struct's fields are the same Python sets.
+ */
+typedef struct {
+    int tid, k;
+} tk_t;
+
+typedef struct {            /* task -> latest step, in first-insertion order */
+    int n, cap;
+    tk_t *heap;
+    tk_t in[2];
+} tkvec_t;
+
+typedef struct {
+    int last_write;         /* -1: none */
+    char in_fields;         /* its struct's field set holds it already */
+    tkvec_t readers, adders;
+} keystate_t;
+
+typedef struct {
+    PyObject *index;        /* key -> its number */
+    keystate_t *ks;
+    Py_ssize_t nks, capks;
+    PyObject *fields;       /* struct object -> set of its field keys touched */
+    int width;
+    int *vcs;               /* step k's vector clock: vcs[k * width ...] */
+    int *tid, *local, *decision;
+} races_t;
+
+static PyObject *s_point, *s_wakes, *s_joins, *s_ends;
+
+static inline tk_t *
+tk_data(tkvec_t *v)
+{
+    return v->cap > 2 ? v->heap : v->in;
+}
+
+static int
+tk_set(tkvec_t *v, int tid, int k)
+{
+    tk_t *d = tk_data(v);
+    int i;
+
+    for (i = 0; i < v->n; i++)
+        if (d[i].tid == tid) {
+            d[i].k = k;
+            return 0;
+        }
+    if (v->n == (v->cap > 2 ? v->cap : 2)) {
+        int cap = v->n * 2;
+        tk_t *h = PyMem_Malloc(sizeof(tk_t) * cap);
+
+        if (h == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(h, d, sizeof(tk_t) * v->n);
+        if (v->cap > 2)
+            PyMem_Free(v->heap);
+        v->heap = h;
+        v->cap = cap;
+        d = h;
+    }
+    d[v->n].tid = tid;
+    d[v->n].k = k;
+    v->n++;
+    return 0;
+}
+
+/* The number of `key` (-1: not seen, with no error), made when `make`. */
+static Py_ssize_t
+key_index(races_t *R, PyObject *key, int make)
+{
+    PyObject *n = PyDict_GetItemWithError(R->index, key);
+
+    if (n != NULL)
+        return PyLong_AsSsize_t(n);
+    if (PyErr_Occurred() || !make)
+        return -1;
+    if (R->nks == R->capks) {
+        Py_ssize_t cap = R->capks ? R->capks * 2 : 1024;
+        keystate_t *ks = PyMem_Realloc(R->ks, sizeof(keystate_t) * cap);
+
+        if (ks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        R->ks = ks;
+        R->capks = cap;
+    }
+    n = PyLong_FromSsize_t(R->nks);
+    if (n == NULL || PyDict_SetItem(R->index, key, n) < 0) {
+        Py_XDECREF(n);
+        return -1;
+    }
+    Py_DECREF(n);
+    memset(&R->ks[R->nks], 0, sizeof(keystate_t));
+    R->ks[R->nks].last_write = -1;
+    return R->nks++;
+}
+
+static int
+add_step(PyObject *deps, int j)
+{
+    PyObject *o = PyLong_FromLong(j);
+    int r;
+
+    if (o == NULL)
+        return -1;
+    r = PySet_Add(deps, o);
+    Py_DECREF(o);
+    return r;
+}
+
+/* deps gets key's last write, and (by: 1 readers, 2 adders, 3 both) its tasks' steps */
+static int
+deps_of_key(races_t *R, PyObject *deps, PyObject *key, int by)
+{
+    Py_ssize_t x = key_index(R, key, 0);
+    keystate_t *s;
+    int i;
+
+    if (x < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    s = &R->ks[x];
+    if (s->last_write >= 0 && add_step(deps, s->last_write) < 0)
+        return -1;
+    if (by & 1)
+        for (i = 0; i < s->readers.n; i++)
+            if (add_step(deps, tk_data(&s->readers)[i].k) < 0)
+                return -1;
+    if (by & 2)
+        for (i = 0; i < s->adders.n; i++)
+            if (add_step(deps, tk_data(&s->adders)[i].k) < 0)
+                return -1;
+    return 0;
+}
+
+static int
+last_write_of(races_t *R, PyObject *deps, PyObject *key)
+{
+    Py_ssize_t x = key_index(R, key, 0);
+
+    if (x < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    return R->ks[x].last_write >= 0 ? add_step(deps, R->ks[x].last_write) : 0;
+}
+
+/* the kept keys (object in shared) of a step's part, in the set's order */
+static PyObject *
+kept(PyObject *st, PyObject *name, PyObject *shared)
+{
+    PyObject *part = PyObject_GetAttr(st, name), *out;
+    PyObject *args[2];
+
+    if (part == NULL)
+        return NULL;
+    args[0] = part;
+    args[1] = shared;
+    out = keep(NULL, args, 2);
+    Py_DECREF(part);
+    return out;
+}
+
+/* a field key: its struct's set of fields touched holds it */
+static int
+note_field(races_t *R, PyObject *key, Py_ssize_t x)
+{
+    PyObject *f;
+
+    if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) == 0 || R->ks[x].in_fields)
+        return 0;
+    f = PyDict_GetItemWithError(R->fields, PyTuple_GET_ITEM(key, 0));
+    if (f == NULL) {
+        if (PyErr_Occurred() || (f = PySet_New(NULL)) == NULL)
+            return -1;
+        if (PyDict_SetItem(R->fields, PyTuple_GET_ITEM(key, 0), f) < 0) {
+            Py_DECREF(f);
+            return -1;
+        }
+        Py_DECREF(f);
+    }
+    R->ks[x].in_fields = 1;
+    return PySet_Add(f, key);
+}
+
+static inline int
+is_field(PyObject *key)
+{
+    return PyTuple_CheckExact(key) && PyTuple_GET_SIZE(key) > 0;
+}
+
+/* the tids as C ints; -1 for anything else */
+static int
+as_tid(PyObject *o)
+{
+    long v = PyLong_AsLong(o);
+
+    if (v == -1 && PyErr_Occurred())
+        return -2;
+    return v < 0 || v > 1 << 20 ? -1 : (int)v;
+}
+
+static void
+races_free(races_t *R)
+{
+    Py_ssize_t i;
+
+    for (i = 0; i < R->nks; i++) {
+        if (R->ks[i].readers.cap > 2)
+            PyMem_Free(R->ks[i].readers.heap);
+        if (R->ks[i].adders.cap > 2)
+            PyMem_Free(R->ks[i].adders.heap);
+    }
+    PyMem_Free(R->ks);
+    PyMem_Free(R->vcs);
+    PyMem_Free(R->tid);
+    PyMem_Free(R->local);
+    PyMem_Free(R->decision);
+    Py_XDECREF(R->index);
+    Py_XDECREF(R->fields);
+}
+
+/* one race (j, k): append (d, p, initials, every) to out */
+static int
+race_found(races_t *R, PyObject *out, PyObject *cands_of, int j, int k, const int *vc,
+           const int *deps, int ndeps, PyObject *depset)
+{
+    int W = R->width, tj = R->tid[j], lj = R->local[j], d = R->decision[j], i, m, r;
+    int tid = R->tid[k];
+    PyObject *cands, *tido, *lead, *cset, *t, *res;
+
+    cands = PyList_GET_ITEM(cands_of, d);
+    tido = PyLong_FromLong(tid);
+    if (tido == NULL)
+        return -1;
+    r = PySequence_Contains(cands, tido);
+    if (r < 0) {
+        Py_DECREF(tido);
+        return -1;
+    }
+    if (r) {
+        PyObject *one = PySet_New(NULL);
+
+        if (one == NULL || PySet_Add(one, tido) < 0) {
+            Py_XDECREF(one);
+            Py_DECREF(tido);
+            return -1;
+        }
+        t = Py_BuildValue("(iOOO)", d, tido, one, Py_False);
+        Py_DECREF(one);
+        Py_DECREF(tido);
+        if (t == NULL)
+            return -1;
+        r = PyList_Append(out, t);
+        Py_DECREF(t);
+        return r;
+    }
+    Py_DECREF(tido);
+    /* the tasks with a step after j, not after j itself, that happens-before k */
+    lead = PySet_New(NULL);
+    if (lead == NULL)
+        return -1;
+    for (i = j + 1; i < k; i++) {
+        int ti = R->tid[i], li = R->local[i], hb;
+
+        if (R->vcs[(Py_ssize_t)i * W + tj] >= lj)
+            continue;
+        hb = vc[ti] >= li;
+        for (m = 0; !hb && m < ndeps; m++)
+            hb = R->vcs[(Py_ssize_t)deps[m] * W + ti] >= li;
+        if (!hb) {
+            PyObject *io = PyLong_FromLong(i);
+
+            if (io == NULL)
+                goto fail;
+            hb = PySet_Contains(depset, io);
+            Py_DECREF(io);
+            if (hb < 0)
+                goto fail;
+        }
+        if (hb && add_step(lead, ti) < 0)
+            goto fail;
+    }
+    cset = PySet_New(cands);
+    if (cset == NULL)
+        goto fail;
+    res = PyNumber_InPlaceAnd(lead, cset);
+    Py_DECREF(lead);
+    if (res == NULL) {
+        Py_DECREF(cset);
+        return -1;
+    }
+    lead = res;
+    if (PySet_GET_SIZE(lead) > 0)
+        t = Py_BuildValue("(iiOO)", d, tid, lead, Py_False);
+    else
+        t = Py_BuildValue("(iiOO)", d, tid, cset, Py_True);
+    Py_DECREF(cset);
+    Py_DECREF(lead);
+    if (t == NULL)
+        return -1;
+    r = PyList_Append(out, t);
+    Py_DECREF(t);
+    return r;
+fail:
+    Py_DECREF(lead);
+    return -1;
+}
+
+static PyObject *
+races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *cands_of, *steps, *shared, *out = NULL, *parts[3] = {NULL, NULL, NULL};
+    PyObject *deps = NULL, *depset = NULL;
+    races_t R;
+    Py_ssize_t nsteps, k;
+    int width = 0, *last_of = NULL, *woken_by = NULL, *ended = NULL, *count = NULL;
+    int *deparr = NULL, d_now = -1, cap_deps = 0;
+
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+            !PyAnySet_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "races(cands, steps, shared): two lists and a set");
+        return NULL;
+    }
+    cands_of = args[0];
+    steps = args[1];
+    shared = args[2];
+    memset(&R, 0, sizeof(R));
+    nsteps = PyList_GET_SIZE(steps);
+    out = PyList_New(0);
+    if (out == NULL || nsteps == 0)
+        return out;
+    R.tid = PyMem_Calloc(nsteps, sizeof(int));
+    R.local = PyMem_Calloc(nsteps, sizeof(int));
+    R.decision = PyMem_Calloc(nsteps, sizeof(int));
+    R.index = PyDict_New();
+    R.fields = PyDict_New();
+    if (!R.tid || !R.local || !R.decision || !R.index || !R.fields)
+        goto nomem;
+    for (k = 0; k < nsteps; k++) {
+        PyObject *t = PyObject_GetAttr(PyList_GET_ITEM(steps, k), s_tid);
+        int v;
+
+        if (t == NULL)
+            goto fail;
+        v = as_tid(t);
+        Py_DECREF(t);
+        if (v < 0) {
+            if (v == -1)
+                PyErr_SetString(PyExc_ValueError, "races: a step's tid is not a task number");
+            goto fail;
+        }
+        R.tid[k] = v;
+        if (v + 1 > width)
+            width = v + 1;
+    }
+    R.width = width;
+    R.vcs = PyMem_Calloc((size_t)nsteps * width, sizeof(int));
+    last_of = PyMem_Malloc(sizeof(int) * width);
+    woken_by = PyMem_Malloc(sizeof(int) * width);
+    ended = PyMem_Malloc(sizeof(int) * width);
+    count = PyMem_Calloc(width, sizeof(int));
+    if (!R.vcs || !last_of || !woken_by || !ended || !count)
+        goto nomem;
+    for (k = 0; k < width; k++)
+        last_of[k] = woken_by[k] = ended[k] = -1;
+
+    for (k = 0; k < nsteps; k++) {
+        PyObject *st = PyList_GET_ITEM(steps, k), *pt, *o, *it, *key;
+        int tid = R.tid[k], n, prev, w, i, ndeps;
+        int *vc = R.vcs + (Py_ssize_t)k * width;
+        Py_ssize_t p, x;
+
+        pt = PyObject_GetAttr(st, s_point);
+        if (pt == NULL)
+            goto fail;
+        if (pt != Py_None) {
+            d_now = (int)PyLong_AsLong(pt);
+            if (d_now < 0 || d_now >= PyList_GET_SIZE(cands_of)) {
+                Py_DECREF(pt);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "races: a step's point is not a "
+                                    "decision of the run");
+                goto fail;
+            }
+        }
+        Py_DECREF(pt);
+        R.decision[k] = d_now;
+        n = ++count[tid];
+        R.local[k] = n;
+        prev = last_of[tid];
+        if (prev >= 0)
+            memcpy(vc, R.vcs + (Py_ssize_t)prev * width, sizeof(int) * width);
+        w = woken_by[tid];
+        if (w >= 0 && (prev < 0 || w > prev))   /* spawned or woken after its last step */
+            for (i = 0; i < width; i++)
+                if (R.vcs[(Py_ssize_t)w * width + i] > vc[i])
+                    vc[i] = R.vcs[(Py_ssize_t)w * width + i];
+        o = PyObject_GetAttr(st, s_joins);
+        it = o ? PyObject_GetIter(o) : NULL;
+        Py_XDECREF(o);
+        if (it == NULL)
+            goto fail;
+        while ((key = PyIter_Next(it)) != NULL) {
+            int t = as_tid(key), e;
+
+            Py_DECREF(key);
+            if (t == -2) {
+                Py_DECREF(it);
+                goto fail;
+            }
+            e = t >= 0 && t < width ? ended[t] : -1;
+            if (e >= 0)
+                for (i = 0; i < width; i++)
+                    if (R.vcs[(Py_ssize_t)e * width + i] > vc[i])
+                        vc[i] = R.vcs[(Py_ssize_t)e * width + i];
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto fail;
+
+        /* the dependences, added in the order the Python adds them */
+        parts[0] = kept(st, s_reads, shared);
+        parts[1] = parts[0] ? kept(st, s_adds, shared) : NULL;
+        parts[2] = parts[1] ? kept(st, s_writes, shared) : NULL;
+        deps = PySet_New(NULL);
+        if (parts[2] == NULL || deps == NULL)
+            goto fail;
+        for (i = 0; i < 2; i++)            /* reads: writes and adds; adds: writes and reads */
+            for (p = 0; p < PyList_GET_SIZE(parts[i]); p++) {
+                key = PyList_GET_ITEM(parts[i], p);
+                if (deps_of_key(&R, deps, key, i == 0 ? 2 : 1) < 0)
+                    goto fail;
+                if (is_field(key) && last_write_of(&R, deps, PyTuple_GET_ITEM(key, 0)) < 0)
+                    goto fail;
+            }
+        for (p = 0; p < PyList_GET_SIZE(parts[2]); p++) {
+            key = PyList_GET_ITEM(parts[2], p);
+            if (is_field(key)) {
+                if (last_write_of(&R, deps, PyTuple_GET_ITEM(key, 0)) < 0 ||
+                        deps_of_key(&R, deps, key, 3) < 0)
+                    goto fail;
+            } else {                       /* a whole struct: each field touched so far */
+                PyObject *f = PyDict_GetItemWithError(R.fields, key), *fit, *fk;
+
+                if (deps_of_key(&R, deps, key, 3) < 0)
+                    goto fail;
+                if (f == NULL && PyErr_Occurred())
+                    goto fail;
+                if (f != NULL) {
+                    fit = PyObject_GetIter(f);
+                    if (fit == NULL)
+                        goto fail;
+                    while ((fk = PyIter_Next(fit)) != NULL) {
+                        int r = deps_of_key(&R, deps, fk, 3);
+
+                        Py_DECREF(fk);
+                        if (r < 0) {
+                            Py_DECREF(fit);
+                            goto fail;
+                        }
+                    }
+                    Py_DECREF(fit);
+                    if (PyErr_Occurred())
+                        goto fail;
+                }
+            }
+        }
+        /* only other tasks' steps: a new set, filled in the old one's order */
+        depset = PySet_New(NULL);
+        it = depset ? PyObject_GetIter(deps) : NULL;
+        if (it == NULL)
+            goto fail;
+        ndeps = 0;
+        while ((key = PyIter_Next(it)) != NULL) {
+            int j = (int)PyLong_AsLong(key), r = 0;
+
+            if (R.tid[j] != tid)
+                r = PySet_Add(depset, key);
+            Py_DECREF(key);
+            if (r < 0) {
+                Py_DECREF(it);
+                goto fail;
+            }
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto fail;
+        Py_CLEAR(deps);
+        if (PySet_GET_SIZE(depset) > cap_deps) {
+            cap_deps = (int)PySet_GET_SIZE(depset) * 2;
+            PyMem_Free(deparr);
+            deparr = PyMem_Malloc(sizeof(int) * cap_deps);
+            if (deparr == NULL)
+                goto nomem;
+        }
+        it = PyObject_GetIter(depset);
+        if (it == NULL)
+            goto fail;
+        while ((key = PyIter_Next(it)) != NULL) {
+            deparr[ndeps++] = (int)PyLong_AsLong(key);
+            Py_DECREF(key);
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto fail;
+        for (i = 0; i < ndeps; i++) {     /* in the set's order: the races */
+            int j = deparr[i], tj = R.tid[j], lj = R.local[j], m, ordered = vc[tj] >= lj;
+
+            for (m = 0; !ordered && m < ndeps; m++)
+                ordered = m != i && R.vcs[(Py_ssize_t)deparr[m] * width + tj] >= lj;
+            if (ordered || R.decision[j] < 0)
+                continue;
+            if (race_found(&R, out, cands_of, j, (int)k, vc, deparr, ndeps, depset) < 0)
+                goto fail;
+        }
+        for (i = 0; i < ndeps; i++) {
+            int *o2 = R.vcs + (Py_ssize_t)deparr[i] * width, t;
+
+            for (t = 0; t < width; t++)
+                if (o2[t] > vc[t])
+                    vc[t] = o2[t];
+        }
+        Py_CLEAR(depset);
+        vc[tid] = n;
+        last_of[tid] = (int)k;
+        o = PyObject_GetAttr(st, s_wakes);
+        it = o ? PyObject_GetIter(o) : NULL;
+        Py_XDECREF(o);
+        if (it == NULL)
+            goto fail;
+        while ((key = PyIter_Next(it)) != NULL) {
+            int t = as_tid(key);
+
+            Py_DECREF(key);
+            if (t == -2) {
+                Py_DECREF(it);
+                goto fail;
+            }
+            if (t >= 0 && t < width)
+                woken_by[t] = (int)k;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto fail;
+        o = PyObject_GetAttr(st, s_ends);
+        if (o == NULL)
+            goto fail;
+        i = PyObject_IsTrue(o);
+        Py_DECREF(o);
+        if (i < 0)
+            goto fail;
+        if (i)
+            ended[tid] = (int)k;
+        /* what later steps depend on */
+        for (i = 0; i < 3; i++)
+            for (p = 0; p < PyList_GET_SIZE(parts[i]); p++) {
+                key = PyList_GET_ITEM(parts[i], p);
+                x = key_index(&R, key, 1);
+                if (x < 0)
+                    goto fail;
+                if (i == 0 ? tk_set(&R.ks[x].readers, tid, (int)k) :
+                        i == 1 ? tk_set(&R.ks[x].adders, tid, (int)k) : 0)
+                    goto fail;
+                if (i == 2) {
+                    R.ks[x].last_write = (int)k;
+                    R.ks[x].readers.n = 0;
+                    R.ks[x].adders.n = 0;
+                }
+                if (note_field(&R, key, x) < 0)
+                    goto fail;
+            }
+        for (i = 0; i < 3; i++)
+            Py_CLEAR(parts[i]);
+    }
+    goto done;
+nomem:
+    PyErr_NoMemory();
+fail:
+    Py_CLEAR(out);
+done:
+    for (k = 0; k < 3; k++)
+        Py_XDECREF(parts[k]);
+    Py_XDECREF(deps);
+    Py_XDECREF(depset);
+    PyMem_Free(last_of);
+    PyMem_Free(woken_by);
+    PyMem_Free(ended);
+    PyMem_Free(count);
+    PyMem_Free(deparr);
+    races_free(&R);
+    return out;
+}
+
 /* set_sched(sched_dict): where the running step is (sched.py, at import) */
 static PyObject *
 set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
@@ -611,6 +1216,9 @@ static PyMethodDef methods[] = {
      "objects_by_task(steps) -> {tid: objects its steps touch} (explore._shared's part)"},
     {"keep", (PyCFunction)(void (*)(void))keep, METH_FASTCALL,
      "keep(keys, shared) -> the keys whose object is in shared, in order (explore._keep)"},
+    {"races", (PyCFunction)(void (*)(void))races, METH_FASTCALL,
+     "races(cands, steps, shared) -> explore._races's list: (decision, task, initials, "
+     "every) for each race, in its order (cands[d]: the tasks runnable at decision d)"},
     {"set_sched", set_sched, METH_O,
      "set_sched(sched_dict): where KeyedBase finds the running step."},
     {"configure", configure, METH_VARARGS,
@@ -641,7 +1249,8 @@ PyInit__track(void)
         intern(&s_reads, "reads") || intern(&s_writes, "writes") ||
         intern(&s_adds, "adds") || intern(&s_before, "before") ||
         intern(&s_keys, "#keys") || intern(&s_forget, "_forget") ||
-        intern(&s_tid, "tid"))
+        intern(&s_tid, "tid") || intern(&s_point, "point") ||
+        intern(&s_wakes, "wakes") || intern(&s_joins, "joins") || intern(&s_ends, "ends"))
         return NULL;
     dict_get = PyObject_GetAttrString((PyObject *)&PyDict_Type, "get");
     if (dict_get == NULL)

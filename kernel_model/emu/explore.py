@@ -791,8 +791,16 @@ def explore_dfs(program: Program, bound: int = 2, max_schedules: int | None = No
 
 
 # -- partial-order reduction ---------------------------------------------------------------
-def _races(points: list[Point],
-           steps: list[Step]) -> Iterator[tuple[int, int, set[int], bool]]:
+def _races(points: list[Point], steps: list[Step]) -> list[tuple[int, int, set[int], bool]]:
+    """DPOR's race analysis of one run (_py_races): in C (c_ext._track.races, the same
+    races in the same order) unless the Python recorder was chosen."""
+    if slab.TRACK_BACKEND != "c":
+        return list(_py_races(points, steps))
+    return _track.races([p.cands for p in points], steps, _shared(steps) if steps else set())
+
+
+def _py_races(points: list[Point],
+              steps: list[Step]) -> Iterator[tuple[int, int, set[int], bool]]:
     """DPOR's race analysis of one run (Flanagan-Godefroid, with source-set initials).
 
     Steps j and k of different tasks race when they touch a common object, one of them

@@ -830,6 +830,88 @@ def test_the_c_filter_keeps_the_python_ones_order():
         _track.objects_by_task([object()])
 
 
+def _random_run(rnd: random.Random, nsteps: int, ntasks: int) -> tuple[list, list]:
+    """A made-up run for the race analysis: decisions over random runnable sets, steps
+    of random tasks touching random fields and whole structs (reads, writes, adds),
+    waking, joining and ending tasks."""
+    from kernel_model.emu.explore import Point
+    keys = [(rnd.randrange(12), f"f{rnd.randrange(6)}") for _ in range(40)] + \
+        list(range(12)) + [(rnd.randrange(12), "va", rnd.randrange(300)) for _ in range(20)]
+    points, steps = [], []
+    for k in range(nsteps):
+        point = None
+        if k and rnd.random() < 0.7:
+            cands = sorted(rnd.sample(range(ntasks), rnd.randrange(1, ntasks + 1)))
+            points.append(Point(cands, rnd.choice(cands + [None]), rnd.choice(cands)))
+            point = len(points) - 1
+        pick = lambda: set(rnd.sample(keys, rnd.randrange(0, 8)))  # noqa: E731
+        st = Step(rnd.randrange(ntasks), point, pick(), pick(), adds=pick())
+        st.wakes = set(rnd.sample(range(ntasks + 2), rnd.randrange(0, 2)))
+        st.joins = set(rnd.sample(range(ntasks + 2), rnd.randrange(0, 2)))
+        st.ends = rnd.random() < 0.1
+        steps.append(st)
+    return points, steps
+
+
+def _as_lists(races: list) -> list:
+    """Races with each set as the list its iteration gives (the order a search meets them)."""
+    return [(d, p, list(initials), every) for d, p, initials, every in races]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_c_race_analysis_is_its_python_twins(seed):
+    """c_ext._track.races gives explore._py_races's races, in the same order, each
+    initials set iterating in the same order (a search keeps a decision's first race
+    per task, and its sleep sets follow the sets' order): made-up runs of 2-9 tasks
+    over shared fields, whole structs and keyed entries."""
+    from kernel_model.emu.explore import _py_races, _shared
+    rnd = random.Random(seed)
+    points, steps = _random_run(rnd, rnd.randrange(1, 120), rnd.randrange(2, 10))
+    py = list(_py_races(points, steps))
+    c = _track.races([p.cands for p in points], steps, _shared(steps))
+    assert _as_lists(c) == _as_lists(py)
+    assert seed % 8 or py        # the made-up runs do race
+
+
+def test_the_c_race_analysis_matches_on_recorded_runs():
+    """The same on what a recorded run of a real race scenario gives (thousands of keys,
+    every kind of step), and through _races, the search's entry point, on both
+    recorders."""
+    from kernel_model import slab
+    from kernel_model.emu.explore import _py_races, _races
+    from scenarios.races import RACES
+    race = RACES["free-callback-vs-put-pages"]
+    prefixes = [[]]
+    while prefixes:
+        prefix = prefixes.pop()
+        rec = Recording(prefix, footprints=True)
+        run = run_once(lambda: race.run(False), rec)
+        py = _as_lists(_py_races(run.points, rec.steps))
+        assert py and _as_lists(_races(run.points, rec.steps)) == py
+        with slab.track_backend("python"):
+            assert _as_lists(_races(run.points, rec.steps)) == py
+        if not prefix:               # and the runs that reverse its first two races
+            prefixes = [[q.chosen for q in run.points[:d]] + [t] for d, t, _i, _e in py[:2]]
+
+
+def test_the_c_race_analysis_refuses_what_is_not_a_run():
+    """Bad arguments are a TypeError or ValueError naming races, never a crash: not
+    lists and a set, a step's decision outside the run's, a task that is no number."""
+    steps = [Step(0, 0, {1}, set()), Step(1, 1, set(), {1})]
+    with pytest.raises(TypeError, match="races"):
+        _track.races((), steps, set())
+    with pytest.raises(TypeError, match="races"):
+        _track.races([[0, 1]], steps, [1])
+    with pytest.raises(ValueError, match="races: a step's point"):
+        _track.races([[0, 1]], steps, {1})
+    with pytest.raises(ValueError, match="races: a step's tid"):
+        _track.races([[0], [1]], [Step(-1, 0, set(), set())], set())
+    with pytest.raises(TypeError):
+        _track.races([[0]], [Step("t", 0, set(), set())], set())
+    assert _track.races([], [], set()) == []
+    assert _track.races([[0, 1], [0, 1]], steps, {1}) == [(0, 1, {1}, False)]
+
+
 def test_a_keyed_table_update_records_each_key_and_a_new_key_once():
     """KeyedDict.update records what __setitem__ of each key would: a write of each
     key, and of #keys when one of them is new."""
