@@ -1179,6 +1179,80 @@ done:
     return out;
 }
 
+/*
+ * silent(before, writes, reads, mutable, states): explore._silent's loop (its Python
+ * twin is explore._py_silent).  Each field or object the step wrote is read back
+ * (before[key] = (how, its arguments, the value at the first write)); one that holds
+ * its first value again was only read: it leaves writes for reads.  The same value
+ * means the same object when it is not of a mutable type, or an equal value of the
+ * same type when that type is one of states.  A read back that raises (a freed
+ * struct) stays a write.
+ */
+static PyObject *
+silent(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *before, *writes, *reads, *mutable, *states, *k, *entry;
+    Py_ssize_t pos = 0;
+
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PySet_Check(args[1]) ||
+            !PySet_Check(args[2]) || !PyAnySet_Check(args[3]) || !PyAnySet_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "silent(before, writes, reads, mutable, states): "
+                        "a dict, two sets and two sets of types");
+        return NULL;
+    }
+    before = args[0];
+    writes = args[1];
+    reads = args[2];
+    mutable = args[3];
+    states = args[4];
+    while (PyDict_Next(before, &pos, &k, &entry)) {
+        PyObject *v, *was;
+        int same, r;
+
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3 ||
+                !PyTuple_CheckExact(PyTuple_GET_ITEM(entry, 1))) {
+            PyErr_SetString(PyExc_TypeError, "silent: before's entries are (how, args, was)");
+            return NULL;
+        }
+        Py_INCREF(k);
+        Py_INCREF(entry);
+        v = PyObject_Call(PyTuple_GET_ITEM(entry, 0), PyTuple_GET_ITEM(entry, 1), NULL);
+        if (v == NULL) {
+            Py_DECREF(entry);
+            Py_DECREF(k);
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return NULL;
+            PyErr_Clear();              /* freed (KASAN's poison), gone: a write */
+            continue;
+        }
+        was = PyTuple_GET_ITEM(entry, 2);
+        if (v == was) {
+            same = PySet_Contains(mutable, (PyObject *)Py_TYPE(v));
+            same = same < 0 ? -1 : !same;
+        } else if (Py_TYPE(v) != Py_TYPE(was)) {
+            same = 0;
+        } else {
+            same = PySet_Contains(states, (PyObject *)Py_TYPE(v));
+            if (same > 0) {                /* not (v != was), as the twin asks */
+                same = PyObject_RichCompareBool(v, was, Py_NE);
+                same = same < 0 ? -1 : !same;
+            }
+        }
+        Py_DECREF(v);
+        Py_DECREF(entry);
+        r = same;
+        if (same > 0) {
+            r = PySet_Discard(writes, k);
+            if (r >= 0)
+                r = PySet_Add(reads, k);
+        }
+        Py_DECREF(k);
+        if (r < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* set_sched(sched_dict): where the running step is (sched.py, at import) */
 static PyObject *
 set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
@@ -1216,6 +1290,9 @@ static PyMethodDef methods[] = {
      "objects_by_task(steps) -> {tid: objects its steps touch} (explore._shared's part)"},
     {"keep", (PyCFunction)(void (*)(void))keep, METH_FASTCALL,
      "keep(keys, shared) -> the keys whose object is in shared, in order (explore._keep)"},
+    {"silent", (PyCFunction)(void (*)(void))silent, METH_FASTCALL,
+     "silent(before, writes, reads, mutable, states): the step's writes that left their "
+     "value as they found it become reads (explore._silent)"},
     {"races", (PyCFunction)(void (*)(void))races, METH_FASTCALL,
      "races(cands, steps, shared) -> explore._races's list: (decision, task, initials, "
      "every) for each race, in its order (cands[d]: the tasks runnable at decision d)"},

@@ -417,6 +417,14 @@ class Recording(Strategy):
 
 
 def _silent(st: Step) -> None:
+    """_py_silent, in C (c_ext._track.silent) unless the Python recorder was chosen."""
+    if slab.TRACK_BACKEND == "c":
+        _track.silent(st.before, st.writes, st.reads, _MUTABLE, _STATES)
+    else:
+        _py_silent(st)
+
+
+def _py_silent(st: Step) -> None:
     """A step is one atomic move of the machine: nobody sees its values in between.
     So an object or field that ends the step as it began it (a lock taken and given
     back, a mailbox entry filled and emptied) was only read - the step depended on its

@@ -912,6 +912,84 @@ def test_the_c_race_analysis_refuses_what_is_not_a_run():
     assert _track.races([[0, 1], [0, 1]], steps, {1}) == [(0, 1, {1}, False)]
 
 
+class _Box:
+    pass
+
+
+class _Stop(BaseException):
+    pass
+
+
+def _silent_cases() -> tuple[dict, set]:
+    """Step.before entries of every kind the recorders make, each with the value it
+    holds now; the keys that were only read."""
+    from kernel_model.slab import _UNSET
+    box, d, lst, nan = _Box(), {"a": 1}, [1], float("nan")
+    box.n, box.s, box.t, box.lst, box.obj, box.big = 5, "x", (1, "y"), lst, box, 10 ** 30
+    box.f, box.one = nan, 1
+
+    def gone():
+        raise AttributeError("freed")
+
+    get = object.__getattribute__
+    before = {
+        (1, "n"): (get, (box, "n"), 5),                  # same int: a read
+        (1, "big"): (get, (box, "big"), 10 ** 30),       # equal, not the same object
+        (1, "s"): (get, (box, "s"), "x"),
+        (1, "t"): (get, (box, "t"), (1, "y")),           # an equal tuple
+        (1, "lst"): (get, (box, "lst"), lst),            # the same list: may have changed
+        (1, "obj"): (get, (box, "obj"), box),            # the same struct: a read
+        (1, "f"): (get, (box, "f"), nan),                # NaN: the same object
+        (1, "one"): (get, (box, "one"), True),           # 1 is not True's type
+        (1, "n2"): (get, (box, "n"), 6),                 # changed
+        (1, "gone"): (gone, (), 0),                      # freed: stays a write
+        (2, "a"): (dict.get, (d, "a", _UNSET), 1),       # a dict entry, as it was
+        (2, "b"): (dict.get, (d, "b", _UNSET), _UNSET),  # absent before and after
+        (2, "c"): (dict.get, (d, "a", _UNSET), _UNSET),  # added
+        3: (lambda: frozenset({1}), (), frozenset({1})),  # an fp_state, by value
+    }
+    read = {(1, "n"), (1, "big"), (1, "s"), (1, "t"), (1, "obj"), (1, "f"), (2, "a"),
+            (2, "b"), 3}
+    return before, read
+
+
+@pytest.mark.parametrize("backend", ["c", "python"])
+def test_a_write_that_leaves_its_value_is_a_read(backend):
+    """_silent on either recorder (c_ext._track.silent or _py_silent): each entry of
+    Step.before read back; the same immutable value (or the same non-container
+    object) makes the write a read, a container or a changed, retyped or freed value
+    keeps it a write."""
+    from kernel_model import slab
+    from kernel_model.emu.explore import _silent
+    before, read = _silent_cases()
+    st = Step(0, None, {9}, set(before))
+    st.before = before
+    with slab.track_backend(backend):
+        _silent(st)
+    assert st.writes == set(before) - read
+    assert st.reads == read | {9}
+
+
+def test_the_c_silent_check_refuses_bad_arguments_and_passes_on_an_interrupt():
+    """A TypeError naming silent for what is not (dict, set, set, types, types) or an
+    entry that is not (how, args, was); an exception that is not an Exception (a
+    KeyboardInterrupt) is not taken for a freed field."""
+    from kernel_model.emu.explore import _STATES
+    from kernel_model.slab import _MUTABLE
+
+    def stop():
+        raise _Stop()
+
+    with pytest.raises(TypeError, match="silent"):
+        _track.silent([], set(), set(), _MUTABLE, _STATES)
+    with pytest.raises(TypeError, match="silent: before's entries"):
+        _track.silent({1: (len, [], 0)}, set(), set(), _MUTABLE, _STATES)
+    writes, reads = {1, 2}, set()
+    with pytest.raises(_Stop):
+        _track.silent({1: (stop, (), 0)}, writes, reads, _MUTABLE, _STATES)
+    assert writes == {1, 2} and reads == set()
+
+
 def test_a_keyed_table_update_records_each_key_and_a_new_key_once():
     """KeyedDict.update records what __setitem__ of each key would: a write of each
     key, and of #keys when one of them is new."""
