@@ -35,16 +35,32 @@ USERSPACE_KERNEL_OK = ("kernel_model.uapi", "kernel_model.emu.machine", "kernel_
                        "kernel_model.errno", "kernel_model.trace", "kernel_model.sched")
 
 
+#: (path, mtime, size) -> what _file_imports read from it: each file is parsed once per
+#: session (three checks read its imports), and only the lists are kept, not the tree
+_READ: dict[tuple[pathlib.Path, int, int], tuple[list[str], list, list]] = {}
+
+
+def _file_imports(path: pathlib.Path) -> tuple[list[str], list, list]:
+    """A file's imports: every dotted name (_imports), and its (module, name) pairs with
+    and without those inside functions (_raw_imports)."""
+    st = path.stat()
+    key = (path, st.st_mtime_ns, st.st_size)
+    got = _READ.get(key)
+    if got is None:
+        tree = ast.parse(path.read_text(), str(path))
+        out = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from kernel_model import trace` imports kernel_model.trace
+                out += [f"{node.module}.{a.name}" for a in node.names]
+        got = _READ[key] = (out, _raw_imports(tree, False), _raw_imports(tree, True))
+    return got
+
+
 def _imports(path: pathlib.Path) -> list[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from kernel_model import trace` imports kernel_model.trace
-            out += [f"{node.module}.{a.name}" for a in node.names]
-    return out
+    return _file_imports(path)[0]
 
 
 def _modules():
@@ -137,8 +153,7 @@ def import_graph(root: pathlib.Path, packages: tuple[str, ...],
     graph: dict[str, set[str]] = {}
     for mod, path in paths.items():
         edges = set()
-        for module, name in _raw_imports(ast.parse(path.read_text(), str(path)),
-                                         module_level_only):
+        for module, name in _file_imports(path)[2 if module_level_only else 1]:
             target = resolve(f"{module}.{name}" if name and f"{module}.{name}" in paths
                              else module)
             if target is not None and target != mod:
