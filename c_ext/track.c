@@ -582,10 +582,10 @@ keep(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
  * task -> step for its readers and adders since; most of a run's analysis went on
  * hashing the same tuple keys into those dicts several times a step.  Here each key
  * is hashed once a step into one table that numbers it, and the rest is arrays.
- * What can reach the result keeps Python's own objects and order: the dependences
- * are a Python set filled in the same order (its iteration order decides which race
- * of a decision comes first), readers and adders keep their tasks in first-insertion
- * order, a struct's fields are the same Python sets.
+ * A step's races come in the order of their earlier steps, as the twin's do (a
+ * search keeps the first race per decision and task, so that order must not hang
+ * on where the keys' objects happen to lie in memory); each race's initials are
+ * the same Python set, built the same way.
  */
 typedef struct {
     int tid, k;
@@ -685,22 +685,46 @@ key_index(races_t *R, PyObject *key, int make)
     return R->nks++;
 }
 
-static int
-add_step(PyObject *deps, int j)
-{
-    PyObject *o = PyLong_FromLong(j);
-    int r;
+/* a step's dependences on other tasks' steps: each once (stamped with the step) */
+typedef struct {
+    int *j, n, cap;
+    int *mark;              /* mark[j] == stamp: j is in */
+    int stamp, tid;         /* the step's number + 1, its task */
+    const int *tids;
+} deps_t;
 
-    if (o == NULL)
-        return -1;
-    r = PySet_Add(deps, o);
-    Py_DECREF(o);
-    return r;
+static int
+add_step(deps_t *D, int j)
+{
+    if (D->tids[j] == D->tid || D->mark[j] == D->stamp)
+        return 0;
+    if (D->n == D->cap) {
+        int cap = D->cap ? D->cap * 2 : 64, *a = PyMem_Realloc(D->j, sizeof(int) * cap);
+
+        if (a == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        D->j = a;
+        D->cap = cap;
+    }
+    D->mark[j] = D->stamp;
+    D->j[D->n++] = j;
+    return 0;
 }
 
-/* deps gets key's last write, and (by: 1 readers, 2 adders, 3 both) its tasks' steps */
 static int
-deps_of_key(races_t *R, PyObject *deps, PyObject *key, int by)
+cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* deps gets key's last write, and (by: 1 readers, 2 adders, 3 both) its tasks' steps
+ * (other tasks' only: see add_step) */
+static int
+deps_of_key(races_t *R, deps_t *deps, PyObject *key, int by)
 {
     Py_ssize_t x = key_index(R, key, 0);
     keystate_t *s;
@@ -723,7 +747,7 @@ deps_of_key(races_t *R, PyObject *deps, PyObject *key, int by)
 }
 
 static int
-last_write_of(races_t *R, PyObject *deps, PyObject *key)
+last_write_of(races_t *R, deps_t *deps, PyObject *key)
 {
     Py_ssize_t x = key_index(R, key, 0);
 
@@ -810,8 +834,10 @@ races_free(races_t *R)
 /* one race (j, k): append (d, p, initials, every) to out */
 static int
 race_found(races_t *R, PyObject *out, PyObject *cands_of, int j, int k, const int *vc,
-           const int *deps, int ndeps, PyObject *depset)
+           const deps_t *D)
 {
+    const int *deps = D->j;
+    int ndeps = D->n;
     int W = R->width, tj = R->tid[j], lj = R->local[j], d = R->decision[j], i, m, r;
     int tid = R->tid[k];
     PyObject *cands, *tido, *lead, *cset, *t, *res;
@@ -852,21 +878,17 @@ race_found(races_t *R, PyObject *out, PyObject *cands_of, int j, int k, const in
 
         if (R->vcs[(Py_ssize_t)i * W + tj] >= lj)
             continue;
-        hb = vc[ti] >= li;
+        hb = vc[ti] >= li || D->mark[i] == D->stamp;
         for (m = 0; !hb && m < ndeps; m++)
             hb = R->vcs[(Py_ssize_t)deps[m] * W + ti] >= li;
-        if (!hb) {
-            PyObject *io = PyLong_FromLong(i);
+        if (hb) {
+            PyObject *to = PyLong_FromLong(ti);
 
-            if (io == NULL)
-                goto fail;
-            hb = PySet_Contains(depset, io);
-            Py_DECREF(io);
-            if (hb < 0)
+            r = to != NULL ? PySet_Add(lead, to) : -1;
+            Py_XDECREF(to);
+            if (r < 0)
                 goto fail;
         }
-        if (hb && add_step(lead, ti) < 0)
-            goto fail;
     }
     cset = PySet_New(cands);
     if (cset == NULL)
@@ -898,11 +920,11 @@ static PyObject *
 races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *cands_of, *steps, *shared, *out = NULL, *parts[3] = {NULL, NULL, NULL};
-    PyObject *deps = NULL, *depset = NULL;
     races_t R;
+    deps_t D;
     Py_ssize_t nsteps, k;
     int width = 0, *last_of = NULL, *woken_by = NULL, *ended = NULL, *count = NULL;
-    int *deparr = NULL, d_now = -1, cap_deps = 0;
+    int d_now = -1;
 
     if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
             !PyAnySet_Check(args[2])) {
@@ -913,6 +935,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     steps = args[1];
     shared = args[2];
     memset(&R, 0, sizeof(R));
+    memset(&D, 0, sizeof(D));
     nsteps = PyList_GET_SIZE(steps);
     out = PyList_New(0);
     if (out == NULL || nsteps == 0)
@@ -920,9 +943,11 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     R.tid = PyMem_Calloc(nsteps, sizeof(int));
     R.local = PyMem_Calloc(nsteps, sizeof(int));
     R.decision = PyMem_Calloc(nsteps, sizeof(int));
+    D.mark = PyMem_Calloc(nsteps, sizeof(int));
+    D.tids = R.tid;
     R.index = PyDict_New();
     R.fields = PyDict_New();
-    if (!R.tid || !R.local || !R.decision || !R.index || !R.fields)
+    if (!R.tid || !R.local || !R.decision || !D.mark || !R.index || !R.fields)
         goto nomem;
     for (k = 0; k < nsteps; k++) {
         PyObject *t = PyObject_GetAttr(PyList_GET_ITEM(steps, k), s_tid);
@@ -954,7 +979,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
 
     for (k = 0; k < nsteps; k++) {
         PyObject *st = PyList_GET_ITEM(steps, k), *pt, *o, *it, *key;
-        int tid = R.tid[k], n, prev, w, i, ndeps;
+        int tid = R.tid[k], n, prev, w, i;
         int *vc = R.vcs + (Py_ssize_t)k * width;
         Py_ssize_t p, x;
 
@@ -1006,31 +1031,33 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         if (PyErr_Occurred())
             goto fail;
 
-        /* the dependences, added in the order the Python adds them */
+        /* the dependences on other tasks' steps */
         parts[0] = kept(st, s_reads, shared);
         parts[1] = parts[0] ? kept(st, s_adds, shared) : NULL;
         parts[2] = parts[1] ? kept(st, s_writes, shared) : NULL;
-        deps = PySet_New(NULL);
-        if (parts[2] == NULL || deps == NULL)
+        if (parts[2] == NULL)
             goto fail;
+        D.n = 0;
+        D.stamp = (int)k + 1;
+        D.tid = tid;
         for (i = 0; i < 2; i++)            /* reads: writes and adds; adds: writes and reads */
             for (p = 0; p < PyList_GET_SIZE(parts[i]); p++) {
                 key = PyList_GET_ITEM(parts[i], p);
-                if (deps_of_key(&R, deps, key, i == 0 ? 2 : 1) < 0)
+                if (deps_of_key(&R, &D, key, i == 0 ? 2 : 1) < 0)
                     goto fail;
-                if (is_field(key) && last_write_of(&R, deps, PyTuple_GET_ITEM(key, 0)) < 0)
+                if (is_field(key) && last_write_of(&R, &D, PyTuple_GET_ITEM(key, 0)) < 0)
                     goto fail;
             }
         for (p = 0; p < PyList_GET_SIZE(parts[2]); p++) {
             key = PyList_GET_ITEM(parts[2], p);
             if (is_field(key)) {
-                if (last_write_of(&R, deps, PyTuple_GET_ITEM(key, 0)) < 0 ||
-                        deps_of_key(&R, deps, key, 3) < 0)
+                if (last_write_of(&R, &D, PyTuple_GET_ITEM(key, 0)) < 0 ||
+                        deps_of_key(&R, &D, key, 3) < 0)
                     goto fail;
             } else {                       /* a whole struct: each field touched so far */
                 PyObject *f = PyDict_GetItemWithError(R.fields, key), *fit, *fk;
 
-                if (deps_of_key(&R, deps, key, 3) < 0)
+                if (deps_of_key(&R, &D, key, 3) < 0)
                     goto fail;
                 if (f == NULL && PyErr_Occurred())
                     goto fail;
@@ -1039,7 +1066,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
                     if (fit == NULL)
                         goto fail;
                     while ((fk = PyIter_Next(fit)) != NULL) {
-                        int r = deps_of_key(&R, deps, fk, 3);
+                        int r = deps_of_key(&R, &D, fk, 3);
 
                         Py_DECREF(fk);
                         if (r < 0) {
@@ -1053,62 +1080,25 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
                 }
             }
         }
-        /* only other tasks' steps: a new set, filled in the old one's order */
-        depset = PySet_New(NULL);
-        it = depset ? PyObject_GetIter(deps) : NULL;
-        if (it == NULL)
-            goto fail;
-        ndeps = 0;
-        while ((key = PyIter_Next(it)) != NULL) {
-            int j = (int)PyLong_AsLong(key), r = 0;
+        /* in step order: what the search meets first does not hang on the keys' ids */
+        qsort(D.j, D.n, sizeof(int), cmp_int);
+        for (i = 0; i < D.n; i++) {
+            int j = D.j[i], tj = R.tid[j], lj = R.local[j], m, ordered = vc[tj] >= lj;
 
-            if (R.tid[j] != tid)
-                r = PySet_Add(depset, key);
-            Py_DECREF(key);
-            if (r < 0) {
-                Py_DECREF(it);
-                goto fail;
-            }
-        }
-        Py_DECREF(it);
-        if (PyErr_Occurred())
-            goto fail;
-        Py_CLEAR(deps);
-        if (PySet_GET_SIZE(depset) > cap_deps) {
-            cap_deps = (int)PySet_GET_SIZE(depset) * 2;
-            PyMem_Free(deparr);
-            deparr = PyMem_Malloc(sizeof(int) * cap_deps);
-            if (deparr == NULL)
-                goto nomem;
-        }
-        it = PyObject_GetIter(depset);
-        if (it == NULL)
-            goto fail;
-        while ((key = PyIter_Next(it)) != NULL) {
-            deparr[ndeps++] = (int)PyLong_AsLong(key);
-            Py_DECREF(key);
-        }
-        Py_DECREF(it);
-        if (PyErr_Occurred())
-            goto fail;
-        for (i = 0; i < ndeps; i++) {     /* in the set's order: the races */
-            int j = deparr[i], tj = R.tid[j], lj = R.local[j], m, ordered = vc[tj] >= lj;
-
-            for (m = 0; !ordered && m < ndeps; m++)
-                ordered = m != i && R.vcs[(Py_ssize_t)deparr[m] * width + tj] >= lj;
+            for (m = 0; !ordered && m < D.n; m++)
+                ordered = m != i && R.vcs[(Py_ssize_t)D.j[m] * width + tj] >= lj;
             if (ordered || R.decision[j] < 0)
                 continue;
-            if (race_found(&R, out, cands_of, j, (int)k, vc, deparr, ndeps, depset) < 0)
+            if (race_found(&R, out, cands_of, j, (int)k, vc, &D) < 0)
                 goto fail;
         }
-        for (i = 0; i < ndeps; i++) {
-            int *o2 = R.vcs + (Py_ssize_t)deparr[i] * width, t;
+        for (i = 0; i < D.n; i++) {
+            int *o2 = R.vcs + (Py_ssize_t)D.j[i] * width, t;
 
             for (t = 0; t < width; t++)
                 if (o2[t] > vc[t])
                     vc[t] = o2[t];
         }
-        Py_CLEAR(depset);
         vc[tid] = n;
         last_of[tid] = (int)k;
         o = PyObject_GetAttr(st, s_wakes);
@@ -1168,13 +1158,12 @@ fail:
 done:
     for (k = 0; k < 3; k++)
         Py_XDECREF(parts[k]);
-    Py_XDECREF(deps);
-    Py_XDECREF(depset);
     PyMem_Free(last_of);
     PyMem_Free(woken_by);
     PyMem_Free(ended);
     PyMem_Free(count);
-    PyMem_Free(deparr);
+    PyMem_Free(D.j);
+    PyMem_Free(D.mark);
     races_free(&R);
     return out;
 }

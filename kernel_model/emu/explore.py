@@ -820,7 +820,9 @@ def _py_races(points: list[Point],
     before j), k's task p, and the tasks runnable at d that lead to k - p itself when
     runnable there, else the runnable tasks with a step after j, not after j itself,
     that happens-before k; when there is none, every runnable task (`every` True: all
-    of them must be tried, as Flanagan-Godefroid's rule has it)."""
+    of them must be tried, as Flanagan-Godefroid's rule has it).  A step's races come
+    in the order of their earlier steps j, so a search is the same whatever the heap
+    looked like when it ran."""
     if not steps:
         return
     width = max(s.tid for s in steps) + 1
@@ -903,7 +905,9 @@ def _py_races(points: list[Point],
                 if by:
                     deps.update(by.values())
         deps = {j for j in deps if steps[j].tid != tid}
-        for j in deps:
+        # in step order: which race of a decision the search meets first must not hang
+        # on the set's order, which follows the keys' ids (where objects lie in memory)
+        for j in sorted(deps):
             tj, lj = steps[j].tid, local[j]
             if vc[tj] >= lj or any(vcs[i][tj] >= lj for i in deps if i != j):
                 continue                   # ordered before k by something else
