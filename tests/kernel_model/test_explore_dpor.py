@@ -830,13 +830,16 @@ def test_the_c_filter_keeps_the_python_ones_order():
         _track.objects_by_task([object()])
 
 
-def _random_run(rnd: random.Random, nsteps: int, ntasks: int) -> tuple[list, list]:
+def _random_run(rnd: random.Random, nsteps: int, ntasks: int,
+                named: bool = True) -> tuple[list, list]:
     """A made-up run for the race analysis: decisions over random runnable sets, steps
     of random tasks touching random fields and whole structs (reads, writes, adds),
-    waking, joining and ending tasks."""
+    waking, joining and ending tasks.  Fields are named by strings, or (`named` False)
+    by numbers, whose hashes do not change from one process to the next."""
     from kernel_model.emu.explore import Point
-    keys = [(rnd.randrange(12), f"f{rnd.randrange(6)}") for _ in range(40)] + \
-        list(range(12)) + [(rnd.randrange(12), "va", rnd.randrange(300)) for _ in range(20)]
+    keys = [(rnd.randrange(12), f"f{rnd.randrange(6)}" if named else rnd.randrange(6))
+            for _ in range(40)] + list(range(12)) + \
+        [(rnd.randrange(12), "va" if named else 99, rnd.randrange(300)) for _ in range(20)]
     points, steps = [], []
     for k in range(nsteps):
         point = None
@@ -881,9 +884,10 @@ def test_the_races_do_not_hang_on_where_objects_lie():
     the order of a set of the keys' ids, and a search gave other schedules when
     something else had run before it.)"""
     from kernel_model.emu.explore import _py_races, _shared
-    for seed in range(200):              # (the old order differed for 3 of these runs)
+    for seed in range(100):              # (the old order differed for runs 24, 45 and 95)
         rnd = random.Random(seed)
-        points, steps = _random_run(rnd, rnd.randrange(40, 120), rnd.randrange(3, 8))
+        points, steps = _random_run(rnd, rnd.randrange(40, 120), rnd.randrange(3, 8),
+                                    named=False)
         ids = {i: (i + 1) * 7919 + rnd.randrange(1000) * 65537 for i in range(12)}
 
         def moved(key, ids=ids):
