@@ -811,6 +811,44 @@ as_tid(PyObject *o)
     return v < 0 || v > 1 << 20 ? -1 : (int)v;
 }
 
+/* the tasks (in [0, width): no step names another) in a step's set `name` -> out;
+ * their number, or -1 on error */
+static int
+tids_of(PyObject *st, PyObject *name, int width, int *out)
+{
+    PyObject *o = PyObject_GetAttr(st, name), *it, *key;
+    int n = 0;
+
+    it = o ? PyObject_GetIter(o) : NULL;
+    Py_XDECREF(o);
+    if (it == NULL)
+        return -1;
+    while ((key = PyIter_Next(it)) != NULL) {
+        int t = as_tid(key);
+
+        Py_DECREF(key);
+        if (t == -2) {
+            Py_DECREF(it);
+            return -1;
+        }
+        if (t >= 0 && t < width && n < width)
+            out[n++] = t;
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : n;
+}
+
+/* vc := the pointwise max of vc and other (a clock learning another's past) */
+static inline void
+vc_join(int *vc, const int *other, int width)
+{
+    int t;
+
+    for (t = 0; t < width; t++)
+        if (other[t] > vc[t])
+            vc[t] = other[t];
+}
+
 static void
 races_free(races_t *R)
 {
@@ -924,7 +962,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     deps_t D;
     Py_ssize_t nsteps, k;
     int width = 0, *last_of = NULL, *woken_by = NULL, *ended = NULL, *count = NULL;
-    int d_now = -1;
+    int *tids = NULL, d_now = -1;
 
     if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
             !PyAnySet_Check(args[2])) {
@@ -972,14 +1010,15 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     woken_by = PyMem_Malloc(sizeof(int) * width);
     ended = PyMem_Malloc(sizeof(int) * width);
     count = PyMem_Calloc(width, sizeof(int));
-    if (!R.vcs || !last_of || !woken_by || !ended || !count)
+    tids = PyMem_Malloc(sizeof(int) * width);
+    if (!R.vcs || !last_of || !woken_by || !ended || !count || !tids)
         goto nomem;
     for (k = 0; k < width; k++)
         last_of[k] = woken_by[k] = ended[k] = -1;
 
     for (k = 0; k < nsteps; k++) {
-        PyObject *st = PyList_GET_ITEM(steps, k), *pt, *o, *it, *key;
-        int tid = R.tid[k], n, prev, w, i;
+        PyObject *st = PyList_GET_ITEM(steps, k), *pt, *o, *key;
+        int tid = R.tid[k], n, prev, w, i, m;
         int *vc = R.vcs + (Py_ssize_t)k * width;
         Py_ssize_t p, x;
 
@@ -1005,31 +1044,13 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             memcpy(vc, R.vcs + (Py_ssize_t)prev * width, sizeof(int) * width);
         w = woken_by[tid];
         if (w >= 0 && (prev < 0 || w > prev))   /* spawned or woken after its last step */
-            for (i = 0; i < width; i++)
-                if (R.vcs[(Py_ssize_t)w * width + i] > vc[i])
-                    vc[i] = R.vcs[(Py_ssize_t)w * width + i];
-        o = PyObject_GetAttr(st, s_joins);
-        it = o ? PyObject_GetIter(o) : NULL;
-        Py_XDECREF(o);
-        if (it == NULL)
+            vc_join(vc, R.vcs + (Py_ssize_t)w * width, width);
+        m = tids_of(st, s_joins, width, tids);  /* a join of a task that has ended */
+        if (m < 0)
             goto fail;
-        while ((key = PyIter_Next(it)) != NULL) {
-            int t = as_tid(key), e;
-
-            Py_DECREF(key);
-            if (t == -2) {
-                Py_DECREF(it);
-                goto fail;
-            }
-            e = t >= 0 && t < width ? ended[t] : -1;
-            if (e >= 0)
-                for (i = 0; i < width; i++)
-                    if (R.vcs[(Py_ssize_t)e * width + i] > vc[i])
-                        vc[i] = R.vcs[(Py_ssize_t)e * width + i];
-        }
-        Py_DECREF(it);
-        if (PyErr_Occurred())
-            goto fail;
+        for (i = 0; i < m; i++)
+            if (ended[tids[i]] >= 0)
+                vc_join(vc, R.vcs + (Py_ssize_t)ended[tids[i]] * width, width);
 
         /* the dependences on other tasks' steps */
         parts[0] = kept(st, s_reads, shared);
@@ -1092,34 +1113,15 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             if (race_found(&R, out, cands_of, j, (int)k, vc, &D) < 0)
                 goto fail;
         }
-        for (i = 0; i < D.n; i++) {
-            int *o2 = R.vcs + (Py_ssize_t)D.j[i] * width, t;
-
-            for (t = 0; t < width; t++)
-                if (o2[t] > vc[t])
-                    vc[t] = o2[t];
-        }
+        for (i = 0; i < D.n; i++)
+            vc_join(vc, R.vcs + (Py_ssize_t)D.j[i] * width, width);
         vc[tid] = n;
         last_of[tid] = (int)k;
-        o = PyObject_GetAttr(st, s_wakes);
-        it = o ? PyObject_GetIter(o) : NULL;
-        Py_XDECREF(o);
-        if (it == NULL)
+        m = tids_of(st, s_wakes, width, tids);
+        if (m < 0)
             goto fail;
-        while ((key = PyIter_Next(it)) != NULL) {
-            int t = as_tid(key);
-
-            Py_DECREF(key);
-            if (t == -2) {
-                Py_DECREF(it);
-                goto fail;
-            }
-            if (t >= 0 && t < width)
-                woken_by[t] = (int)k;
-        }
-        Py_DECREF(it);
-        if (PyErr_Occurred())
-            goto fail;
+        for (i = 0; i < m; i++)
+            woken_by[tids[i]] = (int)k;
         o = PyObject_GetAttr(st, s_ends);
         if (o == NULL)
             goto fail;
@@ -1162,6 +1164,7 @@ done:
     PyMem_Free(woken_by);
     PyMem_Free(ended);
     PyMem_Free(count);
+    PyMem_Free(tids);
     PyMem_Free(D.j);
     PyMem_Free(D.mark);
     races_free(&R);
