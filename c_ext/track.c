@@ -215,20 +215,12 @@ keep_before(PyObject *st, PyObject *self, PyObject *name, PyObject *key, int has
             return -1;
         entry = PyTuple_Pack(3, dict_get, args, was != NULL ? was : unset);
     } else {
-#if PY_VERSION_HEX < 0x030E0000
-        /* most first writes are a constructor's, to a field not set yet: asked with
-         * suppress, so no AttributeError is made (its message formatted) and dropped */
-        was = _PyObject_GenericGetAttrWithDict(self, name, NULL, 1);
-        if (was == NULL && PyErr_Occurred())
-            return -1;
-#else
         was = PyObject_GenericGetAttr(self, name);
         if (was == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError))
                 return -1;
             PyErr_Clear();
         }
-#endif
         args = PyTuple_Pack(2, self, name);
         if (args == NULL) {
             Py_XDECREF(was);
