@@ -880,7 +880,7 @@ race_found(races_t *R, PyObject *out, PyObject *cands_of, int j, int k, const in
     int tid = R->tid[k];
     PyObject *cands, *tido, *lead, *cset, *t, *res;
 
-    cands = PyList_GET_ITEM(cands_of, d);
+    cands = PyTuple_GET_ITEM(cands_of, d);
     tido = PyLong_FromLong(tid);
     if (tido == NULL)
         return -1;
@@ -957,7 +957,7 @@ fail:
 static PyObject *
 races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *cands_of, *steps, *shared, *out = NULL, *parts[3] = {NULL, NULL, NULL};
+    PyObject *cands_of = NULL, *steps = NULL, *shared, *out = NULL, *parts[3] = {NULL, NULL, NULL};
     races_t R;
     deps_t D;
     Py_ssize_t nsteps, k;
@@ -969,15 +969,18 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "races(cands, steps, shared): two lists and a set");
         return NULL;
     }
-    cands_of = args[0];
-    steps = args[1];
     shared = args[2];
     memset(&R, 0, sizeof(R));
     memset(&D, 0, sizeof(D));
-    nsteps = PyList_GET_SIZE(steps);
-    out = PyList_New(0);
-    if (out == NULL || nsteps == 0)
-        return out;
+    /* tuples of their items: nothing a key's __eq__ runs can shrink them under us */
+    cands_of = PyList_AsTuple(args[0]);
+    steps = cands_of ? PyList_AsTuple(args[1]) : NULL;
+    out = steps ? PyList_New(0) : NULL;
+    if (out == NULL)
+        goto fail;
+    nsteps = PyTuple_GET_SIZE(steps);
+    if (nsteps == 0)
+        goto done;
     R.tid = PyMem_Calloc(nsteps, sizeof(int));
     R.local = PyMem_Calloc(nsteps, sizeof(int));
     R.decision = PyMem_Calloc(nsteps, sizeof(int));
@@ -988,7 +991,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     if (!R.tid || !R.local || !R.decision || !D.mark || !R.index || !R.fields)
         goto nomem;
     for (k = 0; k < nsteps; k++) {
-        PyObject *t = PyObject_GetAttr(PyList_GET_ITEM(steps, k), s_tid);
+        PyObject *t = PyObject_GetAttr(PyTuple_GET_ITEM(steps, k), s_tid);
         int v;
 
         if (t == NULL)
@@ -1017,7 +1020,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         last_of[k] = woken_by[k] = ended[k] = -1;
 
     for (k = 0; k < nsteps; k++) {
-        PyObject *st = PyList_GET_ITEM(steps, k), *pt, *o, *key;
+        PyObject *st = PyTuple_GET_ITEM(steps, k), *pt, *o, *key;
         int tid = R.tid[k], n, prev, w, i, m;
         int *vc = R.vcs + (Py_ssize_t)k * width;
         Py_ssize_t p, x;
@@ -1027,7 +1030,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         if (pt != Py_None) {
             d_now = (int)PyLong_AsLong(pt);
-            if (d_now < 0 || d_now >= PyList_GET_SIZE(cands_of)) {
+            if (d_now < 0 || d_now >= PyTuple_GET_SIZE(cands_of)) {
                 Py_DECREF(pt);
                 if (!PyErr_Occurred())
                     PyErr_SetString(PyExc_ValueError, "races: a step's point is not a "
@@ -1168,6 +1171,8 @@ done:
     PyMem_Free(D.j);
     PyMem_Free(D.mark);
     races_free(&R);
+    Py_XDECREF(cands_of);
+    Py_XDECREF(steps);
     return out;
 }
 

@@ -941,6 +941,28 @@ def test_the_c_race_analysis_refuses_what_is_not_a_run():
     assert _track.races([[0, 1], [0, 1]], steps, {1}) == [(0, 1, {1}, False)]
 
 
+def test_the_c_race_analysis_survives_keys_that_empty_its_lists():
+    """The analysis works on its own copy of the lists it is given: keys whose __eq__
+    (run when two hash alike) empties them mid-walk cannot make it read freed steps."""
+    runs, cands = [], []
+
+    class Key:
+        def __hash__(self):
+            return 7
+
+        def __eq__(self, other):
+            runs.clear()
+            cands.clear()
+            return self is other
+
+    a, b = Key(), Key()
+    shared = {a, b}                       # (made first: it compares them)
+    runs.extend([Step(0, 0, {a}, {b}), Step(1, 1, {b}, {a})])
+    cands.extend([[0, 1], [0, 1]])
+    assert _track.races(cands, runs, shared) == [(0, 1, {1}, False)]
+    assert runs == [] and cands == []
+
+
 class _Box:
     pass
 
