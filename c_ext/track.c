@@ -724,15 +724,11 @@ cmp_int(const void *a, const void *b)
 /* deps gets key's last write, and (by: 1 readers, 2 adders, 3 both) its tasks' steps
  * (other tasks' only: see add_step) */
 static int
-deps_of_key(races_t *R, deps_t *deps, PyObject *key, int by)
+deps_of_index(races_t *R, deps_t *deps, Py_ssize_t x, int by)
 {
-    Py_ssize_t x = key_index(R, key, 0);
-    keystate_t *s;
+    keystate_t *s = &R->ks[x];
     int i;
 
-    if (x < 0)
-        return PyErr_Occurred() ? -1 : 0;
-    s = &R->ks[x];
     if (s->last_write >= 0 && add_step(deps, s->last_write) < 0)
         return -1;
     if (by & 1)
@@ -744,6 +740,16 @@ deps_of_key(races_t *R, deps_t *deps, PyObject *key, int by)
             if (add_step(deps, tk_data(&s->adders)[i].k) < 0)
                 return -1;
     return 0;
+}
+
+static int
+deps_of_key(races_t *R, deps_t *deps, PyObject *key, int by)
+{
+    Py_ssize_t x = key_index(R, key, 0);
+
+    if (x < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    return deps_of_index(R, deps, x, by);
 }
 
 static int
@@ -963,6 +969,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t nsteps, k;
     int width = 0, *last_of = NULL, *woken_by = NULL, *ended = NULL, *count = NULL;
     int *tids = NULL, d_now = -1;
+    Py_ssize_t *xs = NULL, cap_xs = 0;
 
     if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
             !PyAnySet_Check(args[2])) {
@@ -1023,7 +1030,7 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         PyObject *st = PyTuple_GET_ITEM(steps, k), *pt, *o, *key;
         int tid = R.tid[k], n, prev, w, i, m;
         int *vc = R.vcs + (Py_ssize_t)k * width;
-        Py_ssize_t p, x;
+        Py_ssize_t p, x, nx;
 
         pt = PyObject_GetAttr(st, s_point);
         if (pt == NULL)
@@ -1061,27 +1068,46 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         parts[2] = parts[1] ? kept(st, s_writes, shared) : NULL;
         if (parts[2] == NULL)
             goto fail;
+        /* each kept key's number, made now if new (a new one has no last write, no
+         * readers, no adders: the same as not there), used again below */
+        x = PyList_GET_SIZE(parts[0]) + PyList_GET_SIZE(parts[1]) + PyList_GET_SIZE(parts[2]);
+        if (x > cap_xs) {
+            Py_ssize_t *a = PyMem_Realloc(xs, sizeof(Py_ssize_t) * x * 2);
+
+            if (a == NULL)
+                goto nomem;
+            xs = a;
+            cap_xs = x * 2;
+        }
+        x = 0;
+        for (i = 0; i < 3; i++)
+            for (p = 0; p < PyList_GET_SIZE(parts[i]); p++)
+                if ((xs[x++] = key_index(&R, PyList_GET_ITEM(parts[i], p), 1)) < 0)
+                    goto fail;
         D.n = 0;
         D.stamp = (int)k + 1;
         D.tid = tid;
+        x = 0;
         for (i = 0; i < 2; i++)            /* reads: writes and adds; adds: writes and reads */
             for (p = 0; p < PyList_GET_SIZE(parts[i]); p++) {
                 key = PyList_GET_ITEM(parts[i], p);
-                if (deps_of_key(&R, &D, key, i == 0 ? 2 : 1) < 0)
+                if (deps_of_index(&R, &D, xs[x++], i == 0 ? 2 : 1) < 0)
                     goto fail;
                 if (is_field(key) && last_write_of(&R, &D, PyTuple_GET_ITEM(key, 0)) < 0)
                     goto fail;
             }
         for (p = 0; p < PyList_GET_SIZE(parts[2]); p++) {
             key = PyList_GET_ITEM(parts[2], p);
+            Py_ssize_t kx = xs[x++];
+
             if (is_field(key)) {
                 if (last_write_of(&R, &D, PyTuple_GET_ITEM(key, 0)) < 0 ||
-                        deps_of_key(&R, &D, key, 3) < 0)
+                        deps_of_index(&R, &D, kx, 3) < 0)
                     goto fail;
             } else {                       /* a whole struct: each field touched so far */
                 PyObject *f = PyDict_GetItemWithError(R.fields, key), *fit, *fk;
 
-                if (deps_of_key(&R, &D, key, 3) < 0)
+                if (deps_of_index(&R, &D, kx, 3) < 0)
                     goto fail;
                 if (f == NULL && PyErr_Occurred())
                     goto fail;
@@ -1135,12 +1161,11 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         if (i)
             ended[tid] = (int)k;
         /* what later steps depend on */
+        nx = 0;
         for (i = 0; i < 3; i++)
             for (p = 0; p < PyList_GET_SIZE(parts[i]); p++) {
                 key = PyList_GET_ITEM(parts[i], p);
-                x = key_index(&R, key, 1);
-                if (x < 0)
-                    goto fail;
+                x = xs[nx++];
                 if (i == 0 ? tk_set(&R.ks[x].readers, tid, (int)k) :
                         i == 1 ? tk_set(&R.ks[x].adders, tid, (int)k) : 0)
                     goto fail;
@@ -1168,6 +1193,7 @@ done:
     PyMem_Free(ended);
     PyMem_Free(count);
     PyMem_Free(tids);
+    PyMem_Free(xs);
     PyMem_Free(D.j);
     PyMem_Free(D.mark);
     races_free(&R);

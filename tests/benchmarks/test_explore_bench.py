@@ -99,6 +99,41 @@ def test_dpor_schedules_of_dma_vs_invalidate(benchmark):
                               iterations=1) == 20
 
 
+@pytest.fixture(scope="module")
+def recorded() -> tuple:
+    """One recorded run of dma-vs-invalidate (fixed): its decisions and steps."""
+    rec = Recording([], footprints=True)
+    run = run_once(lambda: DMA.run(False), rec)
+    assert run.failure is None
+    return run.points, rec.steps
+
+
+@pytest.mark.benchmark(group="race analysis: one recorded run of dma-vs-invalidate")
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_race_analysis(benchmark, recorded, impl):
+    """DPOR's race analysis of one run (~16,000 keys in ~60 steps): c_ext._track.races
+    against its twin explore._py_races, each with the shared-object filter it uses,
+    against the baseline below; the same races from both."""
+    from kernel_model.emu.explore import _py_races, _races
+    points, steps = recorded
+    if impl == "c":
+        races = benchmark(_races, points, steps)
+    else:
+        races = benchmark(lambda: list(_py_races(points, steps)))
+    assert races and [(d, p, sorted(i), e) for d, p, i, e in races] == \
+        [(d, p, sorted(i), e) for d, p, i, e in _py_races(points, steps)]
+
+
+@pytest.mark.benchmark(group="race analysis: one recorded run of dma-vs-invalidate")
+def test_race_analysis_one_pass_baseline(benchmark, recorded):
+    """The yardstick: one C pass over every key of the run, each object put in its
+    task's set (c_ext._track.objects_by_task, the first half of the filter)."""
+    from c_ext import _track
+    _points, steps = recorded
+    by_task = benchmark(_track.objects_by_task, steps)
+    assert len(by_task) > 2
+
+
 def _pct_hits(name: str, seeds: int = 100, budget: int = 1000) -> list[int]:
     """For each of `seeds` PCT explorations (first seeds 100,003 apart), the schedules
     it ran up to the first failing one (budget + 1: none within the budget)."""
