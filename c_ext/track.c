@@ -56,16 +56,92 @@ add_key(PyObject *st, PyObject *which, PyObject *key)
     return r;
 }
 
+/*
+ * The keys made while a run records: (object's address, field) -> the (id, field)
+ * tuple made for it the first time.  A field read a hundred times in a run is one
+ * tuple, not a hundred made, hashed against the step's copy, compared and freed.
+ * Looked up by the two pointers; the tuple holds the field name (or table key), so
+ * that pointer stays its own, and the address alone is the id whatever lives there
+ * now - an entry is never wrong, only kept until clear_keys (each run's end).
+ */
+typedef struct {
+    PyObject *self;          /* the address only: never dereferenced */
+    PyObject *name;          /* borrowed: key holds it */
+    PyObject *key;
+} kc_entry;
+
+static kc_entry *kc_table;
+static size_t kc_cap, kc_used;
+
+static inline size_t
+kc_slot(PyObject *self, PyObject *name, size_t mask)
+{
+    size_t h = ((size_t)self >> 4) * 0x9E3779B97F4A7C15ull ^ ((size_t)name >> 3);
+
+    return (h ^ (h >> 29)) & mask;
+}
+
+static void
+kc_clear(void)
+{
+    size_t i;
+
+    for (i = 0; i < kc_cap; i++)
+        Py_XDECREF(kc_table[i].key);
+    PyMem_Free(kc_table);
+    kc_table = NULL;
+    kc_cap = kc_used = 0;
+}
+
+static int
+kc_grow(void)
+{
+    size_t cap = kc_cap ? kc_cap * 2 : 4096, i, j;
+    kc_entry *t = PyMem_Calloc(cap, sizeof(kc_entry));
+
+    if (t == NULL)
+        return -1;
+    for (i = 0; i < kc_cap; i++)
+        if (kc_table[i].key != NULL) {
+            j = kc_slot(kc_table[i].self, kc_table[i].name, cap - 1);
+            while (t[j].key != NULL)
+                j = (j + 1) & (cap - 1);
+            t[j] = kc_table[i];
+        }
+    PyMem_Free(kc_table);
+    kc_table = t;
+    kc_cap = cap;
+    return 0;
+}
+
 static PyObject *
 make_key(PyObject *self, PyObject *name)
 {
-    PyObject *id = PyLong_FromVoidPtr(self);
-    PyObject *key;
+    PyObject *id, *key;
+    size_t j;
 
+    if (kc_used * 2 >= kc_cap && kc_grow() < 0) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    j = kc_slot(self, name, kc_cap - 1);
+    for (; kc_table[j].key != NULL; j = (j + 1) & (kc_cap - 1))
+        if (kc_table[j].self == self && kc_table[j].name == name) {
+            Py_INCREF(kc_table[j].key);
+            return kc_table[j].key;
+        }
+    id = PyLong_FromVoidPtr(self);
     if (id == NULL)
         return NULL;
     key = PyTuple_Pack(2, id, name);
     Py_DECREF(id);
+    if (key == NULL)
+        return NULL;
+    kc_table[j].self = self;
+    kc_table[j].name = name;
+    kc_table[j].key = key;
+    kc_used++;
+    Py_INCREF(key);
     return key;
 }
 
@@ -1276,6 +1352,21 @@ silent(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* clear_keys(): forget the keys made (Recording.remove, at each run's end) */
+static PyObject *
+clear_keys(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(arg))
+{
+    kc_clear();
+    Py_RETURN_NONE;
+}
+
+/* cached_keys() -> how many keys are kept (for tests) */
+static PyObject *
+cached_keys(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(arg))
+{
+    return PyLong_FromSize_t(kc_used);
+}
+
 /* set_sched(sched_dict): where the running step is (sched.py, at import) */
 static PyObject *
 set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
@@ -1319,6 +1410,10 @@ static PyMethodDef methods[] = {
     {"races", (PyCFunction)(void (*)(void))races, METH_FASTCALL,
      "races(cands, steps, shared) -> explore._races's list: (decision, task, initials, "
      "every) for each race, in its order (cands[d]: the tasks runnable at decision d)"},
+    {"clear_keys", clear_keys, METH_NOARGS,
+     "clear_keys(): forget the (id, field) keys made while recording (each run's end)."},
+    {"cached_keys", cached_keys, METH_NOARGS,
+     "cached_keys() -> the number of (id, field) keys kept for reuse."},
     {"set_sched", set_sched, METH_O,
      "set_sched(sched_dict): where KeyedBase finds the running step."},
     {"configure", configure, METH_VARARGS,

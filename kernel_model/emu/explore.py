@@ -271,6 +271,7 @@ class Recording(Strategy):
             self._changes()
             SCHED.fp = SCHED.fp_step = SCHED.fp_watch = SCHED.fp_keep = None
             self._keep.clear()
+            _track.clear_keys()             # the run's (id, field) keys, kept for reuse
             SCHED.on_switch.remove(self._switched)
             self._watched.clear()
             self._tasks_watch.clear()

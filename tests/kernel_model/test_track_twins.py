@@ -241,3 +241,45 @@ def test_set_track_backend_refuses_an_unknown_name_and_the_block_gives_it_back()
         assert slab.TRACK_BACKEND == "python"
         raise RuntimeError("the block fails")
     assert slab.TRACK_BACKEND == before
+
+
+def test_a_field_read_again_is_the_same_key_and_a_run_forgets_them(recording):
+    """The C recorder makes each (id, field) key once while a run records and hands the
+    same tuple out again (a field read a hundred times is not a hundred tuples made,
+    hashed and compared): equal to (id(obj), field) always - also when another object
+    now lives at a freed one's address - and forgotten at the run's end."""
+    from c_ext import _track
+    from kernel_model.sched import KeyedDict
+    st, _watched = recording
+    _track.clear_keys()
+    obj = _make(WithSlots, "c")
+    obj.n                                       # noqa: B018 - the reads under test
+    first = next(k for k in st.reads if k == (id(obj), "n"))
+    st.reads.clear()
+    obj.n                                       # noqa: B018
+    (again,) = [k for k in st.reads if k == (id(obj), "n")]
+    assert again is first and _track.cached_keys() >= 1
+    table = KeyedDict({7: "a"})
+    table[7]                                    # noqa: B018
+    table.get(7)
+    assert [k for k in st.reads if k == (id(table), 7)] == [(id(table), 7)]
+    addr = id(obj)
+    del obj, first, again
+    st.reads.clear()
+    for _ in range(1000):                       # another object at the same address
+        other = _make(WithSlots, "c")
+        if id(other) == addr:
+            break
+    other.n                                     # noqa: B018
+    assert (id(other), "n") in st.reads
+    _track.clear_keys()
+    assert _track.cached_keys() == 0
+
+
+def test_a_recorded_run_leaves_no_keys_kept():
+    """Recording.remove forgets the run's keys: what a search keeps does not grow with
+    the runs it made."""
+    from c_ext import _track
+    run = run_once(lambda: RACES["free-callback-vs-put-pages"].run(False),
+                   Recording([], footprints=True))
+    assert run.points and _track.cached_keys() == 0
