@@ -81,16 +81,16 @@ kc_slot(PyObject *self, PyObject *name, size_t mask)
     return (h ^ (h >> 29)) & mask;
 }
 
+/* forget every key; the table keeps its size for the next run (a run makes about
+ * as many as the last one: growing again from the start rehashed them four times) */
 static void
 kc_clear(void)
 {
     size_t i;
 
     for (i = 0; i < kc_cap; i++)
-        Py_XDECREF(kc_table[i].key);
-    PyMem_Free(kc_table);
-    kc_table = NULL;
-    kc_cap = kc_used = 0;
+        Py_CLEAR(kc_table[i].key);
+    kc_used = 0;
 }
 
 static int
