@@ -828,6 +828,33 @@ deps_of_key(races_t *R, deps_t *deps, PyObject *key, int by)
     return deps_of_index(R, deps, x, by);
 }
 
+/* a whole struct written: its own key's dependences, then each field touched so far */
+static int
+deps_of_struct(races_t *R, deps_t *deps, PyObject *key, Py_ssize_t kx)
+{
+    PyObject *f, *it, *fk;
+
+    if (deps_of_index(R, deps, kx, 3) < 0)
+        return -1;
+    f = PyDict_GetItemWithError(R->fields, key);
+    if (f == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    it = PyObject_GetIter(f);
+    if (it == NULL)
+        return -1;
+    while ((fk = PyIter_Next(it)) != NULL) {
+        int r = deps_of_key(R, deps, fk, 3);
+
+        Py_DECREF(fk);
+        if (r < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static int
 last_write_of(races_t *R, deps_t *deps, PyObject *key)
 {
@@ -1173,37 +1200,15 @@ races(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
             }
         for (p = 0; p < PyList_GET_SIZE(parts[2]); p++) {
-            key = PyList_GET_ITEM(parts[2], p);
             Py_ssize_t kx = xs[x++];
 
+            key = PyList_GET_ITEM(parts[2], p);
             if (is_field(key)) {
                 if (last_write_of(&R, &D, PyTuple_GET_ITEM(key, 0)) < 0 ||
                         deps_of_index(&R, &D, kx, 3) < 0)
                     goto fail;
-            } else {                       /* a whole struct: each field touched so far */
-                PyObject *f = PyDict_GetItemWithError(R.fields, key), *fit, *fk;
-
-                if (deps_of_index(&R, &D, kx, 3) < 0)
-                    goto fail;
-                if (f == NULL && PyErr_Occurred())
-                    goto fail;
-                if (f != NULL) {
-                    fit = PyObject_GetIter(f);
-                    if (fit == NULL)
-                        goto fail;
-                    while ((fk = PyIter_Next(fit)) != NULL) {
-                        int r = deps_of_key(&R, &D, fk, 3);
-
-                        Py_DECREF(fk);
-                        if (r < 0) {
-                            Py_DECREF(fit);
-                            goto fail;
-                        }
-                    }
-                    Py_DECREF(fit);
-                    if (PyErr_Occurred())
-                        goto fail;
-                }
+            } else if (deps_of_struct(&R, &D, key, kx) < 0) {
+                goto fail;
             }
         }
         /* in step order: what the search meets first does not hang on the keys' ids */
