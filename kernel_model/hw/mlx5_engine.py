@@ -712,9 +712,16 @@ class Mlx5Engine:
     def hca_dma_gather(self, pieces: list[tuple[int, int]], length: int) -> bytearray:
         """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
         SCHED.point("dma_read")
-        phys = self._to_phys(pieces, False)
-        mem = self.machine.mem
-        if self._in_ram(phys):
+        m = self.machine
+        phys = self._to_phys(pieces, False) if m.iommu.translating else pieces
+        mem = m.mem
+        if len(phys) == 1 and phys[0][0] + phys[0][1] <= m.ram_size:
+            # (the common case, taken first: one piece of RAM)
+            p, n = phys[0]
+            if SCHED.fp_step is not None:
+                touch_ram(mem, p, n, False)
+            out = bytearray(mem.ram[p:p + n])
+        elif self._in_ram(phys):
             for p, n in phys:
                 touch_ram(mem, p, n, False)
             if len(phys) <= FEW_PIECES:   # the payload is a copy of the pieces,
@@ -744,8 +751,16 @@ class Mlx5Engine:
     def hca_dma_scatter(self, pieces: list[tuple[int, int]], payload: bytes | bytearray) -> None:
         """DMA-write a payload over the pieces."""
         SCHED.point("dma_write")
-        phys = self._to_phys(pieces, True)
-        if self._in_ram(phys):
+        m = self.machine
+        phys = self._to_phys(pieces, True) if m.iommu.translating else pieces
+        if len(phys) == 1 and phys[0][0] + phys[0][1] <= m.ram_size and \
+                phys[0][1] == len(payload):
+            # (the common case, taken first: one piece of RAM, the payload's size)
+            p, n = phys[0]
+            if SCHED.fp_step is not None:
+                touch_ram(m.mem, p, n, True)
+            m.mem.ram[p:p + n] = payload
+        elif self._in_ram(phys):
             mem = self.machine.mem
             for p, n in phys:
                 touch_ram(mem, p, n, True)
@@ -914,7 +929,7 @@ class Mlx5Engine:
             raise WqeError(synd, f"key {key:#x}: access mode {mode} not modelled")
         pg_bit = k["pg_bit"]
         off = (start & ((1 << pg_bit) - 1)) + (addr - start)
-        n = len(mk.pas)
+        n = mk.pas.n
         if getattr(mk, "pf_absent", None):
             self._mtt_present(mk, key, pg_bit, off, addr, length, access, synd)
         # (at most n pieces whatever the room; MAX_PIECES caps a huge MTT's)
@@ -923,9 +938,13 @@ class Mlx5Engine:
         if k < 0:
             raise WqeError(synd, f"key {key:#x}: range beyond its translation table")
         index = key >> 8
-        self.mkey_busy[index] = self.mkey_busy.get(index, 0) + 1
+        busy = self.mkey_busy
+        busy[index] = busy.get(index, 0) + 1
         self._held.append(index)
-        return [(a.view[i], b.view[i]) for i in range(k)]
+        av, bv = a.view, b.view
+        if k == 1:                        # (most ranges: no comprehension's frame)
+            return [(av[0], bv[0])]
+        return [(av[i], bv[i]) for i in range(k)]
 
     @staticmethod
     def _mtt_present(mk: object, key: int, pg_bit: int, off: int, addr: int, length: int,
@@ -1106,6 +1125,9 @@ class Mlx5Engine:
               pd: int | None = None) -> list[tuple[int, int]]:
         if pd is None:
             pd = self._c(qp)["pd"]
+        if len(sges) == 1:                # (a fresh list already)
+            lkey, addr, n = sges[0]
+            return self.hca_mkey_translate(lkey, pd, addr, n, access, False)
         out: list[tuple[int, int]] = []
         for lkey, addr, n in sges:
             out += self.hca_mkey_translate(lkey, pd, addr, n, access, False)
