@@ -335,3 +335,42 @@ def test_dma_gather_and_scatter_over_scattered_pieces(backend, npieces):
     assert all(after[k] == before[k] for k in range(0, 128 * ps, 7) if k not in changed)
     m.zone.free(block.pfn, 7)
     m.check_leaks()
+
+
+@pytest.mark.parametrize("extra", [-40, 0, 40])
+def test_one_piece_of_ram_moves_as_many_pieces_do_and_is_recorded(extra):
+    """One piece of RAM - most DMA - takes hca_dma_gather's and hca_dma_scatter's
+    short way: the same bytes as the general one (a payload of another size than the
+    piece moves min(both) bytes, as ops.dma_copy does), and a recorded step still
+    names every page it read or wrote (touch_ram), for partial-order reduction."""
+    from kernel_model.emu.explore import Step
+    from kernel_model.page_alloc import GFP_KERNEL
+    m = rdma_host(ram_size=64 << 20)
+    m.load_module("mlx5_ib")
+    eng = engine_of(m.hcas[0])
+    block = m.zone.alloc(GFP_KERNEL, 2, "test piece")          # 4 pages
+    base, ps = block.pfn << m.page_shift, m.page_size
+    ram = m.mem.ram
+    ram[base:base + 4 * ps] = bytes((3 * k + 1) & 0xFF for k in range(4 * ps))
+    piece = (base + ps - 100, 2 * ps)                           # pages 0..2 of the block
+    st = Step(0, None, set(), set())
+    kept = []
+    SCHED.fp_step, SCHED.fp_keep = st, lambda obj, made: kept.append(obj)
+    try:
+        got = eng.hca_dma_gather([piece], piece[1])
+        payload = bytes((9 * k + 5) & 0xFF for k in range(piece[1] + extra))
+        before = bytes(ram[base:base + 4 * ps])
+        eng.hca_dma_scatter([piece], payload)
+    finally:
+        SCHED.fp_step = SCHED.fp_keep = None
+    p, n = piece
+    assert got == before[p - base:p - base + n]
+    moved = min(n, len(payload))
+    after = bytes(ram[base:base + 4 * ps])
+    assert after[p - base:p - base + moved] == payload[:moved]
+    assert after[:p - base] == before[:p - base]
+    assert after[p - base + moved:] == before[p - base + moved:]
+    pfns = {(id(m.mem), pfn) for pfn in range(p >> m.page_shift, ((p + n - 1) >> m.page_shift) + 1)}
+    assert len(pfns) == 3 and st.reads >= pfns and st.writes >= pfns and m.mem in kept
+    m.zone.free(block.pfn, 2)
+    m.check_leaks()
