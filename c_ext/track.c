@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 /* set by configure() */
 static PyObject *sched_dict;     /* SCHED.__dict__: fp_step and fp_watch live there */
@@ -27,6 +28,8 @@ static PyObject *dict_get;       /* dict.get */
 static PyObject *obj_getattr;    /* object.__getattribute__ */
 
 static PyObject *s_fp_step, *s_fp_watch, *s_reads, *s_writes, *s_adds, *s_before;
+/* none of int, str, bool and None's type is in mutable_types (configure) */
+static int plain_unwatched;
 
 /* The running step (borrowed), or NULL with no error when none records. */
 static PyObject *
@@ -42,11 +45,60 @@ running_step(void)
     return st;
 }
 
+/*
+ * The running step's reads, writes or adds set (a new reference).  Step is an attrs
+ * slots class, each of its fields a member descriptor: once the type's descriptors
+ * are looked up, a field is read straight from its slot - what getattr finds, without
+ * the lookup on every access (tens of thousands a schedule).  The offsets are the
+ * type's as of its version tag; any other type, a changed type or an empty slot goes
+ * through getattr.
+ */
+static PyTypeObject *step_tp;            /* the type the offsets are of (held) */
+static unsigned int step_tag;            /* its tp_version_tag then */
+static Py_ssize_t step_off[3];           /* reads, writes, adds; 0: not a plain slot */
+
+static Py_ssize_t
+member_offset(PyTypeObject *tp, PyObject *name)
+{
+    PyObject *d = _PyType_Lookup(tp, name);
+    PyMemberDef *m;
+
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        return 0;
+    m = ((PyMemberDescrObject *)d)->d_member;
+    return m->type == T_OBJECT_EX && !(m->flags & READONLY) ? m->offset : 0;
+}
+
+static PyObject *
+step_set(PyObject *st, PyObject *which)
+{
+    PyTypeObject *tp = Py_TYPE(st);
+    int i = which == s_reads ? 0 : which == s_writes ? 1 : which == s_adds ? 2 : -1;
+
+    if (i >= 0 && PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        if (tp != step_tp || tp->tp_version_tag != step_tag) {
+            Py_INCREF(tp);
+            Py_XSETREF(step_tp, tp);
+            step_tag = tp->tp_version_tag;
+            step_off[0] = member_offset(tp, s_reads);
+            step_off[1] = member_offset(tp, s_writes);
+            step_off[2] = member_offset(tp, s_adds);
+        }
+        if (step_off[i] > 0) {
+            PyObject *v = *(PyObject **)((char *)st + step_off[i]);
+
+            if (v != NULL)
+                return Py_NewRef(v);
+        }
+    }
+    return PyObject_GetAttr(st, which);
+}
+
 /* step.<which>.add((id(self), name)); -1 on error */
 static int
 add_key(PyObject *st, PyObject *which, PyObject *key)
 {
-    PyObject *set = PyObject_GetAttr(st, which);
+    PyObject *set = step_set(st, which);
     int r;
 
     if (set == NULL)
@@ -247,7 +299,10 @@ tracked_getattro(PyObject *self, PyObject *name)
     cfg = config_of(Py_TYPE(self));
     r = cfg == NULL ? -1 : record_add(st, cfg, name, key);
     if (r == 0) {                  /* not an add: a watched read, or a plain one */
-        r = PySet_Contains(mutable_types, (PyObject *)Py_TYPE(v));
+        /* (most fields hold ints, strings or None: not containers, unless told) */
+        r = plain_unwatched && (PyLong_CheckExact(v) || PyUnicode_CheckExact(v) ||
+                                v == Py_None || PyBool_Check(v)) ? 0 :
+            PySet_Contains(mutable_types, (PyObject *)Py_TYPE(v));
         if (r > 0) {
             r = member(PyTuple_GET_ITEM(cfg, 1), name);     /* POR_REPORTED? */
             r = r == 0 ? watch_read(v, key) : r > 0 ? 0 : -1;
@@ -357,7 +412,7 @@ tracked_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (r < 0)
         goto fail_key;
     if (r == 0) {
-        writes = PyObject_GetAttr(st, s_writes);
+        writes = step_set(st, s_writes);
         if (writes == NULL)
             goto fail_key;
         r = PySet_Contains(writes, key);
@@ -1399,6 +1454,20 @@ configure(PyObject *Py_UNUSED(mod), PyObject *args)
     Py_XSETREF(registry, reg);
     Py_INCREF(mut);
     Py_XSETREF(mutable_types, mut);
+    plain_unwatched = 1;
+    {
+        PyObject *plain[4] = {(PyObject *)&PyLong_Type, (PyObject *)&PyUnicode_Type,
+                              (PyObject *)&PyBool_Type, (PyObject *)Py_TYPE(Py_None)};
+
+        for (int i = 0; i < 4; i++) {
+            int r = PySet_Contains(mut, plain[i]);
+
+            if (r < 0)
+                return NULL;
+            if (r)
+                plain_unwatched = 0;
+        }
+    }
     Py_INCREF(un);
     Py_XSETREF(unset, un);
     Py_RETURN_NONE;

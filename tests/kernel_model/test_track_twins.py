@@ -283,3 +283,82 @@ def test_a_recorded_run_leaves_no_keys_kept():
     run = run_once(lambda: RACES["free-callback-vs-put-pages"].run(False),
                    Recording([], footprints=True))
     assert run.points and _track.cached_keys() == 0
+
+
+class SlotStep:
+    """A step keeping its sets in slots, as explore.Step (attrs, slots) does."""
+
+    __slots__ = ("reads", "writes", "adds", "before")
+
+    def __init__(self) -> None:
+        self.reads, self.writes, self.adds, self.before = set(), set(), set(), {}
+
+
+def test_the_c_recorder_finds_the_steps_sets_wherever_it_keeps_them(recording):
+    """The C recorder reads a slots step's sets straight from their slots (once it has
+    looked up where they are): a set put in their place is the one written, a subclass
+    or a changed class whose `reads` is a property is asked through it, as getattr
+    would - the same records as the Python twin in every case."""
+    from kernel_model.emu.explore import Step as RealStep
+    _st, _watched = recording
+    obj = _make(WithSlots, "c")
+    for st in (RealStep(0, None, set(), set()), SlotStep()):
+        SCHED.fp_step = st
+        obj.n                                   # noqa: B018 - a read
+        assert (id(obj), "n") in st.reads
+        st.reads = fresh = set()                # another set in its place
+        obj.n                                   # noqa: B018
+        obj.items = []
+        assert fresh == {(id(obj), "n")} and (id(obj), "items") in st.writes
+    elsewhere: set = set()
+
+    class PropStep(SlotStep):
+        __slots__ = ()
+        reads = property(lambda self: elsewhere)
+
+    st = PropStep.__new__(PropStep)
+    SlotStep.reads.__set__(st, set())
+    SCHED.fp_step = st
+    obj.n                                       # noqa: B018
+    assert elsewhere == {(id(obj), "n")} and not SlotStep.reads.__get__(st)
+    SCHED.fp_step = st = SlotStep()
+    obj.n                                       # noqa: B018 - the offsets of SlotStep
+    member = SlotStep.reads
+    SlotStep.reads = property(lambda self: elsewhere)   # the class changed since
+    try:
+        elsewhere.clear()
+        obj.n                                   # noqa: B018
+        with pytest.raises(AttributeError):
+            obj.fresh                           # noqa: B018 - once the class is looked up anew
+        assert elsewhere == {(id(obj), "n"), (id(obj), "fresh")}
+    finally:
+        SlotStep.reads = member
+    elsewhere.clear()
+    obj.n                                       # noqa: B018 - and back
+    obj.n = 4
+    assert not elsewhere and member.__get__(st) == {(id(obj), "n")}
+    assert (id(obj), "n") in st.writes
+
+
+def test_an_int_a_str_none_or_a_bool_read_is_never_watched_unless_configured(recording):
+    """A field holding an int, a str, None or a bool is a plain read (no watch), as
+    the twin's `type(v) in _MUTABLE` says - unless the recorder was configured to
+    watch that type, when the short way is off and the read is watched."""
+    from c_ext import _track
+    st, watched = recording
+    obj = _make(WithDict, "c")
+    for v in (7, "s", None, True, [1]):
+        obj.n = v
+        obj.n                                   # noqa: B018
+    assert watched == [("list", "n")] and (id(obj), "n") in st.reads
+    watched.clear()
+    _track.configure(vars(SCHED), slab._track_registry, slab._MUTABLE | {int}, slab._UNSET)
+    try:
+        obj.n = 7
+        obj.n                                   # noqa: B018
+    finally:
+        _track.configure(vars(SCHED), slab._track_registry, slab._MUTABLE, slab._UNSET)
+    assert watched == [("int", "n")]
+    watched.clear()
+    obj.n                                       # noqa: B018 - configured back
+    assert watched == []
