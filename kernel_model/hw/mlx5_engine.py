@@ -195,6 +195,12 @@ CQE_REQ, CQE_RESP_WR_IMM, CQE_RESP_SEND, CQE_RESP_SEND_IMM = 0, 1, 2, 3
 CQE_RESP_SEND_INV = 4
 CQE_REQ_ERR, CQE_RESP_ERR = 13, 14
 CQE_RESIZE_CQ = 5
+#: the responder's CQE opcode for a request that consumed a receive WQE
+_RESP_CQE_OPCODE = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
+                    OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM, OP_SEND_INV: CQE_RESP_SEND_INV}
+#: the QP (or DCT) context bit a remote request needs: rwe, rre or rae
+_REMOTE_ENABLE = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre",
+                  OP_ATOMIC_CS: "rae", OP_ATOMIC_FA: "rae"}
 EQE_TYPE_COMP, EQE_SIZE = 0x00, 64
 # asynchronous events: the EQE type, and struct mlx5_eqe_qp_srq's type (QP or SRQ)
 EQE_TYPE_SRQ_RQ_LIMIT = 0x14
@@ -1611,8 +1617,7 @@ class Mlx5Engine:
                     raise WqeError(SYND_REMOTE_INVAL_REQ, f"XRC SRQ {frame.xrc_srqn:#x} is "
                                                           f"not in QP {qp.num:#x}'s domain")
             pd = self._c(xsrq)["pd"] if xsrq is not None else qpc["pd"]
-            need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre",
-                    OP_ATOMIC_CS: "rae", OP_ATOMIC_FA: "rae"}.get(op)
+            need = _REMOTE_ENABLE.get(op)
             if need is not None and not qpc[need]:
                 raise WqeError(SYND_REMOTE_INVAL_REQ, f"QP {qp.num:#x} does not allow "
                                                       f"{OP_NAMES[op]}")
@@ -1693,8 +1698,7 @@ class Mlx5Engine:
             return
         op, pd = frame.opcode, d["pd"]
         try:
-            need = {OP_RDMA_WRITE: "rwe", OP_RDMA_WRITE_IMM: "rwe", OP_RDMA_READ: "rre",
-                    OP_ATOMIC_CS: "rae", OP_ATOMIC_FA: "rae"}.get(op)
+            need = _REMOTE_ENABLE.get(op)
             if need is not None and not d[need] or op == OP_SEND_INV:
                 raise WqeError(SYND_REMOTE_INVAL_REQ, f"DCT {dct.num:#x} does not allow "
                                                       f"{OP_NAMES.get(op, hex(op))}")
@@ -1760,8 +1764,7 @@ class Mlx5Engine:
                             0, 0, 0)
             peer = SYND_REMOTE_INVAL_REQ if e.syndrome == SYND_LOCAL_LENGTH else SYND_REMOTE_OP
             raise WqeError(peer, str(e)) from None
-        kind = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
-                OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM}[frame.opcode]
+        kind = _RESP_CQE_OPCODE[frame.opcode]      # (never SEND_INV: refused above)
         self._write_cqe(dct, d["cqn"], d["user_index"], "resp", idx, kind, 0, length,
                         frame.imm, frame.src_qpn)
 
@@ -1938,8 +1941,7 @@ class Mlx5Engine:
                 raise WqeError(peer, str(e)) from None
             if length:
                 self.hca_dma_scatter(pieces, payload)
-        kind = {OP_SEND: CQE_RESP_SEND, OP_SEND_IMM: CQE_RESP_SEND_IMM,
-                OP_RDMA_WRITE_IMM: CQE_RESP_WR_IMM, OP_SEND_INV: CQE_RESP_SEND_INV}[op]
+        kind = _RESP_CQE_OPCODE[op]
         cqe(qp, "resp", wqe_index=idx, opcode=kind, byte_cnt=length, imm=frame.imm,
             src_qpn=frame.src_qpn | flags)
 
