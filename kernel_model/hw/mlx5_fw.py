@@ -412,9 +412,10 @@ class Firmware:
             raise FwError(MLX5_CMD_STAT_BAD_PARAM_ERR, check)
         return obj
 
-    def uar_of(self, index: int) -> Mlx5Uar | None:
-        """The ALLOC_UAR object owning UAR `index`, if any (any UAR of its system page)."""
-        return self.uars.get(index - index % self.bar_layout().uars_per_page)
+    def uar_of(self, index: int, bar: BarLayout | None = None) -> Mlx5Uar | None:
+        """The ALLOC_UAR object owning UAR `index`, if any (any UAR of its system page).
+        `bar`: the layout, when the caller has it already (every doorbell does)."""
+        return self.uars.get(index - index % (bar or self.bar_layout()).uars_per_page)
 
     def ref_uar(self, index: int, uid: int, check: str, shared: bool = True) -> FwObject:
         """ref() for a UAR a context names (uar_page): any UAR of an allocated page."""
