@@ -1440,6 +1440,51 @@ set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
     Py_RETURN_NONE;
 }
 
+/*
+ * The __new__ slab.track_structs gives every struct class once partial-order
+ * reduction has recorded (CPython cannot take a __new__ back off a class: from then
+ * on every object of it is made through one).  Off a recording it is object.__new__
+ * (cls); while one records, slab._tracked_new - the Python twin and reference, which
+ * makes the footprint-recording twin - is called with the same arguments.  The
+ * Python one alone cost a frame per object made in every run after the first
+ * recorded one (~1,100 a run of dma-vs-invalidate: 8% of the run).
+ */
+static PyObject *s_fp, *py_tracked_new, *no_args;
+
+static PyObject *
+tracked_new(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kwargs)
+{
+    PyObject *cls, *fp;
+
+    if (PyTuple_GET_SIZE(args) < 1 || !PyType_Check(PyTuple_GET_ITEM(args, 0))) {
+        PyErr_SetString(PyExc_TypeError, "tracked_new(cls, *args, **kwargs)");
+        return NULL;
+    }
+    cls = PyTuple_GET_ITEM(args, 0);
+    if (sched_dict == NULL || py_tracked_new == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_track: tracked_new before configure_new");
+        return NULL;
+    }
+    fp = PyDict_GetItemWithError(sched_dict, s_fp);
+    if (fp == NULL && PyErr_Occurred())
+        return NULL;
+    if (fp == NULL || fp == Py_None)
+        return PyBaseObject_Type.tp_new((PyTypeObject *)cls, no_args, NULL);
+    return PyObject_Call(py_tracked_new, args, kwargs);
+}
+
+static PyObject *
+configure_new(PyObject *Py_UNUSED(mod), PyObject *fn)
+{
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "configure_new: not callable");
+        return NULL;
+    }
+    Py_INCREF(fn);
+    Py_XSETREF(py_tracked_new, fn);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 configure(PyObject *Py_UNUSED(mod), PyObject *args)
 {
@@ -1490,6 +1535,11 @@ static PyMethodDef methods[] = {
      "cached_keys() -> the number of (id, field) keys kept for reuse."},
     {"set_sched", set_sched, METH_O,
      "set_sched(sched_dict): where KeyedBase finds the running step."},
+    {"tracked_new", (PyCFunction)(void (*)(void))tracked_new, METH_VARARGS | METH_KEYWORDS,
+     "tracked_new(cls, *args, **kwargs): a struct class's __new__ once recorded - "
+     "object.__new__(cls) off a recording, else slab._tracked_new (configure_new)."},
+    {"configure_new", configure_new, METH_O,
+     "configure_new(fn): what tracked_new calls while a recording runs."},
     {"configure", configure, METH_VARARGS,
      "configure(sched_dict, registry, mutable_types, unset): where the recorder finds "
      "the running step, each twin's (adds, own, hasdict), the watched types and the "
@@ -1519,7 +1569,11 @@ PyInit__track(void)
         intern(&s_adds, "adds") || intern(&s_before, "before") ||
         intern(&s_keys, "#keys") || intern(&s_forget, "_forget") ||
         intern(&s_tid, "tid") || intern(&s_point, "point") ||
-        intern(&s_wakes, "wakes") || intern(&s_joins, "joins") || intern(&s_ends, "ends"))
+        intern(&s_wakes, "wakes") || intern(&s_joins, "joins") || intern(&s_ends, "ends") ||
+        intern(&s_fp, "fp"))
+        return NULL;
+    no_args = PyTuple_New(0);
+    if (no_args == NULL)
         return NULL;
     dict_get = PyObject_GetAttrString((PyObject *)&PyDict_Type, "get");
     if (dict_get == NULL)

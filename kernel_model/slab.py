@@ -288,8 +288,8 @@ _installed = [-1]             # the _scanned whose classes track_structs has hoo
 def _is_struct(cls: type, modname: str) -> bool:
     if type(cls) is not type or cls.__module__ != modname:
         return False
-    if issubclass(cls, BaseException) or cls.__new__ not in (object.__new__, _tracked_new,
-                                                             Named.__new__):
+    if issubclass(cls, BaseException) or cls.__new__ not in (object.__new__, _STRUCT_NEW,
+                                                             _tracked_new, Named.__new__):
         return False
     if any("__init_subclass__" in vars(c) for c in cls.__mro__[:-1]):
         return False
@@ -318,11 +318,20 @@ def _structs() -> list[type]:
 
 
 def _tracked_new(cls: type, *args: object, **kwargs: object) -> object:
+    """A struct class's __new__ once partial-order reduction has recorded: off a
+    recording a plain object, while one records an object of the class's twin
+    (_tracked_class), named to the recorder when made.  The class is given its C
+    twin, _track.tracked_new, which calls this only while a recording runs."""
     if SCHED.fp is None:
         return object.__new__(cls)
     obj = object.__new__(_tracked.get(cls) or _tracked_class(cls))
     SCHED.fp_keep(obj, True)                # type: ignore[misc]
     return obj
+
+
+_track.configure_new(_tracked_new)
+#: what track_structs gives every struct class as its __new__
+_STRUCT_NEW = _track.tracked_new
 
 
 def track_structs() -> None:
@@ -331,14 +340,14 @@ def track_structs() -> None:
     step reads or writes - of a plain struct too, not only of a kmalloc_obj one.
     Called before each recorded run (it picks up modules loaded since).  Once given,
     the __new__ stays: CPython cannot take a Python-level __new__ back off a class
-    (the slot keeps calling through it), and off recording it costs one call per
-    object made."""
+    (the slot keeps calling through it), and off recording it costs one C call per
+    object made (_STRUCT_NEW: object.__new__ then, _tracked_new while recording)."""
     classes = _structs()
     if _installed[0] == _scanned[0]:
         return                  # every class of this scan has it (a scan per module load)
     for cls in classes:
-        if vars(cls).get("__new__") is not _tracked_new:
-            cls.__new__ = _tracked_new            # type: ignore[method-assign]
+        if vars(cls).get("__new__") is not _STRUCT_NEW:
+            cls.__new__ = _STRUCT_NEW             # type: ignore[method-assign]
     _installed[0] = _scanned[0]
 
 

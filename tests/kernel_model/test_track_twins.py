@@ -362,3 +362,43 @@ def test_an_int_a_str_none_or_a_bool_read_is_never_watched_unless_configured(rec
     watched.clear()
     obj.n                                       # noqa: B018 - configured back
     assert watched == []
+
+
+def test_a_struct_class_s_new_is_object_new_off_a_recording_and_the_twin_s_on_one():
+    """track_structs gives every struct class _track.tracked_new as its __new__: off a
+    recording it makes what object.__new__(cls) makes (the arguments go to __init__,
+    an abstract class is refused the same way), while one records it is
+    slab._tracked_new - an object of the class's twin, named to the recorder."""
+    import abc
+
+    from c_ext import _track
+
+    class K:
+        def __init__(self, a: int, b: int = 2) -> None:
+            self.a, self.b = a, b
+
+    K.__new__ = _track.tracked_new               # type: ignore[method-assign]
+    k = K(1, b=3)
+    assert type(k) is K and (k.a, k.b) == (1, 3)
+
+    class Abstract(abc.ABC):
+        @abc.abstractmethod
+        def f(self) -> None: ...
+
+    with pytest.raises(TypeError) as plain:
+        object.__new__(Abstract)
+    with pytest.raises(TypeError) as ours:
+        _track.tracked_new(Abstract)
+    assert str(ours.value) == str(plain.value)
+    for bad in ((), (5,)):
+        with pytest.raises(TypeError, match="tracked_new"):
+            _track.tracked_new(*bad)
+    kept: list = []
+    SCHED.fp, SCHED.fp_keep = (lambda obj, write: None), (lambda obj, made: kept.append(obj))
+    try:
+        t = K(4)
+    finally:
+        SCHED.fp = SCHED.fp_keep = None
+    assert type(t) is slab._tracked[K] and type(t).__mro__[1] is K and (t.a, t.b) == (4, 2)
+    assert kept == [t]
+    assert slab._STRUCT_NEW is _track.tracked_new
