@@ -269,9 +269,11 @@ class ConnectX:
             self.device_errors.append(f"command doorbell {mask:#x} with no command queue at "
                                       f"{self.cmdq_addr:#x}")
             return
-        for idx in range(len(entries)):
-            if not mask >> idx & 1:
-                continue
+        pending = mask & ((1 << len(entries)) - 1)
+        while pending:                    # each entry whose bit is set, lowest first
+            low = pending & -pending
+            pending ^= low
+            idx = low.bit_length() - 1
             ent = entries[idx]
             if not ent.status_own & 1 or ent.in_ is None or ent.out is None:
                 self.device_errors.append(f"command doorbell for entry {idx} not handed to "

@@ -95,6 +95,30 @@ def test_command_doorbell_executes_the_entry_inside_the_mmio_write(m, hca):
     CmdqMemory.withdraw(m, hca.cmdq_addr)
 
 
+def test_one_command_doorbell_runs_every_entry_it_names_lowest_first(m, hca):
+    """A doorbell word with several bits runs each named entry in order of its bit
+    (one handed to hardware or a descriptor error); bits beyond the queue are none."""
+    entries = _program_cmdq(m, hca)
+    for i, cmd, opcode in ((1, "enable_hca", 0x104), (31, "disable_hca", 0x105)):
+        ent = entries[i]
+        ent.in_, ent.out = IfcStruct(f"{cmd}_in"), IfcStruct(f"{cmd}_out")
+        MLX5_SET(f"{cmd}_in", ent.in_, "opcode", opcode)
+        ent.status_own = 1
+    m.phys_write(hca.bar.start + 0x18, struct.pack(">I", 1 << 31 | 1 << 5 | 1 << 1))
+    assert entries[1].status_own == entries[31].status_own == 0
+    # entry 1 first: it enabled the function, which entry 31 could then disable
+    assert [c[:2] for c in hca.fw.cmd_log] == [("ENABLE_HCA", 0), ("DISABLE_HCA", 0)]
+    assert hca.fw.state == "disabled"
+    assert hca.device_errors == ["command doorbell for entry 5 not handed to hardware"]
+    hca.device_errors.clear()
+    CmdqMemory.withdraw(m, hca.cmdq_addr)
+    short = [mlx5_cmd_layout() for _ in range(4)]
+    CmdqMemory.publish(m, hca.cmdq_addr, short)
+    m.phys_write(hca.bar.start + 0x18, struct.pack(">I", 1 << 9 | 1 << 4))
+    assert hca.device_errors == [] and len(hca.fw.cmd_log) == 2
+    CmdqMemory.withdraw(m, hca.cmdq_addr)
+
+
 def test_command_doorbell_without_a_queue_is_a_device_error(m, hca):
     m.phys_write(hca.bar.start + 0x18, struct.pack(">I", 1))
     assert hca.device_errors == ["command doorbell 0x1 with no command queue at 0x0"]
