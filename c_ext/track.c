@@ -1449,7 +1449,7 @@ set_sched(PyObject *Py_UNUSED(mod), PyObject *sd)
  * Python one alone cost a frame per object made in every run after the first
  * recorded one (~1,100 a run of dma-vs-invalidate: 8% of the run).
  */
-static PyObject *s_fp, *py_tracked_new, *no_args;
+static PyObject *s_fp, *py_tracked_new, *object_new;   /* object.__new__ */
 
 static PyObject *
 tracked_new(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kwargs)
@@ -1468,8 +1468,8 @@ tracked_new(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kwargs)
     fp = PyDict_GetItemWithError(sched_dict, s_fp);
     if (fp == NULL && PyErr_Occurred())
         return NULL;
-    if (fp == NULL || fp == Py_None)
-        return PyBaseObject_Type.tp_new((PyTypeObject *)cls, no_args, NULL);
+    if (fp == NULL || fp == Py_None)          /* object.__new__ itself, with its checks */
+        return PyObject_CallOneArg(object_new, cls);
     return PyObject_Call(py_tracked_new, args, kwargs);
 }
 
@@ -1572,8 +1572,8 @@ PyInit__track(void)
         intern(&s_wakes, "wakes") || intern(&s_joins, "joins") || intern(&s_ends, "ends") ||
         intern(&s_fp, "fp"))
         return NULL;
-    no_args = PyTuple_New(0);
-    if (no_args == NULL)
+    object_new = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type, "__new__");
+    if (object_new == NULL)
         return NULL;
     dict_get = PyObject_GetAttrString((PyObject *)&PyDict_Type, "get");
     if (dict_get == NULL)

@@ -402,3 +402,24 @@ def test_a_struct_class_s_new_is_object_new_off_a_recording_and_the_twin_s_on_on
     assert type(t) is slab._tracked[K] and type(t).__mro__[1] is K and (t.a, t.b) == (4, 2)
     assert kept == [t]
     assert slab._STRUCT_NEW is _track.tracked_new
+
+
+def test_the_c_new_refuses_what_object_new_refuses():
+    """A class that inherits the struct __new__ but whose layout is a C type's (a
+    struct mixed with bytes) is refused as object.__new__ refuses it - never made
+    with a layout nothing initialised."""
+    from c_ext import _track
+
+    class S:
+        pass
+
+    S.__new__ = _track.tracked_new                # type: ignore[method-assign]
+
+    class Mixed(S, bytes):
+        pass
+
+    with pytest.raises(TypeError) as plain:
+        object.__new__(Mixed)
+    with pytest.raises(TypeError) as ours:
+        Mixed()
+    assert str(ours.value) == str(plain.value) and "not safe" in str(ours.value)
