@@ -924,7 +924,7 @@ last_write_of(races_t *R, deps_t *deps, PyObject *key)
 static PyObject *
 kept(PyObject *st, PyObject *name, PyObject *shared)
 {
-    PyObject *part = PyObject_GetAttr(st, name), *out;
+    PyObject *part = step_set(st, name), *out;
     PyObject *args[2];
 
     if (part == NULL)

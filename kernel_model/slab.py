@@ -289,7 +289,7 @@ def _is_struct(cls: type, modname: str) -> bool:
     if type(cls) is not type or cls.__module__ != modname:
         return False
     if issubclass(cls, BaseException) or cls.__new__ not in (object.__new__, _STRUCT_NEW,
-                                                             _tracked_new, Named.__new__):
+                                                             Named.__new__):
         return False
     if any("__init_subclass__" in vars(c) for c in cls.__mro__[:-1]):
         return False

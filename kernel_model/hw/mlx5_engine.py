@@ -719,7 +719,7 @@ class Mlx5Engine:
         """DMA-read the pieces into one payload (c_ext dma_copy for RAM)."""
         SCHED.point("dma_read")
         m = self.machine
-        phys = self._to_phys(pieces, False) if m.iommu.translating else pieces
+        phys = self._to_phys(pieces, False)
         mem = m.mem
         if len(phys) == 1 and phys[0][0] + phys[0][1] <= m.ram_size:
             # (the common case, taken first: one piece of RAM)
@@ -758,16 +758,16 @@ class Mlx5Engine:
         """DMA-write a payload over the pieces."""
         SCHED.point("dma_write")
         m = self.machine
-        phys = self._to_phys(pieces, True) if m.iommu.translating else pieces
+        phys = self._to_phys(pieces, True)
+        mem = m.mem
         if len(phys) == 1 and phys[0][0] + phys[0][1] <= m.ram_size and \
                 phys[0][1] == len(payload):
             # (the common case, taken first: one piece of RAM, the payload's size)
             p, n = phys[0]
             if SCHED.fp_step is not None:
-                touch_ram(m.mem, p, n, True)
-            m.mem.ram[p:p + n] = payload
+                touch_ram(mem, p, n, True)
+            mem.ram[p:p + n] = payload
         elif self._in_ram(phys):
-            mem = self.machine.mem
             for p, n in phys:
                 touch_ram(mem, p, n, True)
             if len(phys) <= FEW_PIECES and sum(n for _, n in phys) == len(payload):

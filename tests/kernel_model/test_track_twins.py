@@ -423,3 +423,23 @@ def test_the_c_new_refuses_what_object_new_refuses():
     with pytest.raises(TypeError) as ours:
         Mixed()
     assert str(ours.value) == str(plain.value) and "not safe" in str(ours.value)
+
+
+def test_the_c_new_is_refused_a_fallback_it_cannot_call_and_says_when_it_has_none():
+    """configure_new takes only a callable (TypeError); a class given tracked_new in a
+    process where slab never configured the recorder is told so (RuntimeError), not
+    made or crashed."""
+    import subprocess
+    import sys
+
+    from c_ext import _track
+    with pytest.raises(TypeError, match="configure_new"):
+        _track.configure_new(5)
+    code = ("from c_ext import _track\n"
+            "class K: pass\n"
+            "K.__new__ = _track.tracked_new\n"
+            "try:\n    K()\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "_track: tracked_new before configure_new"
